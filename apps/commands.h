@@ -1,0 +1,24 @@
+// The tmx subcommands. Each apps/cmd_*.cpp adds one subcommand (flags, help, callback) to the
+// app; callbacks parse flags, call the engine and print, nothing else. Errors are thrown as
+// tmx::Error / tmx::UsageError and turned into a message and exit code by main().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tmx::cli {
+
+// Options every subcommand has.
+struct CommonOptions {
+    int threads = 0;  // 0: all cores
+};
+
+// Adds `--threads N` to a subcommand and applies it before the callback runs.
+void add_common_options(CLI::App& sub, CommonOptions& common);
+
+void add_params_command(CLI::App& app, CommonOptions& common);
+void add_init_command(CLI::App& app, CommonOptions& common);
+void add_eval_command(CLI::App& app, CommonOptions& common);
+void add_tokenizer_command(CLI::App& app, CommonOptions& common);
+void add_prepare_command(CLI::App& app, CommonOptions& common);
+
+}  // namespace tmx::cli

@@ -1,0 +1,51 @@
+// tmx: the tiny-mixtral command-line tool.
+#include <cstdio>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "engine/errors.h"
+#include "engine/threads.h"
+
+namespace tmx::cli {
+
+void add_common_options(CLI::App& sub, CommonOptions& common) {
+    sub.add_option("--threads", common.threads, "CPU threads (default: all cores)")
+        ->check(CLI::NonNegativeNumber);
+    sub.parse_complete_callback([&common]() { set_num_threads(common.threads); });
+}
+
+}  // namespace tmx::cli
+
+int main(int argc, char** argv) {
+    using namespace tmx;
+    CLI::App app{"tmx: train, run and size tiny-mixtral sparse mixture-of-experts models"};
+    app.set_version_flag("--version", std::string("tmx ") + TMX_VERSION);
+    app.require_subcommand(1);
+    cli::CommonOptions common;
+    cli::add_params_command(app, common);
+    cli::add_init_command(app, common);
+    cli::add_eval_command(app, common);
+    cli::add_tokenizer_command(app, common);
+    cli::add_prepare_command(app, common);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::Success& e) {  // --help, --version
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::cerr << "tmx: " << e.what() << "\n(run 'tmx --help' or 'tmx COMMAND --help')\n";
+        return 2;
+    } catch (const UsageError& e) {
+        std::cerr << "tmx: " << e.what() << "\n";
+        return 2;
+    } catch (const Error& e) {
+        std::cerr << "tmx: error: " << e.what() << "\n";
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::cerr << "tmx: error: out of memory\n";
+        return 1;
+    } catch (const std::exception& e) {
+        std::cerr << "tmx: internal error: " << e.what() << "\n";
+        return 1;
+    }
+    return 0;
+}

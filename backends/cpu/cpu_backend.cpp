@@ -1,0 +1,202 @@
+// CPU backend: memory, transfers and the elementwise ops.
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/cpu_math.h"
+
+#include <cmath>
+#include <cstring>
+#include <new>
+
+namespace tmx {
+namespace {
+
+// 64-byte aligned host memory, so BLAS and the vectorised loops see aligned rows.
+class CpuBuffer final : public DeviceBuffer {
+public:
+    explicit CpuBuffer(size_t bytes)
+        : DeviceBuffer(bytes),
+          data_(static_cast<std::byte*>(::operator new[](bytes ? bytes : 1, std::align_val_t{64}))) {}
+    ~CpuBuffer() override { ::operator delete[](data_, std::align_val_t{64}); }
+    std::byte* data() const { return data_; }
+
+private:
+    std::byte* data_;
+};
+
+// Elementwise loops run in parallel only when there is enough work to pay for the threads.
+constexpr int64_t kParallelElements = 1 << 15;
+
+}  // namespace
+
+std::byte* CpuBackend::host_ptr(const Tensor& t) {
+    auto* buf = static_cast<CpuBuffer*>(t.buffer());
+    return buf->data() + static_cast<size_t>(t.offset()) * dtype_size(t.dtype());
+}
+
+std::shared_ptr<DeviceBuffer> CpuBackend::alloc_impl(size_t bytes) {
+    return std::make_shared<CpuBuffer>(bytes);
+}
+
+void CpuBackend::upload_impl(const Tensor& dst, const void* host) {
+    std::memcpy(host_ptr(dst), host, dst.bytes());
+}
+
+void CpuBackend::download_impl(const Tensor& src, void* host) {
+    std::memcpy(host, host_ptr(src), src.bytes());
+}
+
+void CpuBackend::fill_impl(const Tensor& dst, float value) {
+    float* p = data<float>(dst);
+    int64_t n = dst.numel();
+    if (dst.dtype() == DType::I32) {
+        int32_t* q = data<int32_t>(dst);
+        for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int32_t>(value);
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+void CpuBackend::copy_impl(const Tensor& src, const Tensor& dst) {
+    std::memmove(host_ptr(dst), host_ptr(src), src.bytes());
+}
+
+void CpuBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) {
+    const float* t = data<float>(table);
+    const int32_t* id = data<int32_t>(ids);
+    float* o = data<float>(out);
+    int64_t N = ids.dim(0), d = table.dim(1), V = table.dim(0);
+    for (int64_t n = 0; n < N; ++n) {
+        if (id[n] < 0 || id[n] >= V)
+            throw std::out_of_range("embedding: token id " + std::to_string(id[n]) +
+                                    " outside the vocabulary of " + std::to_string(V));
+        std::memcpy(o + n * d, t + id[n] * d, static_cast<size_t>(d) * sizeof(float));
+    }
+}
+
+void CpuBackend::activation_impl(Activation act, const Tensor& x, const Tensor& out) {
+    const float* in = data<float>(x);
+    float* o = data<float>(out);
+    int64_t n = x.numel();
+    switch (act) {
+        case Activation::Gelu:
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+            for (int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_tanh(in[i]);
+            break;
+        case Activation::Silu:
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+            for (int64_t i = 0; i < n; ++i) o[i] = cpu::silu(in[i]);
+            break;
+        case Activation::Relu:
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+            for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.0f ? in[i] : 0.0f;
+            break;
+        case Activation::Relu2:
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+            for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.0f ? in[i] * in[i] : 0.0f;
+            break;
+    }
+}
+
+void CpuBackend::swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) {
+    const float* g = data<float>(gate);
+    const float* u = data<float>(up);
+    float* o = data<float>(out);
+    int64_t n = gate.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) o[i] = cpu::silu(g[i]) * u[i];
+}
+
+void CpuBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& out) {
+    const float* x = data<float>(a);
+    const float* y = data<float>(b);
+    float* o = data<float>(out);
+    int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+}
+
+void CpuBackend::embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
+                                         const Tensor& d_table) {
+    const int64_t N = ids.dim(0), d = d_table.dim(1);
+    const int32_t* id = data<int32_t>(ids);
+    const float* src = data<float>(d_out);
+    float* dst = data<float>(d_table);
+    for (int64_t n = 0; n < N; ++n) {  // serial: repeated tokens add into one row
+        float* row = dst + static_cast<int64_t>(id[n]) * d;
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) row[c] += src[n * d + c];
+    }
+}
+
+void CpuBackend::activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
+                                          const Tensor& d_x) {
+    const float* in = data<float>(x);
+    const float* dy = data<float>(d_out);
+    float* dx = data<float>(d_x);
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) dx[i] += cpu::activation_derivative(act, in[i]) * dy[i];
+}
+
+void CpuBackend::swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
+                                      const Tensor& d_gate, const Tensor& d_up) {
+    const float* g = data<float>(gate);
+    const float* u = data<float>(up);
+    const float* dy = data<float>(d_out);
+    float* dg = data<float>(d_gate);
+    float* du = data<float>(d_up);
+    const int64_t n = gate.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) {
+        dg[i] += cpu::activation_derivative(Activation::Silu, g[i]) * u[i] * dy[i];
+        du[i] += cpu::silu(g[i]) * dy[i];
+    }
+}
+
+void CpuBackend::scale_impl(const Tensor& x, float s) {
+    float* p = data<float>(x);
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) p[i] *= s;
+}
+
+void CpuBackend::sum_squares_impl(const Tensor& x, const Tensor& out) {
+    // Fixed-size blocks summed in a fixed order: the result does not depend on thread count.
+    constexpr int64_t kBlock = 1 << 14;
+    const float* p = data<float>(x);
+    const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+    std::vector<double> partial(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+        double s = 0.0;
+        for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
+            s += static_cast<double>(p[i]) * p[i];
+        partial[b] = s;
+    }
+    double total = 0.0;
+    for (double s : partial) total += s;
+    *data<float>(out) = static_cast<float>(total);
+}
+
+void CpuBackend::adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
+                            const Tensor& v, const Tensor& decay_mask, const AdamWParams& hp) {
+    float* p = data<float>(params);
+    const float* g = data<float>(grads);
+    float* mp = data<float>(m);
+    float* vp = data<float>(v);
+    const float* mask = data<float>(decay_mask);
+    const int64_t n = params.numel();
+    const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step));
+    const float step_size = static_cast<float>(hp.lr / bc1);
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    const float decay = hp.lr * hp.weight_decay;
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) {
+        p[i] *= 1.0f - decay * mask[i];
+        mp[i] = hp.beta1 * mp[i] + (1.0f - hp.beta1) * g[i];
+        vp[i] = hp.beta2 * vp[i] + (1.0f - hp.beta2) * g[i] * g[i];
+        p[i] -= step_size * mp[i] / (std::sqrt(vp[i]) / bc2_sqrt + hp.eps);
+    }
+}
+
+}  // namespace tmx

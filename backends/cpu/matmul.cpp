@@ -1,0 +1,113 @@
+// CPU matmuls: dense (OpenBLAS sgemm) and grouped over experts (one sgemm per expert's rows).
+#include <cblas.h>
+
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace tmx {
+
+void cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, const float* B, float beta, float* C) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {  // BLAS may not touch C when K is 0; the contract says C = beta * C
+        for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), alpha, A, static_cast<int>(trans_a ? M : K), B,
+                static_cast<int>(trans_b ? K : N), beta, C, static_cast<int>(N));
+}
+
+namespace {
+
+// Sets every row of out [M, N] to bias [N], so a following GEMM with beta = 1 adds onto it.
+void broadcast_rows(const float* bias, int64_t M, int64_t N, float* out) {
+    for (int64_t m = 0; m < M; ++m)
+        std::memcpy(out + m * N, bias, static_cast<size_t>(N) * sizeof(float));
+}
+
+// sums[n] += sum over rows of x[M, N], accumulated in double, column by column.
+void column_sums_add(const float* x, int64_t M, int64_t N, float* sums) {
+#pragma omp parallel for schedule(static) if (M * N > (1 << 15))
+    for (int64_t n = 0; n < N; ++n) {
+        double s = 0.0;
+        for (int64_t m = 0; m < M; ++m) s += x[m * N + n];
+        sums[n] += static_cast<float>(s);
+    }
+}
+
+void add_rows(const float* bias, int64_t M, int64_t N, float* out) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) out[m * N + n] += bias[n];
+}
+
+}  // namespace
+
+void CpuBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
+                             MatmulOptions opts, const Tensor& bias) {
+    int64_t M = out.dim(0), N = out.dim(1);
+    int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
+    float* o = data<float>(out);
+    float beta = opts.accumulate ? 1.0f : 0.0f;
+    if (bias.defined()) {
+        if (opts.accumulate) {
+            add_rows(data<float>(bias), M, N, o);
+        } else {
+            broadcast_rows(data<float>(bias), M, N, o);
+            beta = 1.0f;
+        }
+    }
+    cpu_sgemm(opts.trans_a, opts.trans_b, M, N, K, 1.0f, data<float>(a), data<float>(b), beta, o);
+}
+
+void CpuBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     const Tensor& offsets, const Tensor& out) {
+    int64_t E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
+    const int32_t* off = data<int32_t>(offsets);
+    const float* xs = data<float>(x);
+    const float* ws = data<float>(w);
+    float* o = data<float>(out);
+    for (int64_t e = 0; e < E; ++e) {
+        int64_t begin = off[e], rows = off[e + 1] - off[e];
+        if (rows <= 0) continue;
+        float* oe = o + begin * Nout;
+        float beta = 0.0f;
+        if (bias.defined()) {
+            broadcast_rows(data<float>(bias) + e * Nout, rows, Nout, oe);
+            beta = 1.0f;
+        }
+        cpu_sgemm(false, true, rows, Nout, K, 1.0f, xs + begin * K, ws + e * Nout * K, beta, oe);
+    }
+}
+
+void CpuBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {
+    const int64_t M = d_out.dim(0), N = d_out.dim(1);
+    column_sums_add(data<float>(d_out), M, N, data<float>(d_bias));
+}
+
+void CpuBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
+                                              const Tensor& offsets, const Tensor& d_out,
+                                              const Tensor& d_x, const Tensor& d_w,
+                                              const Tensor& d_bias) {
+    const int64_t E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
+    const int32_t* off = data<int32_t>(offsets);
+    const float* xs = data<float>(x);
+    const float* ws = data<float>(w);
+    const float* dy = data<float>(d_out);
+    float* dx = data<float>(d_x);
+    float* dw = data<float>(d_w);
+    for (int64_t e = 0; e < E; ++e) {
+        const int64_t begin = off[e], rows = off[e + 1] - off[e];
+        if (rows <= 0) continue;
+        const float* dye = dy + begin * Nout;
+        // d_x[rows, K] += d_out[rows, Nout] . w[e] [Nout, K]
+        cpu_sgemm(false, false, rows, K, Nout, 1.0f, dye, ws + e * Nout * K, 1.0f, dx + begin * K);
+        // d_w[e] [Nout, K] += d_out^T . x
+        cpu_sgemm(true, false, Nout, K, rows, 1.0f, dye, xs + begin * K, 1.0f, dw + e * Nout * K);
+        if (d_bias.defined()) column_sums_add(dye, rows, Nout, data<float>(d_bias) + e * Nout);
+    }
+}
+
+}  // namespace tmx

@@ -1,0 +1,251 @@
+// The Backend interface: the seam between the engine and each device (DESIGN.md section 4).
+//
+// Every op is *enqueued*: a GPU backend records or launches it and returns at once, the CPU
+// backend may run it on the spot. Tensors stay on the device between ops; the host reads back
+// only through download(), which waits for the work that produces the data.
+//
+// Each op's contract (shapes, layout, semantics) is written here once. The public methods check
+// shapes and dtypes, then call the backend's *_impl; a shape mismatch is an engine bug and
+// throws std::logic_error naming the op and the shapes.
+//
+// Layout conventions: row-major; an activation matrix is [N, features] with N = B*T tokens,
+// token n = b*T + t. Linear weights are [out, in] (Hugging Face's layout), so a linear layer
+// is matmul(x, W, y, {.trans_b = true}). Integer tensors (token ids, expert ids) are I32.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/tensor.h"
+
+namespace tmx {
+
+struct MatmulOptions {
+    bool trans_a = false;     // a is stored [K, M]
+    bool trans_b = false;     // b is stored [N, K]
+    bool accumulate = false;  // out += result, instead of out = result
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+
+    // ---- memory and transfers
+    Tensor alloc(Shape shape, DType dtype = DType::F32);
+    // Copies host data (numel elements of the tensor's dtype) to the device. The host pointer
+    // may be reused as soon as this returns.
+    void upload(const Tensor& dst, const void* host);
+    // Waits for pending work on the tensor, then copies it to host memory.
+    void download(const Tensor& src, void* host);
+    void fill(const Tensor& dst, float value);  // F32 tensors
+    void copy(const Tensor& src, const Tensor& dst);
+    // Waits until every enqueued op has finished.
+    virtual void synchronize() = 0;
+
+    // ---- forward ops
+    // out[n, :] = table[ids[n], :].   table [V, d], ids [N] (I32, each in [0, V)), out [N, d].
+    void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+
+    // out = norm(x) * weight (+ bias): layernorm (mean and biased variance) or rmsnorm over the
+    // last dimension. x, out [N, d]; weight [d]; bias [d] for layernorm, undefined for rmsnorm.
+    void norm(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+              const Tensor& out);
+
+    // out[M, N] (+)= op(a) [M, K] . op(b) [K, N] (+ bias[N] once, when given).
+    void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts = {},
+                const Tensor& bias = {});
+
+    // Rotates x [N, heads, head_dim] in place by its token's position (positions [N], I32):
+    // rotate-half pairs (i, i + head_dim/2), angle = pos * theta^(-2i/head_dim). With inverse,
+    // rotates by -angle: the transpose, which is also rope's backward.
+    void rope(const Tensor& x, const Tensor& positions, double theta, bool inverse = false);
+
+    // Causal sliding-window GQA attention inside each of B sequences of T tokens:
+    // out_i = softmax_j(q_i . k_j / sqrt(head_dim)) v_j over i - window < j <= i (window 0 =
+    // unlimited). q, out [B, T, H, hd]; k, v [B, T, Hkv, hd]; query head h reads kv head
+    // h / (H / Hkv).
+    void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                   int64_t window);
+
+    // Router: for each row of logits [N, E], the indices of the top_k largest (ties: lower
+    // index first; listed in descending logit order) into indices [N, k] (I32), and the
+    // softmax of those k logits into gates [N, k].
+    void router_topk(const Tensor& logits, const Tensor& indices, const Tensor& gates);
+
+    // Groups the N*k (token, choice) slots by expert, stably: offsets [E+1] (I32) are the
+    // prefix sums of per-expert counts; sorted slot s in [offsets[e], offsets[e+1]) belongs to
+    // expert e, slot_rows[s] is its token; slot_of[n*k + j] is the sorted slot of token n's
+    // j-th choice. Runs on the device: no host round trip.
+    void moe_group(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
+                   const Tensor& slot_rows, const Tensor& slot_of);
+
+    // out[s, :] = x[rows[s], :].   x [N, d], rows [S] (I32), out [S, d].
+    void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
+
+    // One matmul over all experts: out[s, :] = x[s, :] . w[e]^T (+ bias[e]) for every sorted
+    // slot s of expert e (offsets as moe_group gives). x [S, K], w [E, Nout, K], bias [E, Nout]
+    // or undefined, out [S, Nout].
+    void grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& offsets,
+                        const Tensor& out);
+
+    // out[n, :] += sum_j gates[n, j] * expert_out[slot_of[n*k + j], :], j in ascending order.
+    // expert_out [N*k, d], slot_of [N*k] (I32), gates [N, k], out [N, d].
+    void moe_combine(const Tensor& expert_out, const Tensor& slot_of, const Tensor& gates,
+                     const Tensor& out);
+
+    // out = act(x), elementwise (gelu is the tanh approximation; relu2 = relu(x)^2).
+    void activation(Activation act, const Tensor& x, const Tensor& out);
+    // out = silu(gate) * up, elementwise.
+    void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out);
+    // out = a + b, elementwise (out may alias a or b).
+    void add(const Tensor& a, const Tensor& b, const Tensor& out);
+
+    // losses[n] = logsumexp(logits[n, :]) - logits[n, targets[n]]; a target of -1 gives 0.
+    // logits [N, V], targets [N] (I32), losses [N].
+    void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses);
+
+    // Load-balancing loss of one MoE layer into out [1]: E * sum_e f_e * P_e, f_e = fraction
+    // of tokens whose top-k holds e, P_e = mean over tokens of softmax(logits)_e.
+    // logits [N, E], indices [N, k] (I32).
+    void router_aux_loss(const Tensor& logits, const Tensor& indices, const Tensor& out);
+
+    // ---- backward ops
+    // Gradient outputs (d_*) are *accumulated into* (+=) unless the op says otherwise, so a
+    // tensor read in several places collects every contribution; callers zero them first.
+
+    // d_table[ids[n], :] += d_out[n, :].
+    void embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table);
+
+    // Backward of norm(): d_x, d_weight and (layernorm) d_bias accumulate.
+    void norm_backward(NormType type, const Tensor& x, const Tensor& weight, const Tensor& d_out,
+                       float eps, const Tensor& d_x, const Tensor& d_weight,
+                       const Tensor& d_bias);
+
+    // d_bias[N] += sum over rows of d_out [M, N] (the bias gradient of a linear layer).
+    void bias_backward(const Tensor& d_out, const Tensor& d_bias);
+
+    // Backward of attention(): recomputes the softmax from q and k.
+    void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
+                            const Tensor& d_v, int64_t window);
+
+    // d_logits (+)= gradient through the gate softmax (from d_gates [N, k]) plus, when
+    // aux_weight > 0, through the load-balancing loss aux_weight * router_aux_loss(logits,
+    // indices): only via the mean router probabilities P (the counts f are constants).
+    void router_backward(const Tensor& logits, const Tensor& indices, const Tensor& gates,
+                         const Tensor& d_gates, float aux_weight, const Tensor& d_logits);
+
+    // d_x[rows[s], :] += d_out[s, :].
+    void gather_rows_backward(const Tensor& rows, const Tensor& d_out, const Tensor& d_x);
+
+    // Backward of grouped_matmul(): d_x, d_w and (when defined) d_bias accumulate.
+    void grouped_matmul_backward(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                 const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
+                                 const Tensor& d_bias);
+
+    // Backward of moe_combine(): d_expert_out and d_gates accumulate.
+    void moe_combine_backward(const Tensor& expert_out, const Tensor& slot_of,
+                              const Tensor& gates, const Tensor& d_out,
+                              const Tensor& d_expert_out, const Tensor& d_gates);
+
+    // d_x += act'(x) * d_out.
+    void activation_backward(Activation act, const Tensor& x, const Tensor& d_out,
+                             const Tensor& d_x);
+    // Backward of swiglu(): d_gate and d_up accumulate.
+    void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out,
+                         const Tensor& d_gate, const Tensor& d_up);
+
+    // Writes (does not accumulate) d_logits = scale * (softmax(logits) - onehot(target)) per
+    // row; rows whose target is -1 get 0.
+    void cross_entropy_backward(const Tensor& logits, const Tensor& targets, float scale,
+                                const Tensor& d_logits);
+
+    // ---- optimizer support
+    // out[0] = sum of squares of x (accumulated in double where the backend can).
+    void sum_squares(const Tensor& x, const Tensor& out);
+    // x *= s, elementwise.
+    void scale(const Tensor& x, float s);
+    // One AdamW step (PyTorch's formulation) over flat tensors of equal shape: decoupled decay
+    // p -= lr * weight_decay * decay_mask * p; m, v moments; bias-corrected update. `step` is
+    // the 1-based step count after this update.
+    struct AdamWParams {
+        float lr, beta1, beta2, eps, weight_decay;
+        int64_t step;
+    };
+    void adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+               const Tensor& decay_mask, const AdamWParams& hp);
+
+protected:
+    virtual std::shared_ptr<DeviceBuffer> alloc_impl(size_t bytes) = 0;
+    virtual void upload_impl(const Tensor& dst, const void* host) = 0;
+    virtual void download_impl(const Tensor& src, void* host) = 0;
+    virtual void fill_impl(const Tensor& dst, float value) = 0;
+    virtual void copy_impl(const Tensor& src, const Tensor& dst) = 0;
+
+    virtual void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+    virtual void norm_impl(NormType type, const Tensor& x, const Tensor& weight,
+                           const Tensor& bias, float eps, const Tensor& out) = 0;
+    virtual void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
+                             MatmulOptions opts, const Tensor& bias) = 0;
+    virtual void rope_impl(const Tensor& x, const Tensor& positions, double theta,
+                           bool inverse) = 0;
+    virtual void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, int64_t window) = 0;
+    virtual void router_topk_impl(const Tensor& logits, const Tensor& indices,
+                                  const Tensor& gates) = 0;
+    virtual void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
+                                const Tensor& slot_rows, const Tensor& slot_of) = 0;
+    virtual void gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;
+    virtual void grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     const Tensor& offsets, const Tensor& out) = 0;
+    virtual void moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of,
+                                  const Tensor& gates, const Tensor& out) = 0;
+    virtual void activation_impl(Activation act, const Tensor& x, const Tensor& out) = 0;
+    virtual void swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+    virtual void add_impl(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+    virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets,
+                                    const Tensor& losses) = 0;
+    virtual void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
+                                      const Tensor& out) = 0;
+    virtual void embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
+                                         const Tensor& d_table) = 0;
+    virtual void norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
+                                    const Tensor& d_out, float eps, const Tensor& d_x,
+                                    const Tensor& d_weight, const Tensor& d_bias) = 0;
+    virtual void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) = 0;
+    virtual void attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& d_out, const Tensor& d_q,
+                                         const Tensor& d_k, const Tensor& d_v,
+                                         int64_t window) = 0;
+    virtual void router_backward_impl(const Tensor& logits, const Tensor& indices,
+                                      const Tensor& gates, const Tensor& d_gates,
+                                      float aux_weight, const Tensor& d_logits) = 0;
+    virtual void gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
+                                           const Tensor& d_x) = 0;
+    virtual void grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
+                                              const Tensor& offsets, const Tensor& d_out,
+                                              const Tensor& d_x, const Tensor& d_w,
+                                              const Tensor& d_bias) = 0;
+    virtual void moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
+                                           const Tensor& gates, const Tensor& d_out,
+                                           const Tensor& d_expert_out,
+                                           const Tensor& d_gates) = 0;
+    virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
+                                          const Tensor& d_x) = 0;
+    virtual void swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
+                                      const Tensor& d_gate, const Tensor& d_up) = 0;
+    virtual void cross_entropy_backward_impl(const Tensor& logits, const Tensor& targets,
+                                             float scale, const Tensor& d_logits) = 0;
+    virtual void sum_squares_impl(const Tensor& x, const Tensor& out) = 0;
+    virtual void scale_impl(const Tensor& x, float s) = 0;
+    virtual void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
+                            const Tensor& v, const Tensor& decay_mask,
+                            const AdamWParams& hp) = 0;
+};
+
+// Backends compiled into this build, by name ("cpu", ...).
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+}  // namespace tmx

@@ -1,0 +1,446 @@
+#include "engine/model.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "engine/errors.h"
+#include "engine/rng.h"
+
+namespace tmx {
+
+const ParamSpec* ParamLayout::find(const std::string& name) const {
+    for (const auto& s : specs)
+        if (s.name == name) return &s;
+    return nullptr;
+}
+
+ParamLayout model_param_layout(const ModelConfig& c) {
+    ParamLayout layout;
+    const double std = 0.02;
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
+    const int64_t d = c.d_model;
+    auto add = [&](std::string name, Shape shape, ParamInit init, double init_std, bool decay) {
+        ParamSpec s{std::move(name), std::move(shape), init, init_std, decay, layout.total};
+        layout.total += s.numel();
+        layout.specs.push_back(std::move(s));
+    };
+    auto norm = [&](const std::string& prefix) {
+        add(prefix + ".weight", {d}, ParamInit::Ones, 0.0, false);
+        if (c.has_norm_bias()) add(prefix + ".bias", {d}, ParamInit::Zeros, 0.0, false);
+    };
+    auto linear = [&](const std::string& prefix, int64_t out, int64_t in, bool bias, double s) {
+        add(prefix + ".weight", {out, in}, ParamInit::Normal, s, true);
+        if (bias) add(prefix + ".bias", {out}, ParamInit::Zeros, 0.0, false);
+    };
+    // Each expert matrix for all experts back to back (weights, then biases), so that the
+    // stacked tensor of a layer is one contiguous view.
+    auto experts = [&](const std::string& prefix, const std::string& w, int64_t out, int64_t in,
+                       double s) {
+        for (int64_t e = 0; e < c.n_experts; ++e)
+            add(prefix + std::to_string(e) + "." + w + ".weight", {out, in}, ParamInit::Normal, s,
+                true);
+        if (c.ffn_bias)
+            for (int64_t e = 0; e < c.n_experts; ++e)
+                add(prefix + std::to_string(e) + "." + w + ".bias", {out}, ParamInit::Zeros, 0.0,
+                    false);
+    };
+    const bool swiglu = c.ffn_type == FfnType::SwiGlu;
+
+    add("model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::Normal, std, false);
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+        const std::string p = "model.layers." + std::to_string(i);
+        norm(p + ".input_layernorm");
+        linear(p + ".self_attn.q_proj", c.q_dim(), d, c.attn_bias, std);
+        linear(p + ".self_attn.k_proj", c.kv_dim(), d, c.attn_bias, std);
+        linear(p + ".self_attn.v_proj", c.kv_dim(), d, c.attn_bias, std);
+        linear(p + ".self_attn.o_proj", d, c.q_dim(), c.attn_bias, proj_std);
+        norm(p + ".post_attention_layernorm");
+        if (c.is_moe()) {
+            add(p + ".block_sparse_moe.gate.weight", {c.n_experts, d}, ParamInit::Normal, std,
+                true);
+            const std::string ep = p + ".block_sparse_moe.experts.";
+            experts(ep, "w1", c.d_ff, d, std);
+            experts(ep, "w2", d, c.d_ff, proj_std);
+            if (swiglu) experts(ep, "w3", c.d_ff, d, std);
+        } else {
+            linear(p + ".mlp.w1", c.d_ff, d, c.ffn_bias, std);
+            linear(p + ".mlp.w2", d, c.d_ff, c.ffn_bias, proj_std);
+            if (swiglu) linear(p + ".mlp.w3", c.d_ff, d, c.ffn_bias, std);
+        }
+    }
+    norm("model.norm");
+    if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, ParamInit::Normal, std, true);
+    return layout;
+}
+
+std::vector<ParamSpec> model_param_specs(const ModelConfig& config) {
+    return model_param_layout(config).specs;
+}
+
+Model::Model(const ModelConfig& config, Backend& backend)
+    : config_(config), backend_(backend), layout_(model_param_layout(config)) {
+    params_ = backend_.alloc({layout_.total});
+    embed_ = param("model.embed_tokens.weight");
+    final_norm_w_ = param("model.norm.weight");
+    final_norm_b_ = layout_.find("model.norm.bias") ? param("model.norm.bias") : Tensor{};
+    lm_head_ = config_.tie_embeddings ? embed_ : param("lm_head.weight");
+    for (int64_t i = 0; i < config_.n_layers; ++i) layers_.push_back(bind_layer(params_, i));
+}
+
+Tensor Model::view(const Tensor& flat, const std::string& name) const {
+    const ParamSpec* s = layout_.find(name);
+    if (!s) throw std::logic_error("no parameter named " + name);
+    return flat.slice(s->offset, s->shape);
+}
+
+LayerWeights Model::bind_layer(const Tensor& flat, int64_t layer) const {
+    const ModelConfig& c = config_;
+    const std::string p = "model.layers." + std::to_string(layer);
+    auto opt = [&](const std::string& name) {
+        return layout_.find(name) ? view(flat, name) : Tensor{};
+    };
+    // The stacked [E, ...] view that starts at expert 0's tensor.
+    auto stacked = [&](const std::string& first, Shape per_expert) {
+        const ParamSpec* s = layout_.find(first);
+        if (!s) return Tensor{};
+        per_expert.insert(per_expert.begin(), c.n_experts);
+        return flat.slice(s->offset, per_expert);
+    };
+    LayerWeights w;
+    w.input_norm_w = view(flat, p + ".input_layernorm.weight");
+    w.input_norm_b = opt(p + ".input_layernorm.bias");
+    w.post_norm_w = view(flat, p + ".post_attention_layernorm.weight");
+    w.post_norm_b = opt(p + ".post_attention_layernorm.bias");
+    w.wq = view(flat, p + ".self_attn.q_proj.weight");
+    w.bq = opt(p + ".self_attn.q_proj.bias");
+    w.wk = view(flat, p + ".self_attn.k_proj.weight");
+    w.bk = opt(p + ".self_attn.k_proj.bias");
+    w.wv = view(flat, p + ".self_attn.v_proj.weight");
+    w.bv = opt(p + ".self_attn.v_proj.bias");
+    w.wo = view(flat, p + ".self_attn.o_proj.weight");
+    w.bo = opt(p + ".self_attn.o_proj.bias");
+    if (c.is_moe()) {
+        const std::string e0 = p + ".block_sparse_moe.experts.0.";
+        w.router = view(flat, p + ".block_sparse_moe.gate.weight");
+        w.w1 = stacked(e0 + "w1.weight", {c.d_ff, c.d_model});
+        w.b1 = stacked(e0 + "w1.bias", {c.d_ff});
+        w.w2 = stacked(e0 + "w2.weight", {c.d_model, c.d_ff});
+        w.b2 = stacked(e0 + "w2.bias", {c.d_model});
+        w.w3 = stacked(e0 + "w3.weight", {c.d_ff, c.d_model});
+        w.b3 = stacked(e0 + "w3.bias", {c.d_ff});
+    } else {
+        w.w1 = view(flat, p + ".mlp.w1.weight");
+        w.b1 = opt(p + ".mlp.w1.bias");
+        w.w2 = view(flat, p + ".mlp.w2.weight");
+        w.b2 = opt(p + ".mlp.w2.bias");
+        w.w3 = opt(p + ".mlp.w3.weight");
+        w.b3 = opt(p + ".mlp.w3.bias");
+    }
+    return w;
+}
+
+Tensor Model::param(const std::string& name) const { return view(params_, name); }
+
+void Model::init_random(uint64_t seed) {
+    std::vector<float> host(static_cast<size_t>(layout_.total));
+    for (const auto& s : layout_.specs) {
+        float* dst = host.data() + s.offset;
+        switch (s.init) {
+            case ParamInit::Zeros: std::fill(dst, dst + s.numel(), 0.0f); break;
+            case ParamInit::Ones: std::fill(dst, dst + s.numel(), 1.0f); break;
+            case ParamInit::Normal: {
+                Rng rng(stream_seed(seed, s.name));
+                for (int64_t i = 0; i < s.numel(); ++i)
+                    dst[i] = static_cast<float>(rng.normal() * s.init_std);
+                break;
+            }
+        }
+    }
+    params_from_host(host);
+}
+
+std::vector<float> Model::params_to_host() const {
+    std::vector<float> host(static_cast<size_t>(layout_.total));
+    backend_.download(params_, host.data());
+    return host;
+}
+
+void Model::params_from_host(const std::vector<float>& values) {
+    if (static_cast<int64_t>(values.size()) != layout_.total)
+        throw std::logic_error("params_from_host: wrong number of values");
+    backend_.upload(params_, values.data());
+}
+
+const Tensor& Model::grads() {
+    if (!grads_.defined()) {
+        grads_ = backend_.alloc({layout_.total});
+        backend_.fill(grads_, 0.0f);
+    }
+    return grads_;
+}
+
+void Model::zero_grads() { backend_.fill(grads(), 0.0f); }
+
+Tensor Model::grad(const std::string& name) { return view(grads(), name); }
+
+LayerActivations Model::alloc_activations(int64_t N) const {
+    const ModelConfig& c = config_;
+    Backend& be = backend_;
+    const int64_t d = c.d_model, S = c.is_moe() ? N * c.top_k : N;
+    LayerActivations a;
+    a.h_in = be.alloc({N, d});
+    a.h_mid = be.alloc({N, d});
+    a.a1 = be.alloc({N, d});
+    a.a2 = be.alloc({N, d});
+    a.q = be.alloc({N, c.q_dim()});
+    a.k = be.alloc({N, c.kv_dim()});
+    a.v = be.alloc({N, c.kv_dim()});
+    a.att = be.alloc({N, c.q_dim()});
+    if (c.is_moe()) {
+        a.router_logits = be.alloc({N, c.n_experts});
+        a.top_idx = be.alloc({N, c.top_k}, DType::I32);
+        a.gates = be.alloc({N, c.top_k});
+        a.offsets = be.alloc({c.n_experts + 1}, DType::I32);
+        a.slot_rows = be.alloc({S}, DType::I32);
+        a.slot_of = be.alloc({S}, DType::I32);
+        a.xs = be.alloc({S, d});
+        a.ys = be.alloc({S, d});
+    }
+    a.pre = be.alloc({S, c.d_ff});
+    if (c.ffn_type == FfnType::SwiGlu) a.up = be.alloc({S, c.d_ff});
+    a.act = be.alloc({S, c.d_ff});
+    return a;
+}
+
+ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                             const std::vector<int32_t>* targets, bool keep_activations) {
+    const ModelConfig& c = config_;
+    const int64_t N = B * T, H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
+    if (static_cast<int64_t>(tokens.size()) != N)
+        throw std::logic_error("forward: tokens do not match B*T");
+    if (keep_activations && !targets)
+        throw std::logic_error("forward: keeping activations needs targets");
+    for (int32_t t : tokens)
+        if (t < 0 || t >= c.vocab_size)
+            throw Error("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
+                        std::to_string(c.vocab_size) + ")");
+    Backend& be = backend_;
+
+    Tensor ids = be.alloc({N}, DType::I32);
+    be.upload(ids, tokens.data());
+    std::vector<int32_t> pos_host(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) pos_host[n] = static_cast<int32_t>(n % T);
+    Tensor positions = be.alloc({N}, DType::I32);
+    be.upload(positions, pos_host.data());
+
+    const float eps = static_cast<float>(c.norm_eps);
+    const bool swiglu = c.ffn_type == FfnType::SwiGlu;
+    const MatmulOptions linear{.trans_b = true};
+    const MatmulOptions linear_acc{.trans_b = true, .accumulate = true};
+    Tensor h = be.alloc({N, c.d_model});
+    Tensor aux = c.is_moe() ? be.alloc({c.n_layers}) : Tensor{};
+
+    // Inference reuses one set of buffers for every layer; training keeps each layer's.
+    std::vector<LayerActivations> kept;
+    LayerActivations scratch;
+    if (!keep_activations) scratch = alloc_activations(N);
+
+    be.embedding(embed_, ids, h);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+        if (keep_activations) kept.push_back(alloc_activations(N));
+        LayerActivations& a = keep_activations ? kept.back() : scratch;
+        const LayerWeights& w = layers_[l];
+        if (keep_activations) be.copy(h, a.h_in);
+        // Attention block.
+        be.norm(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1);
+        be.matmul(a.a1, w.wq, a.q, linear, w.bq);
+        be.matmul(a.a1, w.wk, a.k, linear, w.bk);
+        be.matmul(a.a1, w.wv, a.v, linear, w.bv);
+        be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
+        be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
+        be.attention(a.q.reshape({B, T, H, hd}), a.k.reshape({B, T, Hkv, hd}),
+                     a.v.reshape({B, T, Hkv, hd}), a.att.reshape({B, T, H, hd}),
+                     c.sliding_window);
+        be.matmul(a.att, w.wo, h, linear_acc, w.bo);  // h += o Wo^T + bo
+        if (keep_activations) be.copy(h, a.h_mid);
+        // Feed-forward block.
+        be.norm(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2);
+        if (c.is_moe()) {
+            be.matmul(a.a2, w.router, a.router_logits, linear);
+            be.router_topk(a.router_logits, a.top_idx, a.gates);
+            be.router_aux_loss(a.router_logits, a.top_idx, aux.slice(l, {1}));
+            be.moe_group(a.top_idx, c.n_experts, a.offsets, a.slot_rows, a.slot_of);
+            be.gather_rows(a.a2, a.slot_rows, a.xs);
+            be.grouped_matmul(a.xs, w.w1, w.b1, a.offsets, a.pre);
+            if (swiglu) be.grouped_matmul(a.xs, w.w3, w.b3, a.offsets, a.up);
+        } else {
+            be.matmul(a.a2, w.w1, a.pre, linear, w.b1);
+            if (swiglu) be.matmul(a.a2, w.w3, a.up, linear, w.b3);
+        }
+        if (swiglu) be.swiglu(a.pre, a.up, a.act);
+        else be.activation(c.activation, a.pre, a.act);
+        if (c.is_moe()) {
+            be.grouped_matmul(a.act, w.w2, w.b2, a.offsets, a.ys);
+            be.moe_combine(a.ys, a.slot_of, a.gates, h);
+        } else {
+            be.matmul(a.act, w.w2, h, linear_acc, w.b2);
+        }
+    }
+    Tensor a_final = be.alloc({N, c.d_model});
+    be.norm(c.norm_type, h, final_norm_w_, final_norm_b_, eps, a_final);
+    ForwardResult result;
+    result.logits = be.alloc({N, c.vocab_size});
+    be.matmul(a_final, lm_head_, result.logits, linear);
+
+    if (targets) {
+        if (static_cast<int64_t>(targets->size()) != N)
+            throw std::logic_error("forward: targets do not match B*T");
+        Tensor tgt = be.alloc({N}, DType::I32);
+        be.upload(tgt, targets->data());
+        Tensor losses = be.alloc({N});
+        be.cross_entropy(result.logits, tgt, losses);
+        std::vector<float> host(static_cast<size_t>(N));
+        be.download(losses, host.data());
+        double sum = 0.0;
+        for (int64_t n = 0; n < N; ++n) {
+            if ((*targets)[n] < 0) continue;
+            sum += host[n];
+            ++result.n_targets;
+        }
+        result.loss = result.n_targets ? sum / static_cast<double>(result.n_targets) : 0.0;
+        if (c.is_moe()) {
+            std::vector<float> aux_host(static_cast<size_t>(c.n_layers));
+            be.download(aux, aux_host.data());
+            double s = 0.0;
+            for (float x : aux_host) s += x;
+            result.aux = s / static_cast<double>(c.n_layers);
+        }
+        if (keep_activations && c.is_moe()) {
+            std::vector<int32_t> off(static_cast<size_t>(c.n_experts + 1));
+            for (const LayerActivations& a : kept) {
+                be.download(a.offsets, off.data());
+                std::vector<int64_t> counts(static_cast<size_t>(c.n_experts));
+                for (int64_t e = 0; e < c.n_experts; ++e) counts[e] = off[e + 1] - off[e];
+                result.expert_slots.push_back(std::move(counts));
+            }
+        }
+        if (keep_activations)
+            saved_ = Saved{B, T, ids, positions, tgt, h, a_final, result.logits,
+                           result.n_targets, std::move(kept)};
+    }
+    return result;
+}
+
+void Model::backward(float loss_scale) {
+    if (saved_.layers.empty())
+        throw std::logic_error("backward: no forward pass with kept activations");
+    const ModelConfig& c = config_;
+    Backend& be = backend_;
+    const int64_t B = saved_.B, T = saved_.T, N = B * T, d = c.d_model;
+    const int64_t H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
+    const float eps = static_cast<float>(c.norm_eps);
+    const bool swiglu = c.ffn_type == FfnType::SwiGlu;
+    const MatmulOptions input_grad{.accumulate = true};                  // dX += dY W
+    const MatmulOptions weight_grad{.trans_a = true, .accumulate = true};  // dW += dY^T X
+    const Tensor& g = grads();
+    const float ce_scale =
+        saved_.n_targets ? loss_scale / static_cast<float>(saved_.n_targets) : 0.0f;
+    const float aux_weight = c.is_moe() ? loss_scale * static_cast<float>(c.router_aux_loss_coef) /
+                                              static_cast<float>(c.n_layers)
+                                        : 0.0f;
+
+    // Adds the gradients of y = x W^T (+ b) given dy: dx += dy W, dW += dy^T x, db += sum dy.
+    auto linear_backward = [&](const Tensor& x, const Tensor& W, const Tensor& dy,
+                               const Tensor& dx, const Tensor& dW, const Tensor& db) {
+        be.matmul(dy, W, dx, input_grad);
+        be.matmul(dy, x, dW, weight_grad);
+        if (db.defined()) be.bias_backward(dy, db);
+    };
+
+    // Head: logits = norm(h) lm_head^T.
+    Tensor d_logits = be.alloc({N, c.vocab_size});
+    be.cross_entropy_backward(saved_.logits, saved_.targets, ce_scale, d_logits);
+    Tensor d_a = be.alloc({N, d});
+    be.fill(d_a, 0.0f);
+    Tensor d_lm_head = c.tie_embeddings ? view(g, "model.embed_tokens.weight")
+                                        : view(g, "lm_head.weight");
+    linear_backward(saved_.a_final, lm_head_, d_logits, d_a, d_lm_head, Tensor{});
+    Tensor dh = be.alloc({N, d});  // gradient of the residual stream
+    be.fill(dh, 0.0f);
+    be.norm_backward(c.norm_type, saved_.h_final, final_norm_w_, d_a, eps, dh,
+                     view(g, "model.norm.weight"),
+                     c.has_norm_bias() ? view(g, "model.norm.bias") : Tensor{});
+
+    const int64_t S = c.is_moe() ? N * c.top_k : N;
+    Tensor d_pre = be.alloc({S, c.d_ff}), d_up = swiglu ? be.alloc({S, c.d_ff}) : Tensor{};
+    Tensor d_act = be.alloc({S, c.d_ff});
+    Tensor d_xs = c.is_moe() ? be.alloc({S, d}) : Tensor{};
+    Tensor d_ys = c.is_moe() ? be.alloc({S, d}) : Tensor{};
+    Tensor d_gates = c.is_moe() ? be.alloc({N, c.top_k}) : Tensor{};
+    Tensor d_router = c.is_moe() ? be.alloc({N, c.n_experts}) : Tensor{};
+    Tensor d_q = be.alloc({N, c.q_dim()}), d_att = be.alloc({N, c.q_dim()});
+    Tensor d_k = be.alloc({N, c.kv_dim()}), d_v = be.alloc({N, c.kv_dim()});
+
+    for (int64_t l = c.n_layers - 1; l >= 0; --l) {
+        const LayerWeights& w = layers_[l];
+        const LayerWeights gw = bind_layer(g, l);
+        const LayerActivations& a = saved_.layers[l];
+        // Feed-forward block: h_out = h_mid + ffn(norm(h_mid)); dh flows on to h_mid as is.
+        for (const Tensor* t : {&d_pre, &d_act, &d_a}) be.fill(*t, 0.0f);
+        if (swiglu) be.fill(d_up, 0.0f);
+        if (c.is_moe()) {
+            for (const Tensor* t : {&d_xs, &d_ys, &d_gates, &d_router}) be.fill(*t, 0.0f);
+            be.moe_combine_backward(a.ys, a.slot_of, a.gates, dh, d_ys, d_gates);
+            be.grouped_matmul_backward(a.act, w.w2, a.offsets, d_ys, d_act, gw.w2, gw.b2);
+        } else {
+            linear_backward(a.act, w.w2, dh, d_act, gw.w2, gw.b2);
+        }
+        if (swiglu) be.swiglu_backward(a.pre, a.up, d_act, d_pre, d_up);
+        else be.activation_backward(c.activation, a.pre, d_act, d_pre);
+        if (c.is_moe()) {
+            be.grouped_matmul_backward(a.xs, w.w1, a.offsets, d_pre, d_xs, gw.w1, gw.b1);
+            if (swiglu) be.grouped_matmul_backward(a.xs, w.w3, a.offsets, d_up, d_xs, gw.w3, gw.b3);
+            be.gather_rows_backward(a.slot_rows, d_xs, d_a);
+            be.router_backward(a.router_logits, a.top_idx, a.gates, d_gates, aux_weight, d_router);
+            linear_backward(a.a2, w.router, d_router, d_a, gw.router, Tensor{});
+        } else {
+            linear_backward(a.a2, w.w1, d_pre, d_a, gw.w1, gw.b1);
+            if (swiglu) linear_backward(a.a2, w.w3, d_up, d_a, gw.w3, gw.b3);
+        }
+        be.norm_backward(c.norm_type, a.h_mid, w.post_norm_w, d_a, eps, dh, gw.post_norm_w,
+                         gw.post_norm_b);
+
+        // Attention block: h_mid = h_in + attention(norm(h_in)) Wo^T + bo.
+        for (const Tensor* t : {&d_att, &d_q, &d_k, &d_v, &d_a}) be.fill(*t, 0.0f);
+        linear_backward(a.att, w.wo, dh, d_att, gw.wo, gw.bo);
+        be.attention_backward(a.q.reshape({B, T, H, hd}), a.k.reshape({B, T, Hkv, hd}),
+                              a.v.reshape({B, T, Hkv, hd}), d_att.reshape({B, T, H, hd}),
+                              d_q.reshape({B, T, H, hd}), d_k.reshape({B, T, Hkv, hd}),
+                              d_v.reshape({B, T, Hkv, hd}), c.sliding_window);
+        be.rope(d_q.reshape({N, H, hd}), saved_.positions, c.rope_theta, /*inverse=*/true);
+        be.rope(d_k.reshape({N, Hkv, hd}), saved_.positions, c.rope_theta, /*inverse=*/true);
+        linear_backward(a.a1, w.wq, d_q, d_a, gw.wq, gw.bq);
+        linear_backward(a.a1, w.wk, d_k, d_a, gw.wk, gw.bk);
+        linear_backward(a.a1, w.wv, d_v, d_a, gw.wv, gw.bv);
+        be.norm_backward(c.norm_type, a.h_in, w.input_norm_w, d_a, eps, dh, gw.input_norm_w,
+                         gw.input_norm_b);
+    }
+    be.embedding_backward(saved_.ids, dh, view(g, "model.embed_tokens.weight"));
+}
+
+TokenScore score_tokens(Model& model, const std::vector<int32_t>& tokens, int64_t window) {
+    TokenScore score;
+    if (window <= 0) throw std::logic_error("score_tokens: window must be positive");
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    for (int64_t start = 0; start + 1 < n; start += window) {
+        const int64_t T = std::min(window, n - 1 - start);
+        std::vector<int32_t> inputs(tokens.begin() + start, tokens.begin() + start + T);
+        std::vector<int32_t> targets(tokens.begin() + start + 1, tokens.begin() + start + T + 1);
+        ForwardResult r = model.forward(inputs, 1, T, &targets);
+        score.total_nats += r.loss * static_cast<double>(r.n_targets);
+        score.tokens += r.n_targets;
+    }
+    return score;
+}
+
+}  // namespace tmx

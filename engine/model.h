@@ -1,0 +1,142 @@
+// The tiny-mixtral model on a Backend: parameters named as DESIGN.md section 3, seeded
+// initialisation, and the forward pass of section 2.
+//
+// All parameters live in one flat fp32 device tensor, in the order of model_param_layout().
+// Each layer's experts are consecutive, so the stacked [E, d_ff, d] expert weights the grouped
+// matmul needs are plain views of that tensor.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/config.h"
+
+namespace tmx {
+
+enum class ParamInit { Normal, Zeros, Ones };
+
+struct ParamSpec {
+    std::string name;
+    Shape shape;
+    ParamInit init = ParamInit::Normal;
+    double init_std = 0.0;  // for Normal
+    bool decay = false;     // AdamW weight decay: 2-D weights except the token embedding
+    int64_t offset = 0;     // in elements, into the flat parameter tensor
+    int64_t numel() const { return shape_numel(shape); }
+};
+
+struct ParamLayout {
+    std::vector<ParamSpec> specs;
+    int64_t total = 0;
+    // The spec of that name, or nullptr.
+    const ParamSpec* find(const std::string& name) const;
+};
+
+ParamLayout model_param_layout(const ModelConfig& config);
+std::vector<ParamSpec> model_param_specs(const ModelConfig& config);
+
+// Views of one layer's weights inside the flat parameter tensor. Undefined when the config
+// has no such parameter (biases off, rmsnorm, dense FFN vs experts).
+struct LayerWeights {
+    Tensor input_norm_w, input_norm_b, post_norm_w, post_norm_b;
+    Tensor wq, bq, wk, bk, wv, bv, wo, bo;
+    Tensor router;  // [E, d]
+    // Expert FFN, stacked over experts: w1/w3 [E, d_ff, d], w2 [E, d, d_ff], biases [E, *].
+    // For a dense FFN the leading E dimension is absent.
+    Tensor w1, b1, w2, b2, w3, b3;
+};
+
+// What a training forward pass keeps for the backward pass, per layer.
+struct LayerActivations {
+    Tensor h_in, h_mid;           // residual stream entering the layer / after attention
+    Tensor a1, a2;                // outputs of the two norms
+    Tensor q, k, v, att;          // q and k after RoPE; att = attention output
+    Tensor router_logits, top_idx, gates, offsets, slot_rows, slot_of;  // MoE routing
+    Tensor xs;                    // a2 gathered into expert-sorted slots (MoE)
+    Tensor pre, up, act;          // FFN: w1 output, w3 output (swiglu), activation output
+    Tensor ys;                    // expert outputs per slot (MoE)
+};
+
+struct ForwardResult {
+    Tensor logits;            // [B*T, V], on the device
+    double loss = 0.0;        // mean cross-entropy over the targets given (>= 0), without aux
+    int64_t n_targets = 0;    // number of targets that were scored
+    double aux = 0.0;         // load-balancing loss, mean over layers (0 for dense models)
+    // With kept activations, for MoE models: per layer, how many (token, choice) slots each
+    // expert received.
+    std::vector<std::vector<int64_t>> expert_slots;
+};
+
+class Model {
+public:
+    // Allocates the parameters on `backend` (uninitialised).
+    Model(const ModelConfig& config, Backend& backend);
+
+    const ModelConfig& config() const { return config_; }
+    const ParamLayout& layout() const { return layout_; }
+    Backend& backend() const { return backend_; }
+    const Tensor& params() const { return params_; }
+    int64_t num_params() const { return layout_.total; }
+
+    // DESIGN.md initialisation: weights N(0, 0.02), o_proj and w2 N(0, 0.02/sqrt(2L)), biases 0,
+    // norm weights 1. Each tensor draws from its own stream of `seed`.
+    void init_random(uint64_t seed);
+
+    std::vector<float> params_to_host() const;
+    void params_from_host(const std::vector<float>& values);
+    // The named parameter's view.
+    Tensor param(const std::string& name) const;
+
+    // Runs tokens [B, T] (row-major, positions 0..T-1 in each row). With targets [B*T] (-1 =
+    // not scored) it also computes the mean cross-entropy and the aux loss. With
+    // keep_activations (needs targets) it keeps what backward() needs.
+    ForwardResult forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                          const std::vector<int32_t>* targets = nullptr,
+                          bool keep_activations = false);
+
+    // Gradients of loss_scale * (mean cross-entropy + router_aux_loss_coef * aux) of the last
+    // forward(..., keep_activations = true), accumulated into grads(). The aux gradient flows
+    // through the mean router probabilities only.
+    void backward(float loss_scale = 1.0f);
+    // The flat gradient tensor (same layout as params()); allocated on first use.
+    const Tensor& grads();
+    void zero_grads();
+    Tensor grad(const std::string& name);
+
+private:
+    // Views of one layer's tensors inside a flat tensor laid out like the parameters.
+    LayerWeights bind_layer(const Tensor& flat, int64_t layer) const;
+    Tensor view(const Tensor& flat, const std::string& name) const;
+    LayerActivations alloc_activations(int64_t N) const;
+
+    ModelConfig config_;
+    Backend& backend_;
+    ParamLayout layout_;
+    Tensor params_;
+    Tensor embed_, final_norm_w_, final_norm_b_, lm_head_;
+    std::vector<LayerWeights> layers_;
+    Tensor grads_;
+
+    // State of the last forward pass that kept its activations.
+    struct Saved {
+        int64_t B = 0, T = 0;
+        Tensor ids, positions, targets, h_final, a_final, logits;
+        int64_t n_targets = 0;
+        std::vector<LayerActivations> layers;
+    };
+    Saved saved_;
+};
+
+// Mean next-token cross-entropy of a token sequence, scored in consecutive windows of at most
+// `window` inputs (each window predicts its own next tokens; every token after the first is
+// predicted exactly once). Returns the total in nats and the number of predicted tokens.
+struct TokenScore {
+    double total_nats = 0.0;
+    int64_t tokens = 0;
+};
+TokenScore score_tokens(Model& model, const std::vector<int32_t>& tokens, int64_t window);
+
+}  // namespace tmx

@@ -1,0 +1,104 @@
+// tmx init and tmx eval end to end, through the built binary.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "engine/checkpoint.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+std::string tiny_config() { return test::source_dir() + "/assets/configs/test-tiny.json"; }
+
+TEST(InitEvalCli, InitThenEvalMatchesTheEngine) {
+    test::TempDir tmp;
+    const std::string dir = tmp / "ckpt";
+    auto r = test::run_tmx("init --config " + tiny_config() + " --out " + dir + " --seed 5");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("parameters"), std::string::npos);
+
+    // Same seed, same weights, whether written by the CLI or built in process.
+    auto be = make_backend("cpu");
+    auto loaded = load_model(dir, *be);
+    Model fresh(load_config(tiny_config()), *be);
+    fresh.init_random(5);
+    EXPECT_EQ(loaded->params_to_host(), fresh.params_to_host());
+
+    const std::vector<int32_t> tokens = {1, 50, 3, 77, 12, 96, 0, 41};
+    r = test::run_tmx("eval --model " + dir + " --tokens 1,50,3,77,12,96,0,41 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    TokenScore s = score_tokens(*loaded, tokens, loaded->config().max_seq_len);
+    EXPECT_EQ(j["tokens"], 7);
+    EXPECT_NEAR(j["loss"].get<double>(), s.total_nats / 7, 1e-9);
+    EXPECT_NEAR(j["ppl"].get<double>(), std::exp(s.total_nats / 7), 1e-6);
+    EXPECT_TRUE(j["tokens"].is_number_integer());
+}
+
+TEST(InitEvalCli, RefusesToOverwriteWithoutForce) {
+    test::TempDir tmp;
+    const std::string dir = tmp / "ckpt";
+    ASSERT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + dir).exit_code, 0);
+    auto r = test::run_tmx("init --config " + tiny_config() + " --out " + dir + " --seed 9");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+    EXPECT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + dir + " --force")
+                  .exit_code,
+              0);
+}
+
+TEST(InitEvalCli, BadInputsGiveClearErrorsAndExitCodes) {
+    test::TempDir tmp;
+    const std::string dir = tmp / "ckpt";
+    ASSERT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + dir).exit_code, 0);
+
+    auto r = test::run_tmx("eval --model " + dir + " --tokens 1,x,3");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--tokens"), std::string::npos) << r.err;
+
+    r = test::run_tmx("eval --model " + dir + " --tokens 5");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("at least 2"), std::string::npos) << r.err;
+
+    r = test::run_tmx("eval --model " + dir + " --tokens 1,2,500");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("500"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("vocabulary"), std::string::npos) << r.err;
+
+    r = test::run_tmx("eval --model " + (tmp / "missing") + " --tokens 1,2");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("no such checkpoint"), std::string::npos) << r.err;
+
+    test::write_text(tmp / "bad.json", R"({"d_model": 64, "n_heads": 3, "n_kv_heads": 2})");
+    r = test::run_tmx("init --config " + (tmp / "bad.json") + " --out " + (tmp / "x"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("bad.json: field 'n_heads'"), std::string::npos) << r.err;
+
+    r = test::run_tmx("init --out " + (tmp / "x"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--config"), std::string::npos) << r.err;
+
+    r = test::run_tmx("init --config " + tiny_config() + " --out " + (tmp / "y") + " --dtype f8");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--dtype"), std::string::npos) << r.err;
+
+    r = test::run_tmx("frobnicate");
+    EXPECT_EQ(r.exit_code, 2);
+}
+
+TEST(InitEvalCli, Bf16CheckpointIsHalfTheSize) {
+    test::TempDir tmp;
+    ASSERT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + (tmp / "f32")).exit_code, 0);
+    ASSERT_EQ(
+        test::run_tmx("init --config " + tiny_config() + " --out " + (tmp / "bf16") + " --dtype bf16")
+            .exit_code,
+        0);
+    auto f32 = std::filesystem::file_size(tmp / "f32/model.safetensors");
+    auto bf16 = std::filesystem::file_size(tmp / "bf16/model.safetensors");
+    EXPECT_NEAR(static_cast<double>(bf16) / static_cast<double>(f32), 0.5, 0.05);
+}
+
+}  // namespace
+}  // namespace tmx

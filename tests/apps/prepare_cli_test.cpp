@@ -1,0 +1,214 @@
+// End-to-end: `tmx tokenizer train`, `tmx tokenizer encode/decode` and `tmx prepare` on a
+// corpus the test writes, checked through the engine's readers.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/corpus.h"
+#include "engine/file_io.h"
+#include "engine/rng.h"
+#include "engine/token_shards.h"
+#include "engine/tokenizer.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_tmx;
+using test::TempDir;
+
+// Stories in TinyStories' own format, with CRLF line ends and blank lines inside stories.
+std::string stories_corpus(int n) {
+    static const char* names[] = {"Lily", "Tom", "Ben", "Sue", "Max", "Mia"};
+    static const char* things[] = {"a red ball", "a big tree", "a small boat", "a funny hat",
+                                   "some cake", "a blue kite"};
+    Rng rng(11);
+    std::string text;
+    for (int i = 0; i < n; ++i) {
+        const std::string who = names[rng.below(6)], what = things[rng.below(6)];
+        text += "Once upon a time, " + who + " found " + what + ".\r\n";
+        if (i % 3 == 0) text += "\r\n";
+        text += who + " was very happy and played all day " + std::to_string(i) + ".\r\n";
+        text += "<|endoftext|>\r\n";
+    }
+    return text;
+}
+
+class PrepareCli : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir_ = new TempDir;
+        write_text(*dir_ / "stories.txt", stories_corpus(120));
+        auto r = run_tmx("tokenizer train --input " + *dir_ / "stories.txt" +
+                         " --vocab-size 320 --out " + *dir_ / "tok.model");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        ASSERT_NE(r.out.find("320 pieces"), std::string::npos) << r.out;
+    }
+    static void TearDownTestSuite() {
+        delete dir_;
+        dir_ = nullptr;
+    }
+    static void write_text(const std::string& p, const std::string& t) { test::write_text(p, t); }
+    static std::string corpus() { return *dir_ / "stories.txt"; }
+    static std::string tok() { return *dir_ / "tok.model"; }
+    static TempDir* dir_;
+};
+TempDir* PrepareCli::dir_ = nullptr;
+
+TEST_F(PrepareCli, WritesADatasetWhereEveryDocumentStartsWithBos) {
+    TempDir out;
+    const std::string ds = out / "ds";
+    auto r = run_tmx("prepare --input " + corpus() + " --tokenizer " + tok() + " --out " + ds +
+                     " --val-fraction 0.25 --shard-tokens 500 --threads 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("120 documents"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+
+    const nlohmann::json meta = read_json_file(ds + "/meta.json");
+    EXPECT_EQ(meta["format"], "tmx-token-dataset");
+    EXPECT_EQ(meta["vocab_size"], 320);
+    EXPECT_EQ(meta["bos_id"], 1);
+    EXPECT_EQ(meta["documents"], 120);
+    EXPECT_EQ(meta["splits"]["train"]["documents"], 90);
+    EXPECT_EQ(meta["splits"]["val"]["documents"], 30);
+    EXPECT_EQ(meta["tokenizer"]["sha256"], sha256_hex(read_file(tok())));
+    EXPECT_EQ(meta["inputs"][0]["format"], "tinystories");
+    EXPECT_EQ(meta["bytes"], fs::file_size(corpus()));
+    EXPECT_GT(meta["splits"]["train"]["shards"].size(), 1u);
+    EXPECT_EQ(read_file(ds + "/tokenizer.model"), read_file(tok()));
+
+    // Expected documents, split as prepare documents it.
+    std::vector<std::string> docs = split_documents(read_file(corpus()), CorpusFormat::Auto);
+    ASSERT_EQ(docs.size(), 120u);
+    std::vector<std::string> expect_train, expect_val;
+    for (size_t i = 0; i < docs.size(); ++i)
+        (is_validation_document(static_cast<int64_t>(i), 0.25) ? expect_val : expect_train)
+            .push_back(docs[i]);
+
+    Tokenizer t = Tokenizer::load(tok());
+    for (const char* split : {"train", "val"}) {
+        SCOPED_TRACE(split);
+        TokenDataset d = open_dataset(ds, split);
+        std::vector<int32_t> stream = d.to_vector();
+        ASSERT_FALSE(stream.empty());
+        EXPECT_EQ(stream.front(), t.bos_id());
+        // Cut the stream at each BOS: one piece per document, each decoding to its text.
+        std::vector<std::string> got;
+        for (size_t i = 0; i < stream.size();) {
+            size_t j = i + 1;
+            while (j < stream.size() && stream[j] != t.bos_id()) ++j;
+            got.push_back(t.decode(std::vector<int32_t>(stream.begin() + static_cast<int64_t>(i),
+                                                        stream.begin() + static_cast<int64_t>(j))));
+            i = j;
+        }
+        EXPECT_EQ(got, std::string(split) == "train" ? expect_train : expect_val);
+        EXPECT_EQ(d.documents(), static_cast<int64_t>(got.size()));
+    }
+}
+
+TEST_F(PrepareCli, OutputDoesNotDependOnTheThreadCount) {
+    TempDir out;
+    for (const char* threads : {"1", "2"}) {
+        auto r = run_tmx("prepare --input " + corpus() + " --tokenizer " + tok() + " --out " +
+                         out / threads + " --threads " + threads + " --shard-tokens 700");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(out / "1"))
+        if (e.path().extension() == ".bin") names.push_back(e.path().filename());
+    ASSERT_FALSE(names.empty());
+    for (const auto& n : names)
+        EXPECT_EQ(read_file(out / ("1/" + n)), read_file(out / ("2/" + n))) << n;
+}
+
+TEST_F(PrepareCli, RefusesToReplaceADatasetWithoutForceAndAnythingElseAlways) {
+    TempDir out;
+    const std::string args = "prepare --input " + corpus() + " --tokenizer " + tok() + " --out ";
+    ASSERT_EQ(run_tmx(args + out / "ds").exit_code, 0);
+    auto r = run_tmx(args + out / "ds");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+    r = run_tmx(args + out / "ds" + " --force --val-fraction 0");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(read_json_file(out / "ds/meta.json")["splits"]["val"]["documents"], 0);
+
+    fs::create_directories(out / "mine");
+    test::write_text(out / "mine/keep.txt", "precious");
+    r = run_tmx(args + out / "mine" + " --force");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("not a token dataset"), std::string::npos) << r.err;
+    EXPECT_EQ(read_file(out / "mine/keep.txt"), "precious");
+}
+
+TEST_F(PrepareCli, BadInputFailsCleanlyNamingTheFile) {
+    TempDir out;
+    std::string blob = "some text\n\n";
+    blob += '\0';
+    test::write_text(out / "blob.txt", blob);
+    test::write_text(out / "empty.txt", "");
+    const std::string args = " --tokenizer " + tok() + " --out " + out / "ds";
+    auto r = run_tmx("prepare --input " + corpus() + " " + out / "blob.txt" + args);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("blob.txt"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("offset 11"), std::string::npos) << r.err;
+    r = run_tmx("prepare --input " + out / "empty.txt" + args);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("empty.txt"), std::string::npos) << r.err;
+    r = run_tmx("prepare --input " + corpus() + " --tokenizer " + out / "nope.model" +
+                " --out " + out / "ds");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("nope.model"), std::string::npos) << r.err;
+    r = run_tmx("prepare --input " + corpus() + args + " --val-fraction 2");
+    EXPECT_EQ(r.exit_code, 2);
+    // Nothing was left behind: no dataset, no temporary directory.
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(out.path())) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"blob.txt", "empty.txt"}));
+}
+
+TEST_F(PrepareCli, TokenizerEncodeAndDecodeRoundTrip) {
+    auto r = run_tmx("tokenizer encode --tokenizer " + tok() +
+                     " --text 'Lily found a big tree.' --bos");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(r.out.rfind("1,", 0), 0u) << r.out;
+    std::string ids = r.out.substr(0, r.out.find('\n'));
+    r = run_tmx("tokenizer decode --tokenizer " + tok() + " --ids " + ids);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "Lily found a big tree.\n");
+    r = run_tmx("tokenizer encode --tokenizer " + tok() + " --text 'Lily' --pieces");
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("\xE2\x96\x81"), std::string::npos) << r.out;  // "▁"
+    r = run_tmx("tokenizer decode --tokenizer " + tok() + " --ids 1,99999");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("99999"), std::string::npos) << r.err;
+}
+
+TEST_F(PrepareCli, TokenizerTrainWithTooLargeAVocabSaysTheLargest) {
+    TempDir out;
+    auto r = run_tmx("tokenizer train --input " + corpus() + " --vocab-size 50000 --out " +
+                     out / "t.model");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--vocab-size 50000 is too large for this corpus; the largest that "
+                         "works is "),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(out / "t.model"));
+}
+
+TEST(PrepareCliShared, Llama32kTokenizerEncodesHelloWorld) {
+    const std::string shared = test::shared_dir();
+    if (shared.empty()) GTEST_SKIP() << "../shared/data not present (a user's clone)";
+    auto r = run_tmx("tokenizer encode --tokenizer " + shared +
+                     "/data/tokenizer/llama-32k.model --text 'Hello world'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "15043,3186\n");
+}
+
+}  // namespace
+}  // namespace tmx

@@ -1,0 +1,224 @@
+#include "engine/corpus.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/errors.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+using test::TempDir;
+using test::write_text;
+using Docs = std::vector<std::string>;
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// Reads `paths` through CorpusReader with the given chunk size.
+Docs read_all(const std::vector<std::string>& paths, size_t chunk, CorpusStats* stats = nullptr,
+              CorpusFormat format = CorpusFormat::Auto) {
+    CorpusReader reader(paths, CorpusReaderOptions{format, chunk});
+    Docs all, batch;
+    while (reader.next(batch)) all.insert(all.end(), batch.begin(), batch.end());
+    if (stats) *stats = reader.stats();
+    EXPECT_EQ(reader.bytes_read(), reader.total_bytes());
+    return all;
+}
+
+TEST(Corpus, DetectsTheFormatFromNameAndContent) {
+    EXPECT_EQ(detect_corpus_format("Once.\n<|endoftext|>\nTwo.\n"), CorpusFormat::TinyStories);
+    EXPECT_EQ(detect_corpus_format("Once.\r\n<|endoftext|>\r\nTwo.\r\n"),
+              CorpusFormat::TinyStories);
+    EXPECT_EQ(detect_corpus_format("One.\n\nTwo.\n"), CorpusFormat::Paragraphs);
+    EXPECT_EQ(detect_corpus_format("\n  {\"text\": \"a\"}\n"), CorpusFormat::Jsonl);
+    EXPECT_EQ(detect_corpus_format("plain text", "data/x.jsonl"), CorpusFormat::Jsonl);
+    EXPECT_EQ(detect_corpus_format(""), CorpusFormat::Paragraphs);
+    EXPECT_EQ(parse_corpus_format("tinystories"), CorpusFormat::TinyStories);
+    try {
+        parse_corpus_format("csv");
+        FAIL();
+    } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find("--format"), std::string::npos);
+    }
+}
+
+TEST(Corpus, TinyStoriesSplitsOnEndOfTextLinesAndKeepsBlankLinesInside) {
+    const std::string text =
+        "Once upon a time.\n\nThe end.\n<|endoftext|>\n"
+        "\nSecond story.\n  <|endoftext|>  \n<|endoftext|>\nThird, no final newline.";
+    CorpusStats stats;
+    Docs docs = split_documents(text, CorpusFormat::Auto, &stats);
+    EXPECT_EQ(docs, (Docs{"Once upon a time.\n\nThe end.", "Second story.",
+                          "Third, no final newline."}));
+    EXPECT_EQ(stats.documents, 3);
+    EXPECT_EQ(stats.bytes, static_cast<int64_t>(text.size()));
+}
+
+TEST(Corpus, ParagraphsSplitOnBlankLines) {
+    const std::string text = "\n\nFirst paragraph\ncontinues here.\n\n\n   \t\nSecond one.  \n"
+                             "<|endoftext|>\nThird.";
+    EXPECT_EQ(split_documents(text, CorpusFormat::Paragraphs),
+              (Docs{"First paragraph\ncontinues here.", "Second one.", "Third."}));
+}
+
+TEST(Corpus, CrlfLineEndsGiveTheSameDocumentsAsLf) {
+    const std::string lf = "A story\nin two lines.\n<|endoftext|>\nAnother.\n<|endoftext|>\n";
+    std::string crlf;
+    for (char c : lf) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+    EXPECT_EQ(split_documents(crlf, CorpusFormat::Auto), split_documents(lf, CorpusFormat::Auto));
+    EXPECT_EQ(split_documents(crlf, CorpusFormat::Auto),
+              (Docs{"A story\nin two lines.", "Another."}));
+    EXPECT_EQ(split_documents("a\r\n\r\nb\r\n", CorpusFormat::Paragraphs), (Docs{"a", "b"}));
+    EXPECT_EQ(split_documents("{\"text\": \"x\"}\r\n{\"text\": \"y\"}\r\n", CorpusFormat::Jsonl),
+              (Docs{"x", "y"}));
+}
+
+TEST(Corpus, JsonlTakesTheTextFieldOfEachLine) {
+    const std::string text =
+        "{\"text\": \"First doc.\\nWith a newline.\", \"id\": 1}\n"
+        "\n"
+        "{\"id\": 2, \"text\": \"  Second \\u00e9.  \"}\n"
+        "{\"text\": \"\"}\n";
+    EXPECT_EQ(split_documents(text, CorpusFormat::Auto),
+              (Docs{"First doc.\nWith a newline.", "Second \xC3\xA9."}));
+}
+
+TEST(Corpus, BadJsonlLineIsAnErrorNamingFileAndLine) {
+    const std::string text = "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\": broken}\n";
+    std::string err = error_of([&] { split_documents(text, CorpusFormat::Jsonl, nullptr, "d.jsonl"); });
+    EXPECT_NE(err.find("d.jsonl:3"), std::string::npos) << err;
+    err = error_of([&] {
+        split_documents("{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", CorpusFormat::Jsonl, nullptr,
+                        "d.jsonl");
+    });
+    EXPECT_NE(err.find("d.jsonl:2"), std::string::npos) << err;
+    EXPECT_NE(err.find("\"text\""), std::string::npos) << err;
+    err = error_of([&] { split_documents("[1, 2]\n", CorpusFormat::Jsonl, nullptr, "d.jsonl"); });
+    EXPECT_NE(err.find("d.jsonl:1"), std::string::npos) << err;
+}
+
+TEST(Corpus, InvalidUtf8DocumentsAreSkippedAndCounted) {
+    const std::string text = "good one\n\nbad \xC3\x28 one\n\nbad \xED\xA0\x80 surrogate\n\n"
+                             "good \xE2\x98\x83 two\n";
+    CorpusStats stats;
+    Docs docs = split_documents(text, CorpusFormat::Paragraphs, &stats);
+    EXPECT_EQ(docs, (Docs{"good one", "good \xE2\x98\x83 two"}));
+    EXPECT_EQ(stats.invalid_utf8, 2);
+    EXPECT_EQ(stats.documents, 2);
+    // In JSONL too (the line is skipped before JSON parsing).
+    CorpusStats js;
+    docs = split_documents("{\"text\": \"a\"}\n{\"text\": \"\xFF\"}\n", CorpusFormat::Jsonl, &js);
+    EXPECT_EQ(docs, (Docs{"a"}));
+    EXPECT_EQ(js.invalid_utf8, 1);
+}
+
+TEST(Corpus, Utf8Validation) {
+    EXPECT_TRUE(is_valid_utf8("plain ascii text that is longer than eight bytes"));
+    EXPECT_TRUE(is_valid_utf8("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"));  // é € 😀
+    EXPECT_TRUE(is_valid_utf8("\xC3\xA2\xE2\x82\xAC\xE2\x84\xA2"));     // mojibake is valid
+    EXPECT_FALSE(is_valid_utf8("\xC0\x80"));                            // overlong NUL
+    EXPECT_FALSE(is_valid_utf8("\xE0\x80\xAF"));                        // overlong
+    EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));                        // surrogate
+    EXPECT_FALSE(is_valid_utf8("\xF4\x90\x80\x80"));                    // > U+10FFFF
+    EXPECT_FALSE(is_valid_utf8("abc\xE2\x82"));                         // cut short
+    EXPECT_FALSE(is_valid_utf8("\x80"));
+    EXPECT_EQ(utf8_char_length("\xE2\x82\xAC rest"), 3u);
+    EXPECT_EQ(utf8_char_length("\xE2\x82"), 0u);
+}
+
+TEST(Corpus, NulByteIsAnErrorNamingFileAndOffset) {
+    std::string text = "fine text\n\nmore text\n";
+    text += '\0';
+    text += "binary";
+    const std::string err =
+        error_of([&] { split_documents(text, CorpusFormat::Auto, nullptr, "blob.bin"); });
+    EXPECT_NE(err.find("blob.bin"), std::string::npos) << err;
+    EXPECT_NE(err.find("offset 21"), std::string::npos) << err;
+
+    // Through the streaming reader, in a later chunk: the offset is still the file's.
+    TempDir dir;
+    write_text(dir / "blob.bin", text);
+    const std::string err2 = error_of([&] { read_all({dir / "blob.bin"}, 4); });
+    EXPECT_NE(err2.find("blob.bin"), std::string::npos) << err2;
+    EXPECT_NE(err2.find("offset 21"), std::string::npos) << err2;
+}
+
+TEST(Corpus, EmptyInputIsAnErrorNamingTheFile) {
+    TempDir dir;
+    write_text(dir / "good.txt", "One.\n\nTwo.\n");
+    write_text(dir / "empty.txt", "");
+    write_text(dir / "blank.txt", "\n \n<|endoftext|>\n\n");
+    EXPECT_TRUE(split_documents("", CorpusFormat::Auto).empty());
+    std::string err = error_of([&] { read_all({dir / "good.txt", dir / "empty.txt"}, 1 << 20); });
+    EXPECT_NE(err.find("empty.txt"), std::string::npos) << err;
+    EXPECT_NE(err.find("no documents"), std::string::npos) << err;
+    err = error_of([&] { read_all({dir / "blank.txt"}, 1 << 20); });
+    EXPECT_NE(err.find("blank.txt"), std::string::npos) << err;
+    write_text(dir / "bad.txt", "\xFF\xFE\n\n\xC3\n");
+    err = error_of([&] { read_all({dir / "bad.txt"}, 1 << 20); });
+    EXPECT_NE(err.find("bad.txt"), std::string::npos) << err;
+    EXPECT_NE(err.find("invalid UTF-8"), std::string::npos) << err;
+    err = error_of([&] { CorpusReader r({dir / "missing.txt"}); });
+    EXPECT_NE(err.find("missing.txt"), std::string::npos) << err;
+}
+
+TEST(Corpus, StreamingReaderMatchesSplitDocumentsAtAnyChunkSize) {
+    TempDir dir;
+    std::string stories, paragraphs, jsonl;
+    for (int i = 0; i < 40; ++i) {
+        const std::string n = std::to_string(i);
+        stories += "Story " + n + " begins.\r\n\r\nIt ends " + n + " \xE2\x98\x83.\r\n<|endoftext|>\r\n";
+        paragraphs += "Paragraph " + n + "\nline two.\n\n" + (i % 7 == 3 ? "bad \xC3\n\n" : "");
+        jsonl += "{\"text\": \"Doc " + n + "\\nsecond line\"}\n";
+    }
+    write_text(dir / "s.txt", stories);
+    write_text(dir / "p.txt", paragraphs);
+    write_text(dir / "d.jsonl", jsonl);
+    CorpusStats ps;
+    Docs expected = split_documents(stories, CorpusFormat::Auto);
+    Docs p = split_documents(paragraphs, CorpusFormat::Auto, &ps);
+    Docs j = split_documents(jsonl, CorpusFormat::Auto, nullptr, "d.jsonl");
+    EXPECT_EQ(expected.size(), 40u);
+    EXPECT_EQ(p.size(), 40u);
+    EXPECT_EQ(ps.invalid_utf8, 6);
+    EXPECT_EQ(j.size(), 40u);
+    expected.insert(expected.end(), p.begin(), p.end());
+    expected.insert(expected.end(), j.begin(), j.end());
+    for (size_t chunk : {size_t{1}, size_t{3}, size_t{7}, size_t{64}, size_t{1} << 20}) {
+        SCOPED_TRACE("chunk " + std::to_string(chunk));
+        CorpusStats stats;
+        EXPECT_EQ(read_all({dir / "s.txt", dir / "p.txt", dir / "d.jsonl"}, chunk, &stats),
+                  expected);
+        EXPECT_EQ(stats.documents, 120);
+        EXPECT_EQ(stats.invalid_utf8, 6);
+    }
+    CorpusReader reader({dir / "s.txt", dir / "p.txt", dir / "d.jsonl"});
+    Docs batch;
+    while (reader.next(batch)) {
+    }
+    ASSERT_EQ(reader.files().size(), 3u);
+    EXPECT_EQ(reader.files()[0].format, CorpusFormat::TinyStories);
+    EXPECT_EQ(reader.files()[1].format, CorpusFormat::Paragraphs);
+    EXPECT_EQ(reader.files()[2].format, CorpusFormat::Jsonl);
+}
+
+TEST(Corpus, ExplicitFormatOverridesDetection) {
+    TempDir dir;
+    write_text(dir / "s.txt", "a\n\nb\n<|endoftext|>\nc\n");
+    EXPECT_EQ(read_all({dir / "s.txt"}, 1 << 20), (Docs{"a\n\nb", "c"}));
+    EXPECT_EQ(read_all({dir / "s.txt"}, 1 << 20, nullptr, CorpusFormat::Paragraphs),
+              (Docs{"a", "b", "c"}));
+}
+
+}  // namespace
+}  // namespace tmx

@@ -1,0 +1,294 @@
+#include "engine/token_shards.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/errors.h"
+#include "engine/file_io.h"
+#include "engine/rng.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+uint64_t le(const std::string& bytes, size_t offset, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i)
+        v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[offset + i])) << (8 * i);
+    return v;
+}
+
+std::vector<std::string> dir_entries(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+void round_trip(uint64_t vocab, uint32_t expected_bytes_per_token, uint64_t seed) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab) + " seed " + std::to_string(seed));
+    TempDir dir;
+    Rng rng(seed);
+    std::vector<int32_t> tokens =
+        test::random_ints(rng, 1000, 0, static_cast<int32_t>(vocab));
+    tokens.push_back(static_cast<int32_t>(vocab - 1));
+    tokens.push_back(0);
+    write_token_shard(dir / "s.bin", vocab, tokens);
+
+    // The exact header layout of DESIGN §3 / token_shards.h.
+    const std::string raw = read_file(dir / "s.bin");
+    ASSERT_EQ(raw.size(), 32 + tokens.size() * expected_bytes_per_token);
+    EXPECT_EQ(raw.substr(0, 8), "TMXTOKS1");
+    EXPECT_EQ(le(raw, 8, 4), 1u);
+    EXPECT_EQ(le(raw, 12, 4), expected_bytes_per_token);
+    EXPECT_EQ(le(raw, 16, 8), vocab);
+    EXPECT_EQ(le(raw, 24, 8), tokens.size());
+    EXPECT_EQ(le(raw, 32 + expected_bytes_per_token, expected_bytes_per_token),
+              static_cast<uint64_t>(tokens[1]));
+
+    TokenShard s = TokenShard::open(dir / "s.bin");
+    EXPECT_EQ(s.size(), tokens.size());
+    EXPECT_EQ(s.vocab_size(), vocab);
+    EXPECT_EQ(s.bytes_per_token(), expected_bytes_per_token);
+    EXPECT_EQ(s.to_vector(), tokens);
+    for (size_t i = 0; i < tokens.size(); i += 37) EXPECT_EQ(s[i], tokens[i]);
+    std::vector<int32_t> part(10);
+    s.copy_range(500, 10, part.data());
+    EXPECT_EQ(part, std::vector<int32_t>(tokens.begin() + 500, tokens.begin() + 510));
+    EXPECT_NE(error_of([&] { s.copy_range(tokens.size() - 5, 10, part.data()); }), "");
+    EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"s.bin"});  // no temp files
+}
+
+TEST(TokenShards, RoundTripUint16) { round_trip(512, 2, test::fresh_seed()); }
+TEST(TokenShards, RoundTripUint16AtTheLargestVocab) { round_trip(65536, 2, test::fresh_seed()); }
+TEST(TokenShards, RoundTripUint32) { round_trip(100000, 4, test::fresh_seed()); }
+
+TEST(TokenShards, BytesPerTokenFollowsTheVocabSize) {
+    EXPECT_EQ(bytes_per_token_for(32000), 2u);
+    EXPECT_EQ(bytes_per_token_for(65536), 2u);
+    EXPECT_EQ(bytes_per_token_for(65537), 4u);
+}
+
+TEST(TokenShards, EmptyShardIsValid) {
+    TempDir dir;
+    write_token_shard(dir / "e.bin", 100, {});
+    EXPECT_EQ(fs::file_size(dir / "e.bin"), 32u);
+    EXPECT_EQ(TokenShard::open(dir / "e.bin").size(), 0u);
+}
+
+TEST(TokenShards, TruncatedShardIsAnErrorNamingIt) {
+    TempDir dir;
+    write_token_shard(dir / "t.bin", 512, {1, 2, 3, 4});
+    fs::resize_file(dir / "t.bin", 32 + 7);
+    std::string err = error_of([&] { TokenShard::open(dir / "t.bin"); });
+    EXPECT_NE(err.find("t.bin"), std::string::npos) << err;
+    EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+    fs::resize_file(dir / "t.bin", 20);
+    err = error_of([&] { TokenShard::open(dir / "t.bin"); });
+    EXPECT_NE(err.find("t.bin"), std::string::npos) << err;
+    EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+    write_token_shard(dir / "long.bin", 512, {1, 2});
+    std::ofstream(dir / "long.bin", std::ios::app | std::ios::binary) << "xx";
+    err = error_of([&] { TokenShard::open(dir / "long.bin"); });
+    EXPECT_NE(err.find("long.bin"), std::string::npos) << err;
+}
+
+TEST(TokenShards, BadMagicOrVersionIsAnErrorNamingTheFile) {
+    TempDir dir;
+    write_token_shard(dir / "m.bin", 512, {1, 2, 3});
+    std::string raw = read_file(dir / "m.bin");
+    std::string bad = raw;
+    bad[3] = 'X';
+    write_file_atomic(dir / "m.bin", bad);
+    std::string err = error_of([&] { TokenShard::open(dir / "m.bin"); });
+    EXPECT_NE(err.find("m.bin"), std::string::npos) << err;
+    EXPECT_NE(err.find("magic"), std::string::npos) << err;
+    bad = raw;
+    bad[8] = 2;
+    write_file_atomic(dir / "m.bin", bad);
+    err = error_of([&] { TokenShard::open(dir / "m.bin"); });
+    EXPECT_NE(err.find("version 2"), std::string::npos) << err;
+    bad = raw;
+    bad[12] = 4;  // bytes_per_token disagrees with the vocab size
+    write_file_atomic(dir / "m.bin", bad);
+    EXPECT_NE(error_of([&] { TokenShard::open(dir / "m.bin"); }), "");
+}
+
+TEST(TokenShards, WriterRejectsTokensOutsideTheVocabularyAndLeavesNothing) {
+    TempDir dir;
+    {
+        ShardWriter w(dir / "w.bin", 100);
+        w.append({1, 2, 3});
+        std::string err = error_of([&] { w.append({5, 100}); });
+        EXPECT_NE(err.find("100"), std::string::npos) << err;
+        EXPECT_NE(error_of([&] { w.append({-1}); }), "");
+    }  // never closed
+    EXPECT_TRUE(dir_entries(dir.path()).empty());
+}
+
+TEST(TokenShards, CorruptTokenIsCaughtOnRead) {
+    TempDir dir;
+    write_token_shard(dir / "c.bin", 512, {1, 2, 3, 4});
+    std::string raw = read_file(dir / "c.bin");
+    raw[32 + 2 * 2 + 1] = '\x7f';  // token 2 becomes >= 512
+    write_file_atomic(dir / "c.bin", raw);
+    TokenShard s = TokenShard::open(dir / "c.bin");
+    std::vector<int32_t> out(4);
+    std::string err = error_of([&] { s.copy_range(0, 4, out.data()); });
+    EXPECT_NE(err.find("c.bin"), std::string::npos) << err;
+    EXPECT_NE(err.find("index 2"), std::string::npos) << err;
+}
+
+TEST(TokenShards, Sha256KnownVectors) {
+    EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    EXPECT_EQ(sha256_hex("abc"),
+              "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+              "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
+              "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(TokenShards, ValidationRulePicksEveryKthDocument) {
+    std::vector<int64_t> val;
+    for (int64_t i = 0; i < 1000; ++i)
+        if (is_validation_document(i, 0.01)) val.push_back(i);
+    EXPECT_EQ(val.size(), 10u);
+    EXPECT_EQ(val.front(), 99);
+    EXPECT_EQ(val[1], 199);
+    int n = 0;
+    for (int64_t i = 0; i < 1000; ++i) n += is_validation_document(i, 0.3);
+    EXPECT_EQ(n, 300);
+    for (int64_t i = 0; i < 100; ++i) {
+        EXPECT_FALSE(is_validation_document(i, 0.0));
+        EXPECT_TRUE(is_validation_document(i, 1.0));
+    }
+}
+
+// A dataset with several shards per split: random access and ranges across shard boundaries.
+TEST(TokenDataset, ConcatenatesShardsWithRandomAccess) {
+    TempDir dir;
+    const std::string out = dir / "ds";
+    Rng rng(test::fresh_seed());
+    std::vector<int32_t> train, val;
+    {
+        DatasetWriter w(out, 1000, DatasetWriterOptions{false, 7});
+        for (int d = 0; d < 20; ++d) {
+            std::vector<int32_t> doc = test::random_ints(rng, 1 + rng.below(12), 3, 1000);
+            doc.insert(doc.begin(), 1);
+            const Split s = d % 5 == 4 ? Split::Val : Split::Train;
+            w.add_document(s, doc.data(), doc.size());
+            auto& all = s == Split::Train ? train : val;
+            all.insert(all.end(), doc.begin(), doc.end());
+        }
+        w.commit({{"bos_id", 1}, {"eos_id", 2}});
+    }
+    TokenDataset t = open_dataset(out, "train");
+    EXPECT_EQ(t.size(), train.size());
+    EXPECT_EQ(t.documents(), 16);
+    EXPECT_EQ(t.vocab_size(), 1000u);
+    EXPECT_EQ(t.bos_id(), 1);
+    EXPECT_EQ(t.shards().size(), (train.size() + 6) / 7);
+    EXPECT_EQ(t.to_vector(), train);
+    for (uint64_t i = 0; i < train.size(); ++i) ASSERT_EQ(t[i], train[i]) << i;
+    std::vector<int32_t> window(10);
+    for (uint64_t b = 0; b + 10 <= train.size(); b += 3) {
+        t.copy_range(b, 10, window.data());
+        ASSERT_EQ(window, std::vector<int32_t>(train.begin() + static_cast<int64_t>(b),
+                                               train.begin() + static_cast<int64_t>(b) + 10));
+    }
+    EXPECT_NE(error_of([&] { t.copy_range(train.size() - 2, 10, window.data()); }), "");
+    TokenDataset v = open_dataset(out, Split::Val);
+    EXPECT_EQ(v.to_vector(), val);
+    EXPECT_EQ(v.documents(), 4);
+
+    DatasetMeta m = read_dataset_meta(out);
+    EXPECT_EQ(m.train.shards.front(), "train_000000.bin");
+    EXPECT_EQ(m.val.shards.front(), "val_000000.bin");
+    EXPECT_EQ(m.bytes_per_token, 2u);
+    EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"ds"});  // no temp dir left
+}
+
+TEST(TokenDataset, ShardsWithAnotherVocabSizeAreRejected) {
+    TempDir dir;
+    const std::string out = dir / "ds";
+    {
+        DatasetWriter w(out, 1000, DatasetWriterOptions{false, 4});
+        std::vector<int32_t> doc = {1, 5, 6, 7, 8, 9};
+        w.add_document(Split::Train, doc.data(), doc.size());
+        w.commit({{"bos_id", 1}, {"eos_id", 2}});
+    }
+    write_token_shard((fs::path(out) / "train_000001.bin").string(), 70000, {1, 5});
+    std::string err = error_of([&] { open_dataset(out, "train"); });
+    EXPECT_NE(err.find("train_000001.bin"), std::string::npos) << err;
+    EXPECT_NE(err.find("vocab size 70000"), std::string::npos) << err;
+}
+
+TEST(TokenDataset, EmptySplitOrMissingMetaIsAnError) {
+    TempDir dir;
+    const std::string out = dir / "ds";
+    {
+        DatasetWriter w(out, 100);
+        std::vector<int32_t> doc = {1, 5};
+        w.add_document(Split::Train, doc.data(), doc.size());
+        w.commit({{"bos_id", 1}, {"eos_id", 2}});
+    }
+    std::string err = error_of([&] { open_dataset(out, "val"); });
+    EXPECT_NE(err.find("--val-fraction 0"), std::string::npos) << err;
+    err = error_of([&] { open_dataset(dir.path().string(), "train"); });
+    EXPECT_NE(err.find("meta.json"), std::string::npos) << err;
+}
+
+TEST(TokenDataset, WriterRefusesToClobberAndReplacesOnlyWhenAsked) {
+    TempDir dir;
+    const std::string out = dir / "ds";
+    fs::create_directories(out);
+    test::write_text(dir / "ds/notes.txt", "mine");
+    std::string err = error_of([&] { DatasetWriter w(out, 100); });
+    EXPECT_NE(err.find("not a token dataset"), std::string::npos) << err;
+    fs::remove(dir / "ds/notes.txt");
+
+    std::vector<int32_t> doc = {1, 5, 6};
+    {
+        DatasetWriter w(out, 100);  // an empty directory is fine
+        w.add_document(Split::Train, doc.data(), doc.size());
+        w.commit({{"bos_id", 1}, {"eos_id", 2}});
+    }
+    err = error_of([&] { DatasetWriter w(out, 100); });
+    EXPECT_NE(err.find("--force"), std::string::npos) << err;
+    {
+        DatasetWriter w(out, 100, DatasetWriterOptions{true, kDefaultShardTokens});
+        w.add_document(Split::Train, doc.data(), 2);
+        // Not committed: the old dataset stays, and the temporary directory goes.
+    }
+    EXPECT_EQ(open_dataset(out, "train").size(), 3u);
+    EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"ds"});
+    {
+        DatasetWriter w(out + "/", 100, DatasetWriterOptions{true, kDefaultShardTokens});
+        w.add_document(Split::Train, doc.data(), 2);
+        w.commit({{"bos_id", 1}, {"eos_id", 2}});
+    }
+    EXPECT_EQ(open_dataset(out, "train").size(), 2u);
+    EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"ds"});
+}
+
+}  // namespace
+}  // namespace tmx

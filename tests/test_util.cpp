@@ -1,0 +1,72 @@
+#include "tests/test_util.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace tmx::test {
+
+uint64_t fresh_seed() {
+    if (const char* s = std::getenv("TMX_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+    return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<uint64_t>(::getpid()) << 32);
+}
+
+std::vector<float> random_normal(Rng& rng, size_t n, double scale) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(rng.normal() * scale);
+    return v;
+}
+
+std::vector<int32_t> random_ints(Rng& rng, size_t n, int32_t lo, int32_t hi) {
+    std::vector<int32_t> v(n);
+    for (auto& x : v) x = lo + static_cast<int32_t>(rng.below(static_cast<uint64_t>(hi - lo)));
+    return v;
+}
+
+TempDir::TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tmx-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+}
+
+TempDir::~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+}
+
+namespace {
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+}  // namespace
+
+CommandResult run_tmx(const std::string& args) {
+    TempDir dir;
+    std::string out = dir / "out", err = dir / "err";
+    std::string cmd = std::string(TMX_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+    int status = std::system(cmd.c_str());
+    CommandResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+}
+
+std::string source_dir() { return TMX_SOURCE_DIR; }
+
+std::string shared_dir() {
+    auto p = std::filesystem::path(TMX_SOURCE_DIR) / ".." / "shared";
+    return std::filesystem::exists(p / "DESIGN.md") ? p.lexically_normal().string() : "";
+}
+
+void write_text(const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::binary) << text;
+}
+
+}  // namespace tmx::test

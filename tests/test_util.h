@@ -1,0 +1,49 @@
+// Helpers shared by the tests: fresh random inputs (seeded, printed on failure), temporary
+// directories, running the tmx binary, and where the shared development data lives.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/rng.h"
+
+namespace tmx::test {
+
+// A seed that differs from run to run unless TMX_TEST_SEED is set; tests print it via
+// SCOPED_TRACE so a failure can be replayed.
+uint64_t fresh_seed();
+
+std::vector<float> random_normal(Rng& rng, size_t n, double scale = 1.0);
+std::vector<int32_t> random_ints(Rng& rng, size_t n, int32_t lo, int32_t hi);  // [lo, hi)
+
+// A temporary directory removed at scope exit.
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    const std::filesystem::path& path() const { return path_; }
+    std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+private:
+    std::filesystem::path path_;
+};
+
+struct CommandResult {
+    int exit_code = 0;
+    std::string out, err;
+};
+// Runs the built tmx with the given arguments (a shell-quoted string).
+CommandResult run_tmx(const std::string& args);
+
+std::string source_dir();
+// ../shared next to the source tree, or "" when absent (a user's clone).
+std::string shared_dir();
+
+void write_text(const std::string& path, const std::string& text);
+
+}  // namespace tmx::test
