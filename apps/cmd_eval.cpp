@@ -7,7 +7,11 @@
 #include "apps/commands.h"
 #include "engine/checkpoint.h"
 #include "engine/errors.h"
+#include "engine/corpus.h"
+#include "engine/file_io.h"
 #include "engine/model.h"
+#include "engine/token_shards.h"
+#include "engine/tokenizer.h"
 
 namespace tmx::cli {
 namespace {
@@ -33,33 +37,97 @@ std::vector<int32_t> parse_token_list(const std::string& text) {
 
 }  // namespace
 
+// The text of a file as the model sees it: documents split as `tmx prepare` splits them, each
+// starting with BOS, concatenated. Also returns the documents' UTF-8 bytes.
+std::vector<int32_t> tokenize_text_file(const std::string& path, const Tokenizer& tok,
+                                        int64_t& bytes) {
+    const std::string text = read_file(path);
+    CorpusStats stats;
+    const std::vector<std::string> docs = split_documents(text, CorpusFormat::Auto, &stats, path);
+    if (docs.empty()) throw Error(path + ": no documents to score (empty file?)");
+    std::vector<int32_t> tokens, piece;
+    bytes = 0;
+    for (const std::string& doc : docs) {
+        tokens.push_back(tok.bos_id());
+        tok.encode(doc, piece);
+        tokens.insert(tokens.end(), piece.begin(), piece.end());
+        bytes += static_cast<int64_t>(doc.size());
+    }
+    if (stats.invalid_utf8 > 0)
+        std::fprintf(stderr, "%s: skipped %lld documents with invalid UTF-8\n", path.c_str(),
+                     static_cast<long long>(stats.invalid_utf8));
+    return tokens;
+}
+
 void add_eval_command(CLI::App& app, CommonOptions& common) {
     struct Options {
-        std::string model, tokens, backend = "cpu";
+        std::string model, tokens, data, split = "val", text_file, backend = "cpu";
         bool json = false;
     };
     auto opts = std::make_shared<Options>();
     CLI::App* sub = app.add_subcommand(
-        "eval", "Mean next-token cross-entropy and perplexity of a checkpoint on given tokens");
+        "eval", "Mean next-token cross-entropy, perplexity (and bits per byte for text) of a checkpoint");
     sub->add_option("--model", opts->model, "Checkpoint directory")->required();
-    sub->add_option("--tokens", opts->tokens, "Comma-separated token ids, e.g. 1,415,2217,29889")
-        ->required();
+    auto* tokens = sub->add_option("--tokens", opts->tokens,
+                                   "Comma-separated token ids, e.g. 1,415,2217,29889");
+    auto* data = sub->add_option("--data", opts->data, "Token dataset directory (tmx prepare)");
+    sub->add_option("--split", opts->split, "Split of --data to score: val or train")
+        ->check(CLI::IsMember({"val", "train"}))
+        ->capture_default_str();
+    auto* text = sub->add_option("--text-file", opts->text_file,
+                                 "Text file: documents split as tmx prepare splits them, scored "
+                                 "with the checkpoint's tokenizer; reports bits per byte")
+                     ->check(CLI::ExistingFile);
+    tokens->excludes(data)->excludes(text);
+    data->excludes(text);
     sub->add_option("--backend", opts->backend, "Backend to run on")->capture_default_str();
     sub->add_flag("--json", opts->json, "Print one JSON object");
     add_common_options(*sub, common);
     sub->callback([opts]() {
-        std::vector<int32_t> tokens = parse_token_list(opts->tokens);
-        if (tokens.size() < 2) throw UsageError("--tokens: need at least 2 tokens to score");
+        if (opts->tokens.empty() && opts->data.empty() && opts->text_file.empty())
+            throw UsageError("give what to score: --tokens, --data or --text-file");
         auto backend = make_backend(opts->backend);
         auto model = load_model(opts->model, *backend);
-        TokenScore s = score_tokens(*model, tokens, model->config().max_seq_len);
+        const ModelConfig& c = model->config();
+        std::vector<int32_t> tokens;
+        int64_t bytes = 0;
+        if (!opts->tokens.empty()) {
+            tokens = parse_token_list(opts->tokens);
+            if (tokens.size() < 2) throw UsageError("--tokens: need at least 2 tokens to score");
+        } else if (!opts->data.empty()) {
+            TokenDataset d = open_dataset(opts->data, opts->split);
+            if (static_cast<int64_t>(d.vocab_size()) != c.vocab_size)
+                throw Error(opts->data + ": its tokens use a vocabulary of " +
+                            std::to_string(d.vocab_size()) + " but the model's vocab_size is " +
+                            std::to_string(c.vocab_size));
+            tokens = d.to_vector();
+        } else {
+            const std::string tok_path = checkpoint_tokenizer(opts->model);
+            if (tok_path.empty())
+                throw Error(opts->model + ": the checkpoint has no tokenizer.model (needed to "
+                            "score text; add one with tmx init --tokenizer)");
+            Tokenizer tok = Tokenizer::load(tok_path);
+            if (tok.vocab_size() != c.vocab_size)
+                throw Error(tok_path + ": the tokenizer has " + std::to_string(tok.vocab_size()) +
+                            " pieces but the model's vocab_size is " + std::to_string(c.vocab_size));
+            tokens = tokenize_text_file(opts->text_file, tok, bytes);
+        }
+        TokenScore s = score_tokens(*model, tokens, c.max_seq_len);
         const double loss = s.total_nats / static_cast<double>(s.tokens);
+        nlohmann::json j = {{"loss", loss}, {"ppl", std::exp(loss)}, {"tokens", s.tokens}};
+        if (bytes > 0) {
+            j["bytes"] = bytes;
+            j["bits_per_byte"] = s.total_nats / std::log(2.0) / static_cast<double>(bytes);
+        }
         if (opts->json) {
-            nlohmann::json j = {{"loss", loss}, {"ppl", std::exp(loss)}, {"tokens", s.tokens}};
             std::printf("%s\n", j.dump().c_str());
         } else {
-            std::printf("loss %.6f  ppl %.4f  tokens %lld\n", loss, std::exp(loss),
+            std::printf("loss %.6f  ppl %.4f  tokens %lld", loss, std::exp(loss),
                         static_cast<long long>(s.tokens));
+            if (bytes > 0)
+                std::printf("  bytes %lld  bits/byte %.4f", static_cast<long long>(bytes),
+                            j["bits_per_byte"].get<double>());
+            std::printf("\n");
         }
     });
 }

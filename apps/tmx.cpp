@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     cli::add_eval_command(app, common);
     cli::add_tokenizer_command(app, common);
     cli::add_prepare_command(app, common);
+    cli::add_train_command(app, common);
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {  // --help, --version
@@ -34,6 +35,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         std::cerr << "tmx: " << e.what() << "\n(run 'tmx --help' or 'tmx COMMAND --help')\n";
         return 2;
+    } catch (const cli::Interrupted& e) {
+        return e.exit_code;
     } catch (const UsageError& e) {
         std::cerr << "tmx: " << e.what() << "\n";
         return 2;

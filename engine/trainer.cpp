@@ -176,8 +176,9 @@ void Trainer::open_data() {
                         std::to_string(d->size()) + " tokens, fewer than one sequence of " +
                         std::to_string(seq_len_ + 1));
     }
-    const fs::path tok = fs::path(options_.data_dir) / train_data_->meta().tokenizer_file;
-    tokenizer_path_ = fs::exists(tok) ? tok.string() : std::string();
+    const std::string& tok_file = train_data_->meta().tokenizer_file;
+    const fs::path tok = fs::path(options_.data_dir) / tok_file;
+    tokenizer_path_ = !tok_file.empty() && fs::is_regular_file(tok) ? tok.string() : std::string();
 }
 
 std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOptions& options,

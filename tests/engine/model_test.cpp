@@ -22,12 +22,12 @@ TEST(ModelLayout, TinyMixtralHasExactly172442624Parameters) {
 
 TEST(ModelLayout, NamesFollowHuggingFaceMixtral) {
     ParamLayout l = model_param_layout(load_config(config_path("tiny-mixtral-swiglu")));
-    for (const char* name :
-         {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
-          "model.layers.7.self_attn.k_proj.weight", "model.layers.3.post_attention_layernorm.weight",
-          "model.layers.2.block_sparse_moe.gate.weight",
-          "model.layers.5.block_sparse_moe.experts.7.w3.weight", "model.norm.weight",
-          "lm_head.weight"})
+    for (const char* name : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                             "model.layers.7.self_attn.k_proj.weight",
+                             "model.layers.3.post_attention_layernorm.weight",
+                             "model.layers.2.block_sparse_moe.gate.weight",
+                             "model.layers.5.block_sparse_moe.experts.7.w3.weight",
+                             "model.norm.weight", "lm_head.weight"})
         EXPECT_NE(l.find(name), nullptr) << name;
     EXPECT_EQ(l.find("model.layers.0.self_attn.q_proj.bias"), nullptr);
     EXPECT_EQ(l.find("model.norm.bias"), nullptr);
@@ -53,7 +53,8 @@ TEST(ModelInit, IsSeededAndFollowsTheDesignDistribution) {
     a.init_random(42);
     b.init_random(42);
     other.init_random(43);
-    std::vector<float> pa = a.params_to_host(), pb = b.params_to_host(), po = other.params_to_host();
+    std::vector<float> pa = a.params_to_host(), pb = b.params_to_host(),
+                       po = other.params_to_host();
     EXPECT_EQ(pa, pb);
     EXPECT_NE(pa, po);
     auto stats = [&](const std::string& name) {
