@@ -42,8 +42,8 @@ std::string progress_line(const PrepareProgress& p) {
                                      : 100.0;
     const double rate = p.seconds > 0 ? static_cast<double>(p.bytes_read) / p.seconds : 0.0;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "prepare: %5.1f%%  %s / %s  %s docs  %s tokens  %s/s",
-                  pct, human(static_cast<double>(p.bytes_read), "B").c_str(),
+    std::snprintf(buf, sizeof buf, "prepare: %5.1f%%  %s / %s  %s docs  %s tokens  %s/s", pct,
+                  human(static_cast<double>(p.bytes_read), "B").c_str(),
                   human(static_cast<double>(p.total_bytes), "B").c_str(),
                   with_commas(static_cast<uint64_t>(p.documents)).c_str(),
                   human(static_cast<double>(p.tokens), "").c_str(), human(rate, "B").c_str());
@@ -126,11 +126,11 @@ void add_prepare_command(CLI::App& app, CommonOptions& common) {
 
         const uint64_t tokens = r.train.tokens + r.val.tokens;
         const int64_t docs = r.train.documents + r.val.documents;
-        std::printf("wrote %s: %s documents, %s tokens (vocab %d, %s tokens)\n", opts->out.c_str(),
-                    with_commas(static_cast<uint64_t>(docs)).c_str(), with_commas(tokens).c_str(),
-                    r.vocab_size,
-                    bytes_per_token_for(static_cast<uint64_t>(r.vocab_size)) == 2 ? "uint16"
-                                                                                  : "uint32");
+        std::printf(
+            "wrote %s: %s documents, %s tokens (vocab %d, %s tokens)\n", opts->out.c_str(),
+            with_commas(static_cast<uint64_t>(docs)).c_str(), with_commas(tokens).c_str(),
+            r.vocab_size,
+            bytes_per_token_for(static_cast<uint64_t>(r.vocab_size)) == 2 ? "uint16" : "uint32");
         auto split_line = [](const char* name, const DatasetSplitInfo& s) {
             std::printf("  %-5s %14s documents %16s tokens  %zu shard%s\n", name,
                         with_commas(static_cast<uint64_t>(s.documents)).c_str(),
@@ -147,7 +147,8 @@ void add_prepare_command(CLI::App& app, CommonOptions& common) {
         std::string formats;
         for (const CorpusFileInfo& f : r.files) {
             std::string fmt = to_string(f.format);
-            if (formats.find(fmt) == std::string::npos) formats += (formats.empty() ? "" : ", ") + fmt;
+            if (formats.find(fmt) == std::string::npos)
+                formats += (formats.empty() ? "" : ", ") + fmt;
         }
         const double secs = r.seconds > 0 ? r.seconds : 1e-9;
         std::printf("read %s from %zu file%s (%s) in %.1f s: %s/s, %s tokens/s\n",

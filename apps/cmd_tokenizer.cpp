@@ -1,6 +1,7 @@
 // tmx tokenizer: train a SentencePiece BPE tokenizer on a corpus; encode, decode, inspect.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -89,23 +90,35 @@ void add_train(CLI::App& parent, CommonOptions& common) {
         o.overwrite = opts->force;
         o.verbose = opts->verbose;
         const bool tty = ::isatty(STDERR_FILENO);
-        std::fprintf(stderr, "training a %d-piece BPE tokenizer on %d threads\n",
-                     opts->vocab_size, num_threads());
-        if (tty) {
-            auto finished = std::make_shared<bool>(false);
-            o.progress = [finished](uint64_t done, uint64_t total) {
-                if (*finished) return;
-                std::fprintf(stderr, "\rreading corpus: %s / %s (%.0f%%)   ",
-                             format_bytes(static_cast<double>(done)).c_str(),
-                             format_bytes(static_cast<double>(total)).c_str(),
-                             total ? 100.0 * static_cast<double>(done) / static_cast<double>(total)
-                                   : 100.0);
-                if (done >= total) {
-                    std::fprintf(stderr, "\nlearning merges...\n");
-                    *finished = true;
-                }
-            };
-        }
+        std::fprintf(stderr, "training a %d-piece BPE tokenizer on %d threads\n", opts->vocab_size,
+                     num_threads());
+        // Reading the corpus is the long part on a big corpus; then SentencePiece learns the
+        // merges from its sample. On a terminal, a line updated in place; otherwise a line now
+        // and then.
+        struct State {
+            bool finished = false;
+            double last = 0;
+            std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+        };
+        auto state = std::make_shared<State>();
+        o.progress = [state, tty](uint64_t done, uint64_t total) {
+            if (state->finished) return;
+            const double t =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - state->t0).count();
+            const bool end = done >= total;
+            if (!tty && !end && t - state->last < 30.0) return;
+            state->last = t;
+            std::fprintf(
+                stderr, "%sreading corpus: %s / %s (%.0f%%)%s", tty ? "\r" : "",
+                format_bytes(static_cast<double>(done)).c_str(),
+                format_bytes(static_cast<double>(total)).c_str(),
+                total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+                tty ? "   " : "\n");
+            if (end) {
+                std::fprintf(stderr, "%slearning merges...\n", tty ? "\n" : "");
+                state->finished = true;
+            }
+        };
         TokenizerTrainReport r;
         try {
             r = train_tokenizer(opts->inputs, opts->vocab_size, opts->out, o);
@@ -174,8 +187,7 @@ void add_decode(CLI::App& parent, CommonOptions& common) {
     sub->add_option("--tokenizer", opts->tokenizer,
                     "SentencePiece .model file (or a checkpoint directory)")
         ->required();
-    sub->add_option("--ids", opts->ids, "Comma-separated token ids, e.g. 1,15043,3186")
-        ->required();
+    sub->add_option("--ids", opts->ids, "Comma-separated token ids, e.g. 1,15043,3186")->required();
     add_common_options(*sub, common);
     sub->callback([opts]() {
         std::vector<int32_t> ids = parse_id_list(opts->ids, "--ids");

@@ -21,6 +21,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common);
 void add_tokenizer_command(CLI::App& app, CommonOptions& common);
 void add_prepare_command(CLI::App& app, CommonOptions& common);
 void add_train_command(CLI::App& app, CommonOptions& common);
+void add_plot_command(CLI::App& app, CommonOptions& common);
 
 // Thrown when a signal stopped a command after it saved its work: main() exits with the code.
 struct Interrupted {

@@ -44,7 +44,8 @@ void commit_directory(const fs::path& tmp, const fs::path& dir) {
 
 void save_checkpoint(const Model& model, const std::string& dir_str,
                      const CheckpointWriteOptions& options) {
-    const fs::path dir = fs::absolute(dir_str).lexically_normal();
+    fs::path dir = fs::absolute(dir_str).lexically_normal();
+    if (dir.filename().empty()) dir = dir.parent_path();  // "ckpt/" names the same directory
     if (fs::exists(dir)) {
         if (!fs::is_directory(dir)) throw Error(dir_str + ": exists and is not a directory");
         const bool empty = fs::is_empty(dir);

@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/errors.h"
@@ -25,7 +24,9 @@ std::string_view trim(std::string_view s) {
     return s.substr(a, b - a);
 }
 
-bool is_blank(std::string_view s) { return trim(s).empty(); }
+bool is_blank(std::string_view s) {
+    return trim(s).empty();
+}
 
 bool ends_with(std::string_view s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -61,10 +62,14 @@ CorpusFormat parse_corpus_format(std::string_view name) {
 
 const char* to_string(CorpusFormat format) {
     switch (format) {
-        case CorpusFormat::Auto: return "auto";
-        case CorpusFormat::TinyStories: return "tinystories";
-        case CorpusFormat::Paragraphs: return "paragraphs";
-        case CorpusFormat::Jsonl: return "jsonl";
+        case CorpusFormat::Auto:
+            return "auto";
+        case CorpusFormat::TinyStories:
+            return "tinystories";
+        case CorpusFormat::Paragraphs:
+            return "paragraphs";
+        case CorpusFormat::Jsonl:
+            return "jsonl";
     }
     return "?";
 }
@@ -235,7 +240,7 @@ CorpusReader::CorpusReader(std::vector<std::string> paths, CorpusReaderOptions o
     if (paths.empty()) throw Error("no input files given");
     if (options_.chunk_bytes == 0) options_.chunk_bytes = 1;
     for (auto& p : paths) {
-        struct stat st{};
+        struct stat st {};
         if (::stat(p.c_str(), &st) != 0)
             throw Error(p + ": cannot read input: " + std::strerror(errno));
         if (!S_ISREG(st.st_mode)) throw Error(p + ": not a regular file");
@@ -247,7 +252,9 @@ CorpusReader::CorpusReader(std::vector<std::string> paths, CorpusReaderOptions o
     }
 }
 
-CorpusReader::~CorpusReader() { close_file(); }
+CorpusReader::~CorpusReader() {
+    close_file();
+}
 
 void CorpusReader::close_file() {
     if (file_) std::fclose(file_);
@@ -257,8 +264,7 @@ void CorpusReader::close_file() {
 CorpusStats CorpusReader::stats() const {
     CorpusStats s;
     for (size_t i = 0; i < files_.size() && i <= index_; ++i) {
-        const CorpusStats& f =
-            (i == index_ && splitter_) ? splitter_->stats() : files_[i].stats;
+        const CorpusStats& f = (i == index_ && splitter_) ? splitter_->stats() : files_[i].stats;
         s.documents += f.documents;
         s.bytes += f.bytes;
         s.invalid_utf8 += f.invalid_utf8;
@@ -307,8 +313,9 @@ bool CorpusReader::next(std::vector<std::string>& docs) {
                 throw Error(info.path + ": no usable documents (all " +
                             std::to_string(info.stats.invalid_utf8) +
                             " documents are invalid UTF-8)");
-            throw Error(info.path + ": no documents (the file is empty or holds only blank "
-                                    "lines and separators)");
+            throw Error(info.path +
+                        ": no documents (the file is empty or holds only blank "
+                        "lines and separators)");
         }
         return true;
     }

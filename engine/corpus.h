@@ -55,7 +55,7 @@ struct CorpusStats {
 // input's bytes in pieces of any size, then call finish(). Completed documents are appended to
 // the vector passed to feed()/finish().
 class DocumentSplitter {
-public:
+  public:
     // `name` (a file path) is used in error messages.
     DocumentSplitter(CorpusFormat format, std::string name);
 
@@ -65,7 +65,7 @@ public:
     CorpusFormat format() const { return format_; }
     const CorpusStats& stats() const { return stats_; }
 
-private:
+  private:
     void line(std::string_view line, std::vector<std::string>& out);
     void emit(std::string&& doc, std::vector<std::string>& out);
 
@@ -101,7 +101,7 @@ struct CorpusFileInfo {
 // reads about one chunk and returns the documents completed in it, in input order. A file that
 // yields no documents is an error naming it.
 class CorpusReader {
-public:
+  public:
     // Checks that every file exists and is a regular file (Error naming it otherwise).
     explicit CorpusReader(std::vector<std::string> paths, CorpusReaderOptions options = {});
     ~CorpusReader();
@@ -118,7 +118,7 @@ public:
     CorpusStats stats() const;
     const std::vector<CorpusFileInfo>& files() const { return files_; }
 
-private:
+  private:
     void open_next_file();
     void close_file();
 

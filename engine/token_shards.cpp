@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <future>
 #include <mutex>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/errors.h"
@@ -170,7 +169,9 @@ struct Sha256 {
 
 }  // namespace
 
-uint32_t bytes_per_token_for(uint64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+uint32_t bytes_per_token_for(uint64_t vocab_size) {
+    return vocab_size <= 65536 ? 2 : 4;
+}
 
 std::string sha256_hex(std::string_view data) {
     Sha256 s;
@@ -178,7 +179,9 @@ std::string sha256_hex(std::string_view data) {
     return s.hex();
 }
 
-const char* to_string(Split split) { return split == Split::Train ? "train" : "val"; }
+const char* to_string(Split split) {
+    return split == Split::Train ? "train" : "val";
+}
 
 // ---------------------------------------------------------------------------------------------
 // ShardWriter
@@ -263,7 +266,7 @@ TokenShard TokenShard::open(const std::string& path) {
     s.path_ = path;
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(path + ": cannot open token shard: " + std::strerror(errno));
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0) {
         int err = errno;
         ::close(fd);
@@ -299,12 +302,11 @@ TokenShard TokenShard::open(const std::string& path) {
                     " bytes per token, but vocab size " + std::to_string(s.vocab_size_) +
                     " needs " + std::to_string(bytes_per_token_for(s.vocab_size_)));
     const uint64_t max_count = (UINT64_MAX - kTokenShardHeaderBytes) / s.bytes_per_token_;
-    const uint64_t expected = s.count_ <= max_count
-                                  ? kTokenShardHeaderBytes + s.count_ * s.bytes_per_token_
-                                  : UINT64_MAX;
+    const uint64_t expected =
+        s.count_ <= max_count ? kTokenShardHeaderBytes + s.count_ * s.bytes_per_token_ : UINT64_MAX;
     if (size < expected)
-        throw Error(path + ": truncated token shard: the header says " +
-                    std::to_string(s.count_) + " tokens (" +
+        throw Error(path + ": truncated token shard: the header says " + std::to_string(s.count_) +
+                    " tokens (" +
                     (expected == UINT64_MAX ? std::string("an impossible size")
                                             : std::to_string(expected) + " bytes") +
                     ") but the file has " + std::to_string(size) + " bytes");
@@ -315,7 +317,9 @@ TokenShard TokenShard::open(const std::string& path) {
     return s;
 }
 
-TokenShard::TokenShard(TokenShard&& o) noexcept { *this = std::move(o); }
+TokenShard::TokenShard(TokenShard&& o) noexcept {
+    *this = std::move(o);
+}
 
 TokenShard& TokenShard::operator=(TokenShard&& o) noexcept {
     if (this != &o) {
@@ -344,7 +348,8 @@ void TokenShard::copy_range(uint64_t begin, size_t n, int32_t* out) const {
     for (size_t i = 0; i < n; ++i) {
         const int32_t t = (*this)[begin + i];
         out[i] = t;
-        bad |= static_cast<uint32_t>(static_cast<uint64_t>(static_cast<uint32_t>(t)) >= vocab_size_);
+        bad |=
+            static_cast<uint32_t>(static_cast<uint64_t>(static_cast<uint32_t>(t)) >= vocab_size_);
     }
     if (bad) {
         for (size_t i = 0; i < n; ++i)
@@ -413,8 +418,8 @@ DatasetMeta read_dataset_meta(const std::string& dir) {
     nlohmann::json j = read_json_file(file);
     if (!j.is_object()) throw Error(file + ": expected a JSON object");
     if (j.value("format", std::string()) != kDatasetFormat)
-        throw Error(file + ": not a tmx token dataset (field 'format' is not \"" +
-                    kDatasetFormat + "\")");
+        throw Error(file + ": not a tmx token dataset (field 'format' is not \"" + kDatasetFormat +
+                    "\")");
     const int version = meta_field<int>(j, "version", file);
     if (version != kDatasetVersion)
         throw Error(file + ": unsupported dataset version " + std::to_string(version));
@@ -455,14 +460,13 @@ int32_t TokenDataset::operator[](uint64_t i) const {
 
 void TokenDataset::copy_range(uint64_t begin, size_t n, int32_t* out) const {
     if (begin > total_ || n > total_ - begin)
-        throw Error(dir_ + ": tokens [" + std::to_string(begin) + ", " +
-                    std::to_string(begin + n) + ") are outside the " + to_string(split_) +
-                    " split's " + std::to_string(total_));
+        throw Error(dir_ + ": tokens [" + std::to_string(begin) + ", " + std::to_string(begin + n) +
+                    ") are outside the " + to_string(split_) + " split's " +
+                    std::to_string(total_));
     while (n > 0) {
         const size_t s = shard_of(begin);
         const uint64_t local = begin - starts_[s];
-        const size_t take =
-            static_cast<size_t>(std::min<uint64_t>(n, shards_[s].size() - local));
+        const size_t take = static_cast<size_t>(std::min<uint64_t>(n, shards_[s].size() - local));
         shards_[s].copy_range(local, take, out);
         out += take;
         begin += take;
@@ -527,8 +531,9 @@ DatasetWriter::DatasetWriter(const std::string& dir, uint64_t vocab_size,
         if (!fs::is_directory(d, ec)) throw Error(dir + ": exists and is not a directory");
         if (!fs::is_empty(d, ec)) {
             if (!is_dataset_dir(dir_))
-                throw Error(dir + ": exists, is not empty and is not a token dataset (no "
-                                  "meta.json); refusing to write into it");
+                throw Error(dir +
+                            ": exists, is not empty and is not a token dataset (no "
+                            "meta.json); refusing to write into it");
             if (!options_.overwrite)
                 throw Error(dir + ": a dataset already exists there (use --force to replace it)");
         }
@@ -599,9 +604,22 @@ void DatasetWriter::commit(const nlohmann::json& meta) {
         fs::rename(tmp_, d, ec);
         if (ec) throw Error(dir_ + ": cannot move the dataset into place: " + ec.message());
     } else {
-        if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) != 0)
+        if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) == 0) {
+            fs::remove_all(tmp_, ec);  // now holds the previous contents
+        } else if (errno == EINVAL || errno == ENOSYS) {
+            // No atomic exchange on this filesystem: move the old dataset aside first.
+            const std::string old = dir_ + ".old-" + std::to_string(::getpid());
+            if (std::rename(dir_.c_str(), old.c_str()) != 0)
+                throw Error(dir_ + ": cannot replace the dataset: " + std::strerror(errno));
+            if (std::rename(tmp_.c_str(), dir_.c_str()) != 0) {
+                const int err = errno;
+                std::rename(old.c_str(), dir_.c_str());
+                throw Error(dir_ + ": cannot replace the dataset: " + std::strerror(err));
+            }
+            fs::remove_all(old, ec);
+        } else {
             throw Error(dir_ + ": cannot replace the dataset: " + std::strerror(errno));
-        fs::remove_all(tmp_, ec);  // now holds the previous contents
+        }
     }
     committed_ = true;
     fsync_path(d.parent_path());

@@ -19,11 +19,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "engine/corpus.h"
 
@@ -44,7 +43,7 @@ std::string sha256_hex(std::string_view data);
 // the header, fsyncs and renames it into place. Destroying an unclosed writer removes the
 // temporary file, so a failed run leaves no partial shard behind.
 class ShardWriter {
-public:
+  public:
     ShardWriter(std::string path, uint64_t vocab_size);
     ~ShardWriter();
     ShardWriter(const ShardWriter&) = delete;
@@ -58,7 +57,7 @@ public:
     const std::string& path() const { return path_; }
     uint64_t token_count() const { return count_; }
 
-private:
+  private:
     void flush_buffer();
 
     std::string path_, tmp_;
@@ -72,7 +71,7 @@ private:
 // A shard opened read-only and memory-mapped. Opening validates the header and the file size
 // (a truncated or padded file, a bad magic or an unknown version is a tmx::Error naming it).
 class TokenShard {
-public:
+  public:
     static TokenShard open(const std::string& path);
     TokenShard(TokenShard&& other) noexcept;
     TokenShard& operator=(TokenShard&& other) noexcept;
@@ -99,7 +98,7 @@ public:
     void copy_range(uint64_t begin, size_t n, int32_t* out) const;
     std::vector<int32_t> to_vector() const;
 
-private:
+  private:
     TokenShard() = default;
 
     std::string path_;
@@ -140,7 +139,7 @@ bool is_dataset_dir(const std::string& dir);
 
 // One split of a dataset as a single token stream with random access by global index.
 class TokenDataset {
-public:
+  public:
     const std::string& dir() const { return dir_; }
     Split split() const { return split_; }
     uint64_t size() const { return total_; }  // tokens
@@ -157,7 +156,7 @@ public:
     void copy_range(uint64_t begin, size_t n, int32_t* out) const;
     std::vector<int32_t> to_vector() const;
 
-private:
+  private:
     friend TokenDataset open_dataset(const std::string& dir, Split split);
     size_t shard_of(uint64_t i) const;
 
@@ -184,7 +183,7 @@ struct DatasetWriterOptions {
 // then (and if commit is never reached) an existing dataset is untouched. Refuses a non-empty
 // directory that is not a dataset, and an existing dataset unless options.overwrite.
 class DatasetWriter {
-public:
+  public:
     DatasetWriter(const std::string& dir, uint64_t vocab_size, DatasetWriterOptions options = {});
     ~DatasetWriter();
     DatasetWriter(const DatasetWriter&) = delete;
@@ -198,10 +197,12 @@ public:
     // into place.
     void commit(const nlohmann::json& meta);
 
-    const DatasetSplitInfo& info(Split split) const { return split == Split::Train ? train_ : val_; }
+    const DatasetSplitInfo& info(Split split) const {
+        return split == Split::Train ? train_ : val_;
+    }
     const std::string& dir() const { return dir_; }
 
-private:
+  private:
     struct Part {
         DatasetSplitInfo* info;
         std::unique_ptr<ShardWriter> writer;
@@ -230,7 +231,7 @@ struct PrepareOptions {
     CorpusFormat format = CorpusFormat::Auto;
     bool overwrite = false;
     uint64_t max_shard_tokens = kDefaultShardTokens;
-    size_t chunk_bytes = size_t{32} << 20;  // corpus read size (documents per batch)
+    size_t chunk_bytes = size_t{8} << 20;  // corpus read size: one batch of documents
 };
 
 struct PrepareProgress {

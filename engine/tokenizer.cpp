@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";  // "▁"
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";      // "▁"
 constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
 
 int hex_value(char c) {
@@ -119,16 +119,26 @@ Tokenizer Tokenizer::from_bytes(std::string_view model_bytes, const std::string&
     return t;
 }
 
-int32_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
-int32_t Tokenizer::bos_id() const { return sp_->bos_id(); }
-int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
-int32_t Tokenizer::unk_id() const { return sp_->unk_id(); }
-int32_t Tokenizer::pad_id() const { return sp_->pad_id(); }
+int32_t Tokenizer::vocab_size() const {
+    return sp_->GetPieceSize();
+}
+int32_t Tokenizer::bos_id() const {
+    return sp_->bos_id();
+}
+int32_t Tokenizer::eos_id() const {
+    return sp_->eos_id();
+}
+int32_t Tokenizer::unk_id() const {
+    return sp_->unk_id();
+}
+int32_t Tokenizer::pad_id() const {
+    return sp_->pad_id();
+}
 
 void Tokenizer::check_id(int32_t id) const {
     if (id < 0 || id >= vocab_size())
-        throw Error("token id " + std::to_string(id) + " is out of range for tokenizer " +
-                    path_ + " (vocab size " + std::to_string(vocab_size()) + ")");
+        throw Error("token id " + std::to_string(id) + " is out of range for tokenizer " + path_ +
+                    " (vocab size " + std::to_string(vocab_size()) + ")");
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
@@ -159,9 +169,15 @@ const std::string& Tokenizer::piece(int32_t id) const {
     return sp_->IdToPiece(id);
 }
 
-bool Tokenizer::is_control(int32_t id) const { return info(id).kind == Kind::Control; }
-bool Tokenizer::is_byte(int32_t id) const { return info(id).kind == Kind::Byte; }
-bool Tokenizer::is_unknown(int32_t id) const { return info(id).kind == Kind::Unknown; }
+bool Tokenizer::is_control(int32_t id) const {
+    return info(id).kind == Kind::Control;
+}
+bool Tokenizer::is_byte(int32_t id) const {
+    return info(id).kind == Kind::Byte;
+}
+bool Tokenizer::is_unknown(int32_t id) const {
+    return info(id).kind == Kind::Unknown;
+}
 
 int32_t Tokenizer::byte_pieces() const {
     int32_t n = 0;
@@ -240,7 +256,7 @@ namespace {
 
 // Feeds SentencePiece the non-blank lines of the corpus documents, streaming the files.
 class CorpusSentenceIterator : public sentencepiece::SentenceIterator {
-public:
+  public:
     CorpusSentenceIterator(const std::vector<std::string>& inputs,
                            const TokenizerTrainOptions& options)
         : reader_(inputs, CorpusReaderOptions{options.format, size_t{16} << 20}),
@@ -262,7 +278,7 @@ public:
     int64_t sentences() const { return sentences_; }
     CorpusStats corpus_stats() const { return reader_.stats(); }
 
-private:
+  private:
     void advance() {
         if (done_) return;
         try {
@@ -274,8 +290,7 @@ private:
                         if (end == std::string::npos) end = d.size();
                         std::string_view line(d.data() + pos_, end - pos_);
                         pos_ = end + 1;
-                        if (line.find_first_not_of(" \t\r\v\f") == std::string_view::npos)
-                            continue;
+                        if (line.find_first_not_of(" \t\r\v\f") == std::string_view::npos) continue;
                         value_.assign(line);
                         ++sentences_;
                         return;
@@ -367,7 +382,8 @@ TokenizerTrainReport train_tokenizer(const std::vector<std::string>& inputs, int
                                      "); the largest that works is " + std::to_string(largest),
                                  vocab_size, largest, 0);
         }
-        if (std::regex_search(msg, m, std::regex(R"(smaller than required_chars\. \d+ vs (\d+))"))) {
+        if (std::regex_search(msg, m,
+                              std::regex(R"(smaller than required_chars\. \d+ vs (\d+))"))) {
             const int64_t smallest = std::stoll(m[1].str());
             throw VocabSizeError(
                 "vocabulary size " + std::to_string(vocab_size) +
@@ -394,8 +410,7 @@ TokenizerTrainReport train_tokenizer(const std::vector<std::string>& inputs, int
     report.vocab_size = check.vocab_size();
     report.corpus = it.corpus_stats();
     report.sentences = it.sentences();
-    report.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return report;
 }
 

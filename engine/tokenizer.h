@@ -19,7 +19,7 @@ class SentencePieceProcessor;
 namespace tmx {
 
 class Tokenizer {
-public:
+  public:
     // Loads a SentencePiece .model file; a directory means DIR/tokenizer.model (a checkpoint).
     // Throws tmx::Error naming the path when it is missing or not a SentencePiece model.
     static Tokenizer load(const std::string& path);
@@ -55,13 +55,13 @@ public:
     enum class Kind : uint8_t { Normal, Byte, Control, Unknown };
     struct PieceInfo {
         Kind kind = Kind::Normal;
-        uint8_t byte = 0;       // Byte: the byte value
+        uint8_t byte = 0;            // Byte: the byte value
         bool leading_space = false;  // Normal: the piece starts with "▁"
-        std::string text;      // Normal: the piece with "▁" as ' '; Unknown: its surface
+        std::string text;            // Normal: the piece with "▁" as ' '; Unknown: its surface
     };
     const PieceInfo& info(int32_t id) const;
 
-private:
+  private:
     Tokenizer();
     void check_id(int32_t id) const;
 
@@ -75,7 +75,7 @@ private:
 // character are held until the character is complete. The concatenation of every push() and
 // a final flush() equals Tokenizer::decode of the whole id sequence.
 class StreamDecoder {
-public:
+  public:
     explicit StreamDecoder(const Tokenizer& tokenizer) : tok_(&tokenizer) {}
     std::string push(int32_t id);
     void push(int32_t id, std::string& out);  // appends
@@ -84,7 +84,7 @@ public:
     // Starts a new text (the leading-space rule applies again).
     void reset();
 
-private:
+  private:
     void drain(std::string& out, bool final);
 
     const Tokenizer* tok_;
@@ -96,7 +96,7 @@ private:
 // SentencePiece says works (too large), or `smallest` the least it needs (too small); the
 // other is 0.
 class VocabSizeError : public Error {
-public:
+  public:
     VocabSizeError(const std::string& what, int64_t requested, int64_t largest, int64_t smallest)
         : Error(what), requested(requested), largest(largest), smallest(smallest) {}
     int64_t requested, largest, smallest;

@@ -2,11 +2,11 @@
 // corpus the test writes, checked through the engine's readers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/corpus.h"
 #include "engine/file_io.h"
@@ -25,8 +25,8 @@ using test::TempDir;
 // Stories in TinyStories' own format, with CRLF line ends and blank lines inside stories.
 std::string stories_corpus(int n) {
     static const char* names[] = {"Lily", "Tom", "Ben", "Sue", "Max", "Mia"};
-    static const char* things[] = {"a red ball", "a big tree", "a small boat", "a funny hat",
-                                   "some cake", "a blue kite"};
+    static const char* things[] = {"a red ball",  "a big tree", "a small boat",
+                                   "a funny hat", "some cake",  "a blue kite"};
     Rng rng(11);
     std::string text;
     for (int i = 0; i < n; ++i) {
@@ -40,7 +40,7 @@ std::string stories_corpus(int n) {
 }
 
 class PrepareCli : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         dir_ = new TempDir;
         write_text(*dir_ / "stories.txt", stories_corpus(120));
@@ -159,8 +159,8 @@ TEST_F(PrepareCli, BadInputFailsCleanlyNamingTheFile) {
     r = run_tmx("prepare --input " + out / "empty.txt" + args);
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("empty.txt"), std::string::npos) << r.err;
-    r = run_tmx("prepare --input " + corpus() + " --tokenizer " + out / "nope.model" +
-                " --out " + out / "ds");
+    r = run_tmx("prepare --input " + corpus() + " --tokenizer " + out / "nope.model" + " --out " +
+                out / "ds");
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("nope.model"), std::string::npos) << r.err;
     r = run_tmx("prepare --input " + corpus() + args + " --val-fraction 2");
@@ -173,8 +173,8 @@ TEST_F(PrepareCli, BadInputFailsCleanlyNamingTheFile) {
 }
 
 TEST_F(PrepareCli, TokenizerEncodeAndDecodeRoundTrip) {
-    auto r = run_tmx("tokenizer encode --tokenizer " + tok() +
-                     " --text 'Lily found a big tree.' --bos");
+    auto r =
+        run_tmx("tokenizer encode --tokenizer " + tok() + " --text 'Lily found a big tree.' --bos");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     ASSERT_EQ(r.out.rfind("1,", 0), 0u) << r.out;
     std::string ids = r.out.substr(0, r.out.find('\n'));

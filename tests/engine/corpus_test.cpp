@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,15 +59,16 @@ TEST(Corpus, TinyStoriesSplitsOnEndOfTextLinesAndKeepsBlankLinesInside) {
         "\nSecond story.\n  <|endoftext|>  \n<|endoftext|>\nThird, no final newline.";
     CorpusStats stats;
     Docs docs = split_documents(text, CorpusFormat::Auto, &stats);
-    EXPECT_EQ(docs, (Docs{"Once upon a time.\n\nThe end.", "Second story.",
-                          "Third, no final newline."}));
+    EXPECT_EQ(docs,
+              (Docs{"Once upon a time.\n\nThe end.", "Second story.", "Third, no final newline."}));
     EXPECT_EQ(stats.documents, 3);
     EXPECT_EQ(stats.bytes, static_cast<int64_t>(text.size()));
 }
 
 TEST(Corpus, ParagraphsSplitOnBlankLines) {
-    const std::string text = "\n\nFirst paragraph\ncontinues here.\n\n\n   \t\nSecond one.  \n"
-                             "<|endoftext|>\nThird.";
+    const std::string text =
+        "\n\nFirst paragraph\ncontinues here.\n\n\n   \t\nSecond one.  \n"
+        "<|endoftext|>\nThird.";
     EXPECT_EQ(split_documents(text, CorpusFormat::Paragraphs),
               (Docs{"First paragraph\ncontinues here.", "Second one.", "Third."}));
 }
@@ -95,7 +97,8 @@ TEST(Corpus, JsonlTakesTheTextFieldOfEachLine) {
 
 TEST(Corpus, BadJsonlLineIsAnErrorNamingFileAndLine) {
     const std::string text = "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\": broken}\n";
-    std::string err = error_of([&] { split_documents(text, CorpusFormat::Jsonl, nullptr, "d.jsonl"); });
+    std::string err =
+        error_of([&] { split_documents(text, CorpusFormat::Jsonl, nullptr, "d.jsonl"); });
     EXPECT_NE(err.find("d.jsonl:3"), std::string::npos) << err;
     err = error_of([&] {
         split_documents("{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", CorpusFormat::Jsonl, nullptr,
@@ -108,8 +111,9 @@ TEST(Corpus, BadJsonlLineIsAnErrorNamingFileAndLine) {
 }
 
 TEST(Corpus, InvalidUtf8DocumentsAreSkippedAndCounted) {
-    const std::string text = "good one\n\nbad \xC3\x28 one\n\nbad \xED\xA0\x80 surrogate\n\n"
-                             "good \xE2\x98\x83 two\n";
+    const std::string text =
+        "good one\n\nbad \xC3\x28 one\n\nbad \xED\xA0\x80 surrogate\n\n"
+        "good \xE2\x98\x83 two\n";
     CorpusStats stats;
     Docs docs = split_documents(text, CorpusFormat::Paragraphs, &stats);
     EXPECT_EQ(docs, (Docs{"good one", "good \xE2\x98\x83 two"}));
@@ -125,12 +129,12 @@ TEST(Corpus, InvalidUtf8DocumentsAreSkippedAndCounted) {
 TEST(Corpus, Utf8Validation) {
     EXPECT_TRUE(is_valid_utf8("plain ascii text that is longer than eight bytes"));
     EXPECT_TRUE(is_valid_utf8("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"));  // é € 😀
-    EXPECT_TRUE(is_valid_utf8("\xC3\xA2\xE2\x82\xAC\xE2\x84\xA2"));     // mojibake is valid
-    EXPECT_FALSE(is_valid_utf8("\xC0\x80"));                            // overlong NUL
-    EXPECT_FALSE(is_valid_utf8("\xE0\x80\xAF"));                        // overlong
-    EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));                        // surrogate
-    EXPECT_FALSE(is_valid_utf8("\xF4\x90\x80\x80"));                    // > U+10FFFF
-    EXPECT_FALSE(is_valid_utf8("abc\xE2\x82"));                         // cut short
+    EXPECT_TRUE(is_valid_utf8("\xC3\xA2\xE2\x82\xAC\xE2\x84\xA2"));      // mojibake is valid
+    EXPECT_FALSE(is_valid_utf8("\xC0\x80"));                             // overlong NUL
+    EXPECT_FALSE(is_valid_utf8("\xE0\x80\xAF"));                         // overlong
+    EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));                         // surrogate
+    EXPECT_FALSE(is_valid_utf8("\xF4\x90\x80\x80"));                     // > U+10FFFF
+    EXPECT_FALSE(is_valid_utf8("abc\xE2\x82"));                          // cut short
     EXPECT_FALSE(is_valid_utf8("\x80"));
     EXPECT_EQ(utf8_char_length("\xE2\x82\xAC rest"), 3u);
     EXPECT_EQ(utf8_char_length("\xE2\x82"), 0u);
@@ -177,7 +181,8 @@ TEST(Corpus, StreamingReaderMatchesSplitDocumentsAtAnyChunkSize) {
     std::string stories, paragraphs, jsonl;
     for (int i = 0; i < 40; ++i) {
         const std::string n = std::to_string(i);
-        stories += "Story " + n + " begins.\r\n\r\nIt ends " + n + " \xE2\x98\x83.\r\n<|endoftext|>\r\n";
+        stories +=
+            "Story " + n + " begins.\r\n\r\nIt ends " + n + " \xE2\x98\x83.\r\n<|endoftext|>\r\n";
         paragraphs += "Paragraph " + n + "\nline two.\n\n" + (i % 7 == 3 ? "bad \xC3\n\n" : "");
         jsonl += "{\"text\": \"Doc " + n + "\\nsecond line\"}\n";
     }

@@ -2,12 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/errors.h"
 #include "engine/file_io.h"
@@ -47,8 +48,7 @@ void round_trip(uint64_t vocab, uint32_t expected_bytes_per_token, uint64_t seed
     SCOPED_TRACE("vocab " + std::to_string(vocab) + " seed " + std::to_string(seed));
     TempDir dir;
     Rng rng(seed);
-    std::vector<int32_t> tokens =
-        test::random_ints(rng, 1000, 0, static_cast<int32_t>(vocab));
+    std::vector<int32_t> tokens = test::random_ints(rng, 1000, 0, static_cast<int32_t>(vocab));
     tokens.push_back(static_cast<int32_t>(vocab - 1));
     tokens.push_back(0);
     write_token_shard(dir / "s.bin", vocab, tokens);
@@ -77,9 +77,15 @@ void round_trip(uint64_t vocab, uint32_t expected_bytes_per_token, uint64_t seed
     EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"s.bin"});  // no temp files
 }
 
-TEST(TokenShards, RoundTripUint16) { round_trip(512, 2, test::fresh_seed()); }
-TEST(TokenShards, RoundTripUint16AtTheLargestVocab) { round_trip(65536, 2, test::fresh_seed()); }
-TEST(TokenShards, RoundTripUint32) { round_trip(100000, 4, test::fresh_seed()); }
+TEST(TokenShards, RoundTripUint16) {
+    round_trip(512, 2, test::fresh_seed());
+}
+TEST(TokenShards, RoundTripUint16AtTheLargestVocab) {
+    round_trip(65536, 2, test::fresh_seed());
+}
+TEST(TokenShards, RoundTripUint32) {
+    round_trip(100000, 4, test::fresh_seed());
+}
 
 TEST(TokenShards, BytesPerTokenFollowsTheVocabSize) {
     EXPECT_EQ(bytes_per_token_for(32000), 2u);

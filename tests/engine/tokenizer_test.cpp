@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -21,12 +22,13 @@ using test::write_text;
 
 // A few hundred short sentences from a small grammar: enough text for a ~400-piece BPE model.
 std::vector<std::string> synthetic_sentences(uint64_t seed, int n) {
-    static const char* subjects[] = {"The little dog", "A happy girl", "Tom", "Lily",
-                                     "The big red ball", "Mom", "A tiny bird", "The old cat"};
-    static const char* verbs[] = {"saw", "wanted", "found", "liked", "played with", "jumped over",
-                                  "looked at", "shared"};
-    static const char* objects[] = {"the tree", "a shiny stone", "her friend", "the park",
-                                    "some cake", "the blue sky", "a funny hat", "the river"};
+    static const char* subjects[] = {"The little dog", "A happy girl",     "Tom",
+                                     "Lily",           "The big red ball", "Mom",
+                                     "A tiny bird",    "The old cat"};
+    static const char* verbs[] = {"saw",         "wanted",      "found",     "liked",
+                                  "played with", "jumped over", "looked at", "shared"};
+    static const char* objects[] = {"the tree",  "a shiny stone", "her friend",  "the park",
+                                    "some cake", "the blue sky",  "a funny hat", "the river"};
     static const char* endings[] = {".", "!", " today.", " again.", ", and smiled."};
     Rng rng(seed);
     std::vector<std::string> out;
@@ -49,7 +51,7 @@ std::string paragraphs_corpus(const std::vector<std::string>& sentences) {
 
 // Trains once per test binary run (the model is small and deterministic).
 class TrainedTokenizer : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         dir_ = new TempDir;
         const std::string corpus = *dir_ / "corpus.txt";
@@ -223,8 +225,7 @@ TEST(Tokenizer, VocabTooLargeSaysTheLargestThatWorks) {
         EXPECT_EQ(e.requested, 20000);
         const std::string msg = e.what();
         EXPECT_NE(msg.find("too large"), std::string::npos) << msg;
-        EXPECT_NE(msg.find("largest that works is " + std::to_string(e.largest)),
-                  std::string::npos)
+        EXPECT_NE(msg.find("largest that works is " + std::to_string(e.largest)), std::string::npos)
             << msg;
     }
     ASSERT_GT(largest, 259);

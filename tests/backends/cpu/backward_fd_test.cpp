@@ -67,13 +67,15 @@ double dot(const Vec& a, const Vec& b) {
     return s;
 }
 
-// analytic against numeric, relative to max|numeric| (absolute when the gradient is all zero).
+// analytic against numeric, relative to max|numeric|, or to `floor` when that is larger (for
+// gradients that can be vanishingly small next to the op's natural scale), or absolute when the
+// gradient is all zero.
 ::testing::AssertionResult GradClose(const Vec& analytic, const Vec& numeric,
-                                     double tol = kGradTol) {
+                                     double tol = kGradTol, double floor = 0.0) {
     if (analytic.size() != numeric.size())
         return ::testing::AssertionFailure()
                << "size " << analytic.size() << " vs numeric " << numeric.size();
-    double scale = 0.0;
+    double scale = floor;
     for (double v : numeric) scale = std::max(scale, std::abs(v));
     if (scale == 0.0) scale = 1.0;
     double worst = 0.0;
@@ -93,7 +95,7 @@ double dot(const Vec& a, const Vec& b) {
     if (rel <= tol) return ::testing::AssertionSuccess();
     std::ostringstream os;
     os << std::setprecision(9) << "relative error " << rel << " > " << tol << "; worst element "
-       << at << ": analytic " << analytic[at] << ", numeric " << numeric[at] << " (max|numeric| "
+       << at << ": analytic " << analytic[at] << ", numeric " << numeric[at] << " (scale "
        << scale << ")";
     return ::testing::AssertionFailure() << os.str();
 }
@@ -252,6 +254,8 @@ TEST_F(BackwardFiniteDiff, LayerNormBackward) {
     struct Case {
         int64_t N, d;
     };
+    // Not d = 2: layernorm of two values is +-1 whatever their spread (up to eps), so d_x is
+    // O(eps) and what fp32 computes for it is cancellation noise; likewise rmsnorm with d = 1.
     for (Case c : {Case{5, 12}, Case{1, 7}, Case{3, 3}}) {
         for (bool prefill : {false, true}) {
             SCOPED_TRACE("N,d = " + dims({c.N, c.d}) + ", " + mode_name(prefill));
@@ -288,7 +292,7 @@ TEST_F(BackwardFiniteDiff, RmsNormBackward) {
     struct Case {
         int64_t N, d;
     };
-    for (Case c : {Case{5, 12}, Case{1, 7}, Case{3, 1}}) {
+    for (Case c : {Case{5, 12}, Case{1, 7}, Case{3, 2}}) {
         for (bool prefill : {false, true}) {
             SCOPED_TRACE("N,d = " + dims({c.N, c.d}) + ", " + mode_name(prefill));
             const int64_t N = c.N, d = c.d;
@@ -707,7 +711,10 @@ TEST_F(BackwardFiniteDiff, CrossEntropyBackward) {
             for (double l : losses) L += l;
             return s * L;
         });
-        EXPECT_TRUE(GradClose(to_double(got), num));
+        // With large logits a row's gradient can be ~exp(-40): below fp32's resolution of
+        // p - 1 (~6e-8 |scale|) and double FD's noise (~1e-10). Entries are bounded by |scale|,
+        // so errors are measured against at least 1e-3 |scale| (an absolute 1e-6 |scale|).
+        EXPECT_TRUE(GradClose(to_double(got), num, kGradTol, 1e-3 * std::abs(s)));
         for (int64_t n = 0; n < N; ++n) {
             if (targets[n] != -1) continue;
             for (int64_t v = 0; v < V; ++v)

@@ -1,0 +1,134 @@
+// tmx train, eval --text-file/--data and plot end to end through the built binary.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "engine/file_io.h"
+#include "engine/token_shards.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small dataset for test-tiny (vocab 97).
+void write_dataset(const std::string& dir, int32_t vocab = 97) {
+    Rng rng(11);
+    DatasetWriter w(dir, static_cast<uint64_t>(vocab));
+    for (int doc = 0; doc < 60; ++doc) {
+        std::vector<int32_t> t = {1};
+        for (int i = 0; i < 30; ++i) t.push_back(3 + static_cast<int32_t>(rng.below(vocab - 3)));
+        w.add_document(doc % 6 == 5 ? Split::Val : Split::Train, t.data(), t.size());
+    }
+    w.commit({{"bos_id", 1}, {"eos_id", 2}});
+}
+
+std::string tiny() { return test::source_dir() + "/assets/configs/test-tiny.json"; }
+
+TEST(TrainCli, SigintCheckpointsAndResumeFinishesTheRun) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string common = " --data " + (tmp / "data") + " --batch-size 2 --seq-len 16 --log-every 1";
+    // A long budget, stopped by SIGINT after 2 s.
+    auto r = test::run_tmx("train --config " + tiny() + " --out " + (tmp / "run") + common +
+                           " --max-steps 1000000 --eval-every 0 --checkpoint-every 0 2>" +
+                           (tmp / "log") + " & pid=$!; sleep 2; kill -INT $pid; wait $pid");
+    const std::string log = read_file(tmp / "log");
+    EXPECT_EQ(r.exit_code, 130) << log;
+    EXPECT_NE(log.find("stopped by SIGINT"), std::string::npos) << log;
+    EXPECT_NE(log.find("tmx train --resume"), std::string::npos) << log;
+    bool has_step = false;
+    for (const auto& e : fs::directory_iterator(tmp / "run"))
+        has_step |= e.path().filename().string().rfind("step_", 0) == 0;
+    ASSERT_TRUE(has_step) << "no checkpoint written on SIGINT";
+
+    // Resume with a budget that ends soon; the math flags cannot change.
+    r = test::run_tmx("train --resume " + (tmp / "run") + " --lr 0.5");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--lr cannot change"), std::string::npos) << r.err;
+    // Extending nothing: resume to a budget a few steps past the checkpoint.
+    nlohmann::json st;
+    for (const auto& e : fs::directory_iterator(tmp / "run"))
+        if (e.path().filename().string().rfind("step_", 0) == 0)
+            st = nlohmann::json::parse(read_file((e.path() / "trainer_state.json").string()));
+    const int64_t at = st["step"].get<int64_t>();
+    r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps " + std::to_string(at + 3));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("resuming"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::exists(tmp / ("run/step_" + std::string(8 - std::to_string(at + 3).size(), '0') +
+                                  std::to_string(at + 3))));
+    EXPECT_EQ(test::run_tmx("train --resume " + (tmp / "nowhere")).exit_code, 1);
+
+    r = test::run_tmx("plot " + (tmp / "run"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string svg = read_file(tmp / "run/metrics.svg");
+    EXPECT_NE(svg.find("<svg"), std::string::npos);
+    EXPECT_NE(svg.find("expert load"), std::string::npos);
+    EXPECT_NE(svg.find("<polyline"), std::string::npos);
+}
+
+TEST(TrainCli, BadFlagsAndVocabularyMismatchAreClearErrors) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    write_dataset(tmp / "data300", 300);
+    const std::string base = "train --config " + tiny() + " --out " + (tmp / "run");
+    auto r = test::run_tmx(base + " --data " + (tmp / "data") + " --max-steps 5 --batch-size 0");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--batch-size"), std::string::npos) << r.err;
+    r = test::run_tmx(base + " --data " + (tmp / "data"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--max-steps"), std::string::npos) << r.err;
+    r = test::run_tmx(base + " --data " + (tmp / "data") + " --max-steps 5 --seq-len 999");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--seq-len"), std::string::npos) << r.err;
+    r = test::run_tmx(base + " --data " + (tmp / "data300") + " --max-steps 5");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("vocabulary of 300"), std::string::npos) << r.err;
+    r = test::run_tmx("train --out " + (tmp / "run") + " --data " + (tmp / "data") + " --max-steps 5");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--config"), std::string::npos) << r.err;
+    r = test::run_tmx("plot " + (tmp / "data"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("metrics.jsonl"), std::string::npos) << r.err;
+}
+
+TEST(EvalCli, TextFileReportsBitsPerByteAndDataScoresASplit) {
+    const std::string shared = test::shared_dir();
+    if (shared.empty()) GTEST_SKIP() << "needs ../shared/data (the development data)";
+    test::TempDir tmp;
+    // A tiny model with the 32k tokenizer is too big; train a 512-piece tokenizer instead.
+    const std::string text = shared + "/data/tinystories/valid.txt";
+    auto r = test::run_tmx("tokenizer train --input " + text + " --vocab-size 512 --out " + (tmp / "tok.model"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    test::write_text(tmp / "cfg.json", R"({"vocab_size": 512, "d_model": 32, "n_layers": 1, "n_heads": 2,
+        "n_kv_heads": 1, "head_dim": 16, "d_ff": 32, "n_experts": 2, "top_k": 1, "max_seq_len": 64,
+        "sliding_window": 16})");
+    ASSERT_EQ(test::run_tmx("init --config " + (tmp / "cfg.json") + " --out " + (tmp / "m") +
+                            " --tokenizer " + (tmp / "tok.model")).exit_code, 0);
+    r = test::run_tmx("eval --model " + (tmp / "m") + " --text-file " + text + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["bytes"].get<int64_t>() > 70000, true);
+    // An untrained model is near uniform over 512 pieces: bits/byte = loss / ln 2 * tokens / bytes.
+    EXPECT_NEAR(j["loss"].get<double>(), std::log(512.0), 0.2);
+    EXPECT_NEAR(j["bits_per_byte"].get<double>(),
+                j["loss"].get<double>() / std::log(2.0) * j["tokens"].get<double>() /
+                    j["bytes"].get<double>(), 1e-9);
+
+    ASSERT_EQ(test::run_tmx("prepare --input " + text + " --tokenizer " + (tmp / "tok.model") +
+                            " --out " + (tmp / "data") + " --val-fraction 0.1 --quiet").exit_code, 0);
+    r = test::run_tmx("eval --model " + (tmp / "m") + " --data " + (tmp / "data") + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_GT(nlohmann::json::parse(r.out)["tokens"].get<int64_t>(), 100);
+
+    // A model without a tokenizer cannot score text.
+    ASSERT_EQ(test::run_tmx("init --config " + (tmp / "cfg.json") + " --out " + (tmp / "bare")).exit_code, 0);
+    r = test::run_tmx("eval --model " + (tmp / "bare") + " --text-file " + text);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("tokenizer"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tmx
