@@ -16,24 +16,6 @@
 namespace tmx::cli {
 namespace {
 
-std::vector<int32_t> parse_token_list(const std::string& text) {
-    std::vector<int32_t> out;
-    size_t i = 0;
-    while (i <= text.size()) {
-        size_t j = text.find(',', i);
-        if (j == std::string::npos) j = text.size();
-        std::string item = text.substr(i, j - i);
-        size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
-        item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
-        char* end = nullptr;
-        long long v = item.empty() ? -1 : std::strtoll(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
-            throw UsageError("--tokens: expected comma-separated token ids, got '" + item + "'");
-        out.push_back(static_cast<int32_t>(v));
-        i = j + 1;
-    }
-    return out;
-}
 
 }  // namespace
 
@@ -92,7 +74,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
         std::vector<int32_t> tokens;
         int64_t bytes = 0;
         if (!opts->tokens.empty()) {
-            tokens = parse_token_list(opts->tokens);
+            tokens = parse_id_list(opts->tokens, "--tokens");
             if (tokens.size() < 2) throw UsageError("--tokens: need at least 2 tokens to score");
         } else if (!opts->data.empty()) {
             TokenDataset d = open_dataset(opts->data, opts->split);

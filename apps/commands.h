@@ -23,6 +23,9 @@ void add_prepare_command(CLI::App& app, CommonOptions& common);
 void add_train_command(CLI::App& app, CommonOptions& common);
 void add_plot_command(CLI::App& app, CommonOptions& common);
 
+// Parses "1,2,3" (spaces allowed) into token ids; a UsageError names `flag` otherwise.
+std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
+
 // Thrown when a signal stopped a command after it saved its work: main() exits with the code.
 struct Interrupted {
     int exit_code;
