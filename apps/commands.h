@@ -22,6 +22,7 @@ void add_tokenizer_command(CLI::App& app, CommonOptions& common);
 void add_prepare_command(CLI::App& app, CommonOptions& common);
 void add_train_command(CLI::App& app, CommonOptions& common);
 void add_plot_command(CLI::App& app, CommonOptions& common);
+void add_convert_command(CLI::App& app, CommonOptions& common);
 
 // Parses "1,2,3" (spaces allowed) into token ids; a UsageError names `flag` otherwise.
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
