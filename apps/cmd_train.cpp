@@ -103,7 +103,7 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--init-seed", o->init_seed, "Weight initialisation seed of a new run")
         ->capture_default_str();
     add_common_options(*sub, common);
-    sub->callback([o, sub, flags]() {
+    sub->callback([o, flags]() {
         auto backend = make_backend("cpu");
         std::unique_ptr<Trainer> trainer;
         if (!o->resume.empty()) {
@@ -125,7 +125,6 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
                          static_cast<long long>(trainer->model().num_params()),
                          static_cast<long long>(trainer->max_steps()), o->out.c_str());
         }
-        (void)sub;
         struct sigaction sa {};
         sa.sa_handler = on_stop_signal;
         sigaction(SIGINT, &sa, nullptr);

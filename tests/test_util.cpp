@@ -65,6 +65,19 @@ std::string shared_dir() {
     return std::filesystem::exists(p / "DESIGN.md") ? p.lexically_normal().string() : "";
 }
 
+std::vector<int32_t> read_token_file(const std::string& path) {
+    std::vector<int32_t> tokens;
+    const std::string text = slurp(path);
+    size_t i = 0;
+    while (i < text.size()) {
+        size_t j = text.find_first_of(",\n", i);
+        if (j == std::string::npos) j = text.size();
+        if (j > i) tokens.push_back(std::stoi(text.substr(i, j - i)));
+        i = j + 1;
+    }
+    return tokens;
+}
+
 void write_text(const std::string& path, const std::string& text) {
     std::ofstream(path, std::ios::binary) << text;
 }

@@ -46,4 +46,7 @@ std::string shared_dir();
 
 void write_text(const std::string& path, const std::string& text);
 
+// Token ids from a file of comma- or newline-separated integers (the fixtures' tokens.txt).
+std::vector<int32_t> read_token_file(const std::string& path);
+
 }  // namespace tmx::test

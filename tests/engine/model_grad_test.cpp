@@ -18,16 +18,7 @@ std::string fixture(const std::string& name) {
 }
 
 std::vector<int32_t> fixture_tokens(const std::string& dir) {
-    std::vector<int32_t> tokens;
-    std::string text = read_file(dir + "/tokens.txt");
-    size_t i = 0;
-    while (i < text.size()) {
-        size_t j = text.find_first_of(",\n", i);
-        if (j == std::string::npos) j = text.size();
-        if (j > i) tokens.push_back(std::stoi(text.substr(i, j - i)));
-        i = j + 1;
-    }
-    return tokens;
+    return test::read_token_file(dir + "/tokens.txt");
 }
 
 // Forward + backward of the fixture's tokens (inputs tokens[:-1], targets tokens[1:]).

@@ -84,17 +84,7 @@ class ForwardVsTorch : public ::testing::TestWithParam<const char*> {};
 TEST_P(ForwardVsTorch, LogitsAndAuxMatchFp64Reference) {
     const std::string dir = test::source_dir() + "/tests/fixtures/torch/" + GetParam();
     nlohmann::json ref = read_json_file(dir + "/logits.json");
-    std::vector<int32_t> tokens;
-    {
-        std::string text = read_file(dir + "/tokens.txt");
-        size_t i = 0;
-        while (i < text.size()) {
-            size_t j = text.find_first_of(",\n", i);
-            if (j == std::string::npos) j = text.size();
-            if (j > i) tokens.push_back(std::stoi(text.substr(i, j - i)));
-            i = j + 1;
-        }
-    }
+    const std::vector<int32_t> tokens = test::read_token_file(dir + "/tokens.txt");
     auto be = make_backend("cpu");
     auto model = load_model(dir, *be);
     ASSERT_GT(static_cast<int64_t>(tokens.size()), model->config().sliding_window)

@@ -173,7 +173,7 @@ TEST(Trainer, BadOptionsAndMismatchedDataGiveClearErrors) {
     auto t = Trainer::start(tiny_config(), o, tmp / "r8", 0, *be);
     std::atomic<bool> stop{true};
     t->run([](const TrainReport&) {}, &stop);
-    t->model();  // no step taken: no checkpoint
+    // No step was taken, so there is no checkpoint to resume from.
     EXPECT_THROW(Trainer::resume(tmp / "r8", *be, nlohmann::json::object()), Error);
 }
 
