@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <thread>
 
+// OpenBLAS is linked as its OpenMP build (CMakeLists.txt): its GEMMs run on the engine's OpenMP
+// thread pool, and single-threaded when called from inside one of the engine's parallel regions.
+// It keeps its own thread count, read once at load time, so it is set here too.
 extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace tmx {

@@ -17,7 +17,7 @@ packages=(
   g++ cmake ninja-build pkg-config git
   libgtest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
-  libopenblas-dev libopenblas0-pthread
+  libopenblas-dev libopenblas0-openmp
   libsentencepiece-dev
 )
 

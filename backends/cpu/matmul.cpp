@@ -1,6 +1,7 @@
 // CPU matmuls: dense (OpenBLAS sgemm) and grouped over experts (one sgemm per expert's rows).
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
@@ -28,13 +29,23 @@ void broadcast_rows(const float* bias, int64_t M, int64_t N, float* out) {
         std::memcpy(out + m * N, bias, static_cast<size_t>(N) * sizeof(float));
 }
 
-// sums[n] += sum over rows of x[M, N], accumulated in double, column by column.
+// sums[n] += sum over rows of x[M, N], accumulated in double. A thread takes a block of
+// columns and walks the rows, reading each row's part of the block contiguously (vectorised)
+// rather than one column at a time down the rows; each column still adds its terms in row
+// order, so the sums do not depend on the thread count.
 void column_sums_add(const float* x, int64_t M, int64_t N, float* sums) {
+    constexpr int64_t kCols = 32;
+    const int64_t blocks = (N + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static) if (M * N > (1 << 15))
-    for (int64_t n = 0; n < N; ++n) {
-        double s = 0.0;
-        for (int64_t m = 0; m < M; ++m) s += x[m * N + n];
-        sums[n] += static_cast<float>(s);
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * kCols, cols = std::min(kCols, N - n0);
+        double acc[kCols] = {};
+        for (int64_t m = 0; m < M; ++m) {
+            const float* row = x + m * N + n0;
+#pragma omp simd
+            for (int64_t c = 0; c < cols; ++c) acc[c] += row[c];
+        }
+        for (int64_t c = 0; c < cols; ++c) sums[n0 + c] += static_cast<float>(acc[c]);
     }
 }
 
