@@ -1,4 +1,5 @@
 // Flag-value parsing shared by the subcommands.
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -7,6 +8,34 @@
 #include "engine/errors.h"
 
 namespace tmx::cli {
+
+void add_backend_options(CLI::App& sub, BackendChoice& choice) {
+    sub.add_option("--backend", choice.backend,
+                   "Backend: auto (the best present: a Vulkan GPU, else the CPU) or one of " +
+                       backend_list())
+        ->capture_default_str();
+    sub.add_option("--device", choice.device,
+                   "Vulkan device index, as `tmx devices` lists them (default: the first "
+                   "discrete GPU, else integrated, else any)")
+        ->check(CLI::NonNegativeNumber);
+}
+
+std::string with_device(const std::string& name, int device) {
+    if (device < 0) return name;
+    if (name == "vulkan") return "vulkan:" + std::to_string(device);
+    throw UsageError("--device " + std::to_string(device) +
+                     " selects a Vulkan device; backend '" + name + "' has none");
+}
+
+std::unique_ptr<Backend> BackendChoice::open() const {
+    // With --device, auto means Vulkan: the device was asked for.
+    const std::string name =
+        backend == "auto" && device >= 0 ? "vulkan" : resolve_backend(backend);
+    auto be = make_backend(with_device(name, device));
+    std::fprintf(stderr, "backend: %s%s\n", be->name().c_str(),
+                 backend == "auto" ? " (auto)" : "");
+    return be;
+}
 
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag) {
     std::vector<int32_t> out;

@@ -14,10 +14,6 @@
 #include "engine/tokenizer.h"
 
 namespace tmx::cli {
-namespace {
-
-
-}  // namespace
 
 // The text of a file as the model sees it: documents split as `tmx prepare` splits them, each
 // starting with BOS, concatenated. Also returns the documents' UTF-8 bytes.
@@ -43,7 +39,8 @@ std::vector<int32_t> tokenize_text_file(const std::string& path, const Tokenizer
 
 void add_eval_command(CLI::App& app, CommonOptions& common) {
     struct Options {
-        std::string model, tokens, data, split = "val", text_file, backend = "cpu";
+        std::string model, tokens, data, split = "val", text_file;
+        BackendChoice backend;
         bool json = false;
     };
     auto opts = std::make_shared<Options>();
@@ -62,13 +59,13 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
                      ->check(CLI::ExistingFile);
     tokens->excludes(data)->excludes(text);
     data->excludes(text);
-    sub->add_option("--backend", opts->backend, "Backend to run on")->capture_default_str();
+    add_backend_options(*sub, opts->backend);
     sub->add_flag("--json", opts->json, "Print one JSON object");
     add_common_options(*sub, common);
     sub->callback([opts]() {
         if (opts->tokens.empty() && opts->data.empty() && opts->text_file.empty())
             throw UsageError("give what to score: --tokens, --data or --text-file");
-        auto backend = make_backend(opts->backend);
+        auto backend = opts->backend.open();
         auto model = load_model(opts->model, *backend);
         const ModelConfig& c = model->config();
         std::vector<int32_t> tokens;

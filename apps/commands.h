@@ -5,6 +5,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+
 namespace tmx::cli {
 
 // Options every subcommand has.
@@ -23,6 +28,19 @@ void add_prepare_command(CLI::App& app, CommonOptions& common);
 void add_train_command(CLI::App& app, CommonOptions& common);
 void add_plot_command(CLI::App& app, CommonOptions& common);
 void add_convert_command(CLI::App& app, CommonOptions& common);
+void add_generate_command(CLI::App& app, CommonOptions& common);
+
+// --backend NAME (auto: the best present) and --device N (a Vulkan device, as `tmx devices`
+// lists them) of the commands that run a model.
+struct BackendChoice {
+    std::string backend = "auto";
+    int device = -1;
+    // Creates the backend and says on stderr which one runs.
+    std::unique_ptr<Backend> open() const;
+};
+void add_backend_options(CLI::App& sub, BackendChoice& choice);
+// `name` with --device applied: "vulkan" becomes "vulkan:N"; a UsageError for other backends.
+std::string with_device(const std::string& name, int device);
 
 // Parses "1,2,3" (spaces allowed) into token ids; a UsageError names `flag` otherwise.
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);

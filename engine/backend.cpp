@@ -1,6 +1,7 @@
 // Shape and dtype checks shared by every backend, then dispatch to the backend's *_impl.
 #include "engine/backend.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "engine/errors.h"
@@ -41,8 +42,19 @@ struct OpCheck {
 }  // namespace
 
 Tensor Backend::alloc(Shape shape, DType dtype) {
-    size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-    return Tensor(alloc_impl(bytes), std::move(shape), dtype);
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    std::shared_ptr<DeviceBuffer> buffer = alloc_impl(bytes);
+    MemoryStats& m = *memory_;
+    m.live_bytes += bytes;
+    m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
+    // The same buffer, behind a reference count that also settles the accounting when the
+    // last Tensor lets go.
+    std::shared_ptr<DeviceBuffer> counted(
+        buffer.get(), [buffer, memory = memory_, bytes](DeviceBuffer*) mutable {
+            memory->live_bytes -= bytes;
+            buffer.reset();
+        });
+    return Tensor(std::move(counted), std::move(shape), dtype);
 }
 
 void Backend::upload(const Tensor& dst, const void* host) {
@@ -110,9 +122,10 @@ void Backend::rope(const Tensor& x, const Tensor& positions, double theta, bool 
     rope_impl(x, positions, theta, inverse);
 }
 
-void Backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        int64_t window) {
-    OpCheck c{"attention"};
+namespace {
+// The shapes attention() and attention_cached() share.
+void check_attention_shapes(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, int64_t window) {
     c.rank(q, "q", 4);
     c.rank(k, "k", 4);
     c.shape(v, "v", k.shape());
@@ -122,7 +135,49 @@ void Backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     if (k.dim(2) == 0 || q.dim(2) % k.dim(2) != 0)
         c.fail("query heads must be a multiple of kv heads");
     if (window < 0) c.fail("negative window");
+}
+}  // namespace
+
+void Backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        int64_t window) {
+    OpCheck c{"attention"};
+    check_attention_shapes(c, q, k, v, out, window);
     attention_impl(q, k, v, out, window);
+}
+
+namespace {
+// The shapes attention_cached() and kv_cache_write() share.
+void check_kv_cache_shapes(const OpCheck& c, const Tensor& k, const Tensor& v,
+                           const Tensor& k_cache, const Tensor& v_cache, const Tensor& start) {
+    c.rank(k, "k", 4);
+    c.shape(v, "v", k.shape());
+    c.rank(k_cache, "k_cache", 4);
+    c.shape(v_cache, "v_cache", k_cache.shape());
+    if (k_cache.dim(0) != k.dim(0) || k_cache.dim(2) != k.dim(2) || k_cache.dim(3) != k.dim(3))
+        c.fail("k " + shape_string(k.shape()) + " and k_cache " + shape_string(k_cache.shape()) +
+               " differ");
+    if (k_cache.dim(1) < 1) c.fail("the cache has no slots");
+    c.shape(start, "start", {k.dim(0)}, DType::I32);
+}
+}  // namespace
+
+void Backend::attention_cached(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                               const Tensor& out, int64_t window) {
+    OpCheck c{"attention_cached"};
+    check_attention_shapes(c, q, k, v, out, window);
+    check_kv_cache_shapes(c, k, v, k_cache, v_cache, start);
+    if (window > 0 && k_cache.dim(1) < window - 1)
+        c.fail("a cache of " + std::to_string(k_cache.dim(1)) + " slots cannot hold a window of " +
+               std::to_string(window));
+    attention_cached_impl(q, k, v, k_cache, v_cache, start, out, window);
+}
+
+void Backend::kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& start) {
+    OpCheck c{"kv_cache_write"};
+    check_kv_cache_shapes(c, k, v, k_cache, v_cache, start);
+    kv_cache_write_impl(k, v, k_cache, v_cache, start);
 }
 
 void Backend::router_topk(const Tensor& logits, const Tensor& indices, const Tensor& gates) {

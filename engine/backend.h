@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/config.h"
 #include "engine/tensor.h"
@@ -34,6 +35,13 @@ public:
 
     // ---- memory and transfers
     Tensor alloc(Shape shape, DType dtype = DType::F32);
+    // Bytes of the buffers alloc() made that are still referenced, and the most there were at
+    // once since the backend was made or reset_peak_memory() was called.
+    struct MemoryStats {
+        size_t live_bytes = 0, peak_bytes = 0;
+    };
+    MemoryStats memory_stats() const { return *memory_; }
+    void reset_peak_memory() { memory_->peak_bytes = memory_->live_bytes; }
     // Copies host data (numel elements of the tensor's dtype) to the device. The host pointer
     // may be reused as soon as this returns.
     void upload(const Tensor& dst, const void* host);
@@ -68,6 +76,23 @@ public:
     // h / (H / Hkv).
     void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    int64_t window);
+
+    // The same attention for a chunk of new tokens against a rolling KV cache (DESIGN.md
+    // section 4). Sequence b's chunk holds T tokens at positions start[b] .. start[b] + T - 1;
+    // its cache k_cache[b], v_cache[b] [S, Hkv, hd] holds its earlier positions p in
+    // [max(0, start[b] - S), start[b]), position p in slot p mod S (other slots are not read).
+    // The query at position p attends to every cached or chunk position j with
+    // p - window < j <= p (window 0 = unlimited; then S must cover every earlier position).
+    // q, out [B, T, H, hd]; k, v [B, T, Hkv, hd] (the chunk's own keys and values, keys after
+    // RoPE); k_cache, v_cache [B, S, Hkv, hd]; start [B] (I32, >= 0).
+    void attention_cached(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                          const Tensor& out, int64_t window);
+    // Stores the chunk's keys and values in the cache after attention_cached() has read it:
+    // position start[b] + t goes to slot (start[b] + t) mod S, in increasing t (a chunk longer
+    // than S leaves its last S positions). Shapes as for attention_cached().
+    void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                        const Tensor& v_cache, const Tensor& start);
 
     // Router: for each row of logits [N, E], the indices of the top_k largest (ties: lower
     // index first; listed in descending logit order) into indices [N, k] (I32), and the
@@ -178,6 +203,7 @@ public:
                const Tensor& decay_mask, const AdamWParams& hp);
 
 protected:
+    // The buffer's memory stays allocated until the last Tensor referring to it is gone.
     virtual std::shared_ptr<DeviceBuffer> alloc_impl(size_t bytes) = 0;
     virtual void upload_impl(const Tensor& dst, const void* host) = 0;
     virtual void download_impl(const Tensor& src, void* host) = 0;
@@ -193,6 +219,12 @@ protected:
                            bool inverse) = 0;
     virtual void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& out, int64_t window) = 0;
+    virtual void attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& k_cache, const Tensor& v_cache,
+                                       const Tensor& start, const Tensor& out,
+                                       int64_t window) = 0;
+    virtual void kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                                     const Tensor& v_cache, const Tensor& start) = 0;
     virtual void router_topk_impl(const Tensor& logits, const Tensor& indices,
                                   const Tensor& gates) = 0;
     virtual void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
@@ -243,9 +275,19 @@ protected:
     virtual void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
                             const Tensor& v, const Tensor& decay_mask,
                             const AdamWParams& hp) = 0;
+
+private:
+    // Shared with every buffer's release hook, so buffers may outlive the backend object.
+    std::shared_ptr<MemoryStats> memory_ = std::make_shared<MemoryStats>();
 };
 
-// Backends compiled into this build, by name ("cpu", ...).
+// A backend compiled into this build, by name ("cpu", ...).
 std::unique_ptr<Backend> make_backend(const std::string& name);
+// The names make_backend() accepts, in this build, and the same as "cpu, vulkan".
+std::vector<std::string> backend_names();
+std::string backend_list();
+// "auto" becomes the best backend present on this machine (CUDA, then a Vulkan GPU, then the
+// CPU); any other name is returned as it is.
+std::string resolve_backend(const std::string& name);
 
 }  // namespace tmx

@@ -183,13 +183,15 @@ void Model::zero_grads() { backend_.fill(grads(), 0.0f); }
 
 Tensor Model::grad(const std::string& name) { return view(grads(), name); }
 
-LayerActivations Model::alloc_activations(int64_t N) const {
+LayerActivations Model::alloc_activations(int64_t N, bool for_backward) const {
     const ModelConfig& c = config_;
     Backend& be = backend_;
     const int64_t d = c.d_model, S = c.is_moe() ? N * c.top_k : N;
     LayerActivations a;
-    a.h_in = be.alloc({N, d});
-    a.h_mid = be.alloc({N, d});
+    if (for_backward) {
+        a.h_in = be.alloc({N, d});
+        a.h_mid = be.alloc({N, d});
+    }
     a.a1 = be.alloc({N, d});
     a.a2 = be.alloc({N, d});
     a.q = be.alloc({N, c.q_dim()});
@@ -212,85 +214,116 @@ LayerActivations Model::alloc_activations(int64_t N) const {
     return a;
 }
 
+Tensor Model::upload_tokens(const std::vector<int32_t>& tokens) const {
+    for (int32_t t : tokens)
+        if (t < 0 || t >= config_.vocab_size)
+            throw Error("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
+                        std::to_string(config_.vocab_size) + ")");
+    Tensor ids = backend_.alloc({static_cast<int64_t>(tokens.size())}, DType::I32);
+    backend_.upload(ids, tokens.data());
+    return ids;
+}
+
+void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
+                          const Tensor& positions, int64_t B, int64_t T, const Tensor& aux_out,
+                          const CachedAttention* cached) {
+    const ModelConfig& c = config_;
+    Backend& be = backend_;
+    const LayerWeights& w = layers_[l];
+    const int64_t N = B * T, H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
+    const float eps = static_cast<float>(c.norm_eps);
+    const bool swiglu = c.ffn_type == FfnType::SwiGlu;
+    const MatmulOptions linear{.trans_b = true};
+    const MatmulOptions linear_acc{.trans_b = true, .accumulate = true};
+
+    if (a.h_in.defined()) be.copy(h, a.h_in);
+    // Attention block.
+    be.norm(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1);
+    be.matmul(a.a1, w.wq, a.q, linear, w.bq);
+    be.matmul(a.a1, w.wk, a.k, linear, w.bk);
+    be.matmul(a.a1, w.wv, a.v, linear, w.bv);
+    be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
+    be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
+    const Tensor q = a.q.reshape({B, T, H, hd}), att = a.att.reshape({B, T, H, hd});
+    const Tensor k = a.k.reshape({B, T, Hkv, hd}), v = a.v.reshape({B, T, Hkv, hd});
+    if (cached) {
+        const KvCache& cache = *cached->cache;
+        be.attention_cached(q, k, v, cache.keys(l), cache.values(l), cached->start, att,
+                            c.sliding_window);
+        be.kv_cache_write(k, v, cache.keys(l), cache.values(l), cached->start);
+    } else {
+        be.attention(q, k, v, att, c.sliding_window);
+    }
+    be.matmul(a.att, w.wo, h, linear_acc, w.bo);  // h += o Wo^T + bo
+    if (a.h_mid.defined()) be.copy(h, a.h_mid);
+    // Feed-forward block.
+    be.norm(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2);
+    if (c.is_moe()) {
+        be.matmul(a.a2, w.router, a.router_logits, linear);
+        be.router_topk(a.router_logits, a.top_idx, a.gates);
+        if (aux_out.defined()) be.router_aux_loss(a.router_logits, a.top_idx, aux_out);
+        be.moe_group(a.top_idx, c.n_experts, a.offsets, a.slot_rows, a.slot_of);
+        be.gather_rows(a.a2, a.slot_rows, a.xs);
+        be.grouped_matmul(a.xs, w.w1, w.b1, a.offsets, a.pre);
+        if (swiglu) be.grouped_matmul(a.xs, w.w3, w.b3, a.offsets, a.up);
+    } else {
+        be.matmul(a.a2, w.w1, a.pre, linear, w.b1);
+        if (swiglu) be.matmul(a.a2, w.w3, a.up, linear, w.b3);
+    }
+    if (swiglu) be.swiglu(a.pre, a.up, a.act);
+    else be.activation(c.activation, a.pre, a.act);
+    if (c.is_moe()) {
+        be.grouped_matmul(a.act, w.w2, w.b2, a.offsets, a.ys);
+        be.moe_combine(a.ys, a.slot_of, a.gates, h);
+    } else {
+        be.matmul(a.act, w.w2, h, linear_acc, w.b2);
+    }
+}
+
+Tensor Model::logits_of(const Tensor& h, Tensor* normed_out) const {
+    const ModelConfig& c = config_;
+    Tensor normed = backend_.alloc(h.shape());
+    if (normed_out) *normed_out = normed;
+    backend_.norm(c.norm_type, h, final_norm_w_, final_norm_b_, static_cast<float>(c.norm_eps),
+                  normed);
+    Tensor logits = backend_.alloc({h.dim(0), c.vocab_size});
+    backend_.matmul(normed, lm_head_, logits, {.trans_b = true});
+    return logits;
+}
+
 ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                              const std::vector<int32_t>* targets, bool keep_activations) {
     const ModelConfig& c = config_;
-    const int64_t N = B * T, H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
+    const int64_t N = B * T;
     if (static_cast<int64_t>(tokens.size()) != N)
         throw std::logic_error("forward: tokens do not match B*T");
     if (keep_activations && !targets)
         throw std::logic_error("forward: keeping activations needs targets");
-    for (int32_t t : tokens)
-        if (t < 0 || t >= c.vocab_size)
-            throw Error("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
-                        std::to_string(c.vocab_size) + ")");
     Backend& be = backend_;
 
-    Tensor ids = be.alloc({N}, DType::I32);
-    be.upload(ids, tokens.data());
+    Tensor ids = upload_tokens(tokens);
     std::vector<int32_t> pos_host(static_cast<size_t>(N));
     for (int64_t n = 0; n < N; ++n) pos_host[n] = static_cast<int32_t>(n % T);
     Tensor positions = be.alloc({N}, DType::I32);
     be.upload(positions, pos_host.data());
 
-    const float eps = static_cast<float>(c.norm_eps);
-    const bool swiglu = c.ffn_type == FfnType::SwiGlu;
-    const MatmulOptions linear{.trans_b = true};
-    const MatmulOptions linear_acc{.trans_b = true, .accumulate = true};
     Tensor h = be.alloc({N, c.d_model});
-    Tensor aux = c.is_moe() ? be.alloc({c.n_layers}) : Tensor{};
+    Tensor aux = c.is_moe() && targets ? be.alloc({c.n_layers}) : Tensor{};
 
     // Inference reuses one set of buffers for every layer; training keeps each layer's.
     std::vector<LayerActivations> kept;
     LayerActivations scratch;
-    if (!keep_activations) scratch = alloc_activations(N);
+    if (!keep_activations) scratch = alloc_activations(N, /*for_backward=*/false);
 
     be.embedding(embed_, ids, h);
     for (int64_t l = 0; l < c.n_layers; ++l) {
-        if (keep_activations) kept.push_back(alloc_activations(N));
-        LayerActivations& a = keep_activations ? kept.back() : scratch;
-        const LayerWeights& w = layers_[l];
-        if (keep_activations) be.copy(h, a.h_in);
-        // Attention block.
-        be.norm(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1);
-        be.matmul(a.a1, w.wq, a.q, linear, w.bq);
-        be.matmul(a.a1, w.wk, a.k, linear, w.bk);
-        be.matmul(a.a1, w.wv, a.v, linear, w.bv);
-        be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
-        be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
-        be.attention(a.q.reshape({B, T, H, hd}), a.k.reshape({B, T, Hkv, hd}),
-                     a.v.reshape({B, T, Hkv, hd}), a.att.reshape({B, T, H, hd}),
-                     c.sliding_window);
-        be.matmul(a.att, w.wo, h, linear_acc, w.bo);  // h += o Wo^T + bo
-        if (keep_activations) be.copy(h, a.h_mid);
-        // Feed-forward block.
-        be.norm(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2);
-        if (c.is_moe()) {
-            be.matmul(a.a2, w.router, a.router_logits, linear);
-            be.router_topk(a.router_logits, a.top_idx, a.gates);
-            be.router_aux_loss(a.router_logits, a.top_idx, aux.slice(l, {1}));
-            be.moe_group(a.top_idx, c.n_experts, a.offsets, a.slot_rows, a.slot_of);
-            be.gather_rows(a.a2, a.slot_rows, a.xs);
-            be.grouped_matmul(a.xs, w.w1, w.b1, a.offsets, a.pre);
-            if (swiglu) be.grouped_matmul(a.xs, w.w3, w.b3, a.offsets, a.up);
-        } else {
-            be.matmul(a.a2, w.w1, a.pre, linear, w.b1);
-            if (swiglu) be.matmul(a.a2, w.w3, a.up, linear, w.b3);
-        }
-        if (swiglu) be.swiglu(a.pre, a.up, a.act);
-        else be.activation(c.activation, a.pre, a.act);
-        if (c.is_moe()) {
-            be.grouped_matmul(a.act, w.w2, w.b2, a.offsets, a.ys);
-            be.moe_combine(a.ys, a.slot_of, a.gates, h);
-        } else {
-            be.matmul(a.act, w.w2, h, linear_acc, w.b2);
-        }
+        if (keep_activations) kept.push_back(alloc_activations(N, /*for_backward=*/true));
+        layer_forward(l, h, keep_activations ? kept.back() : scratch, positions, B, T,
+                      aux.defined() ? aux.slice(l, {1}) : Tensor{}, nullptr);
     }
-    Tensor a_final = be.alloc({N, c.d_model});
-    be.norm(c.norm_type, h, final_norm_w_, final_norm_b_, eps, a_final);
+    Tensor a_final;
     ForwardResult result;
-    result.logits = be.alloc({N, c.vocab_size});
-    be.matmul(a_final, lm_head_, result.logits, linear);
+    result.logits = logits_of(h, &a_final);
 
     if (targets) {
         if (static_cast<int64_t>(targets->size()) != N)
@@ -426,6 +459,43 @@ void Model::backward(float loss_scale) {
                          gw.input_norm_b);
     }
     be.embedding_backward(saved_.ids, dh, view(g, "model.embed_tokens.weight"));
+}
+
+Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                             const std::vector<int32_t>& start, const KvCache& cache) {
+    const ModelConfig& c = config_;
+    const int64_t N = B * T;
+    if (static_cast<int64_t>(tokens.size()) != N || static_cast<int64_t>(start.size()) != B ||
+        cache.batch() != B || T < 1)
+        throw std::logic_error("forward_cached: tokens, start and cache do not match B and T");
+    Backend& be = backend_;
+    const int64_t limit = kv_cache_max_positions(c);
+    std::vector<int32_t> pos_host(static_cast<size_t>(N));
+    for (int64_t b = 0; b < B; ++b) {
+        if (start[b] < 0 || (limit >= 0 && start[b] + T > limit))
+            throw std::logic_error("forward_cached: positions beyond what the cache holds");
+        for (int64_t t = 0; t < T; ++t) pos_host[b * T + t] = static_cast<int32_t>(start[b] + t);
+    }
+    Tensor ids = upload_tokens(tokens);
+    Tensor positions = be.alloc({N}, DType::I32);
+    be.upload(positions, pos_host.data());
+    CachedAttention cached{&cache, be.alloc({B}, DType::I32)};
+    be.upload(cached.start, start.data());
+
+    Tensor h = be.alloc({N, c.d_model});
+    LayerActivations scratch = alloc_activations(N, /*for_backward=*/false);
+    be.embedding(embed_, ids, h);
+    for (int64_t l = 0; l < c.n_layers; ++l)
+        layer_forward(l, h, scratch, positions, B, T, Tensor{}, &cached);
+    if (T == 1) return logits_of(h);
+    // Only each sequence's last token is needed: the LM head is the largest matmul.
+    std::vector<int32_t> last(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) last[b] = static_cast<int32_t>(b * T + T - 1);
+    Tensor rows = be.alloc({B}, DType::I32);
+    be.upload(rows, last.data());
+    Tensor h_last = be.alloc({B, c.d_model});
+    be.gather_rows(h, rows, h_last);
+    return logits_of(h_last);
 }
 
 TokenScore score_tokens(Model& model, const std::vector<int32_t>& tokens, int64_t window) {

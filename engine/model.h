@@ -13,6 +13,7 @@
 
 #include "engine/backend.h"
 #include "engine/config.h"
+#include "engine/kv_cache.h"
 
 namespace tmx {
 
@@ -52,6 +53,7 @@ struct LayerWeights {
 // What a training forward pass keeps for the backward pass, per layer.
 struct LayerActivations {
     Tensor h_in, h_mid;           // residual stream entering the layer / after attention
+                                  // (kept for backward only)
     Tensor a1, a2;                // outputs of the two norms
     Tensor q, k, v, att;          // q and k after RoPE; att = attention output
     Tensor router_logits, top_idx, gates, offsets, slot_rows, slot_of;  // MoE routing
@@ -97,6 +99,13 @@ public:
                           const std::vector<int32_t>* targets = nullptr,
                           bool keep_activations = false);
 
+    // Generation: a chunk of T new tokens for each of B sequences (tokens [B, T]); sequence b's
+    // chunk is at positions start[b] .. start[b] + T - 1 and attends to what `cache` holds of
+    // its earlier positions, then is written into the cache. Returns the logits of each
+    // sequence's last chunk token, [B, V] on the device.
+    Tensor forward_cached(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                          const std::vector<int32_t>& start, const KvCache& cache);
+
     // Gradients of loss_scale * (mean cross-entropy + router_aux_loss_coef * aux) of the last
     // forward(..., keep_activations = true), accumulated into grads(). The aux gradient flows
     // through the mean router probabilities only.
@@ -110,7 +119,23 @@ private:
     // Views of one layer's tensors inside a flat tensor laid out like the parameters.
     LayerWeights bind_layer(const Tensor& flat, int64_t layer) const;
     Tensor view(const Tensor& flat, const std::string& name) const;
-    LayerActivations alloc_activations(int64_t N) const;
+    LayerActivations alloc_activations(int64_t N, bool for_backward) const;
+    // Checks token ids against the vocabulary and uploads them.
+    Tensor upload_tokens(const std::vector<int32_t>& tokens) const;
+    // Attention against a KV cache instead of within the chunk alone.
+    struct CachedAttention {
+        const KvCache* cache;
+        Tensor start;  // [B] I32: each sequence's first chunk position
+    };
+    // One transformer layer on the residual stream h [B*T, d], in place. Activations go to
+    // `a` (h_in/h_mid too when allocated); aux_out [1] receives the layer's load-balancing
+    // loss when defined.
+    void layer_forward(int64_t layer, const Tensor& h, LayerActivations& a,
+                       const Tensor& positions, int64_t B, int64_t T, const Tensor& aux_out,
+                       const CachedAttention* cached);
+    // Final norm and LM head: logits [rows, V] of the residual stream h [rows, d]; the
+    // normed stream goes to *normed_out when given.
+    Tensor logits_of(const Tensor& h, Tensor* normed_out = nullptr) const;
 
     ModelConfig config_;
     Backend& backend_;

@@ -1,7 +1,9 @@
-// CPU causal sliding-window GQA attention: for each query, scores over the keys in its window,
-// a max-subtracted softmax, then the weighted sum of values.
+// CPU causal sliding-window GQA attention, over a sequence or a chunk plus its rolling KV cache:
+// for each query, scores over the keys in its window, a max-subtracted softmax, then the
+// weighted sum of values.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <cblas.h>
@@ -10,6 +12,45 @@
 #include "backends/cpu/cpu_math.h"
 
 namespace tmx {
+
+namespace {
+
+// One query's attention output: softmax over its keys of q . k * scale, max-subtracted, then
+// the weighted sum of values. key(j) and value(j) give the j-th of n_keys rows; scores has
+// room for n_keys.
+template <class KeyAt, class ValueAt>
+void attend(const float* q, int64_t hd, float scale, int64_t n_keys, KeyAt key, ValueAt value,
+            float* scores, float* out) {
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < n_keys; ++j) {
+        const float* kj = key(j);
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < hd; ++c) s += q[c] * kj[c];
+        s *= scale;
+        scores[j] = s;
+        max_score = std::max(max_score, s);
+    }
+    float denom = 0.0f;
+    for (int64_t j = 0; j < n_keys; ++j) {
+        const float e = std::exp(scores[j] - max_score);
+        scores[j] = e;
+        denom += e;
+    }
+    for (int64_t c = 0; c < hd; ++c) out[c] = 0.0f;
+    for (int64_t j = 0; j < n_keys; ++j) {
+        const float p = scores[j] / denom;
+        const float* vj = value(j);
+#pragma omp simd
+        for (int64_t c = 0; c < hd; ++c) out[c] += p * vj[c];
+    }
+}
+
+// Threads pay off above ~1e5 multiply-adds; a decode step's attention is often below, and
+// waking threads for it costs more than it saves.
+bool worth_threads(int64_t multiply_adds) { return multiply_adds >= (1 << 17); }
+
+}  // namespace
 
 void CpuBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& out, int64_t window) {
@@ -22,42 +63,83 @@ void CpuBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& 
     float* op = data<float>(out);
     const int64_t span = window > 0 ? std::min(window, T) : T;
 
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(B * H * T * span * hd))
     {
         std::vector<float> scores(static_cast<size_t>(span));
 #pragma omp for collapse(2) schedule(dynamic, 16)
         for (int64_t bh = 0; bh < B * H; ++bh) {
             for (int64_t i = 0; i < T; ++i) {
                 const int64_t b = bh / H, h = bh % H, kvh = h / group;
-                const float* qi = qp + ((b * T + i) * H + h) * hd;
                 const int64_t j0 = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
-                float max_score = -INFINITY;
-                for (int64_t j = j0; j <= i; ++j) {
-                    const float* kj = kp + ((b * T + j) * Hkv + kvh) * hd;
-                    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                    for (int64_t c = 0; c < hd; ++c) s += qi[c] * kj[c];
-                    s *= scale;
-                    scores[j - j0] = s;
-                    max_score = std::max(max_score, s);
-                }
-                float denom = 0.0f;
-                for (int64_t j = j0; j <= i; ++j) {
-                    float e = std::exp(scores[j - j0] - max_score);
-                    scores[j - j0] = e;
-                    denom += e;
-                }
-                float* oi = op + ((b * T + i) * H + h) * hd;
-                for (int64_t c = 0; c < hd; ++c) oi[c] = 0.0f;
-                for (int64_t j = j0; j <= i; ++j) {
-                    const float p = scores[j - j0] / denom;
-                    const float* vj = vp + ((b * T + j) * Hkv + kvh) * hd;
-#pragma omp simd
-                    for (int64_t c = 0; c < hd; ++c) oi[c] += p * vj[c];
-                }
+                auto row = [&](const float* base, int64_t j) {
+                    return base + ((b * T + j0 + j) * Hkv + kvh) * hd;
+                };
+                attend(qp + ((b * T + i) * H + h) * hd, hd, scale, i - j0 + 1,
+                       [&](int64_t j) { return row(kp, j); },
+                       [&](int64_t j) { return row(vp, j); }, scores.data(),
+                       op + ((b * T + i) * H + h) * hd);
             }
         }
     }
+}
+
+void CpuBackend::attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& k_cache, const Tensor& v_cache,
+                                       const Tensor& start, const Tensor& out, int64_t window) {
+    const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), hd = q.dim(3), Hkv = k.dim(2);
+    const int64_t S = k_cache.dim(1), group = H / Hkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float* qp = data<float>(q);
+    const float* kp = data<float>(k);
+    const float* vp = data<float>(v);
+    const float* kcp = data<float>(k_cache);
+    const float* vcp = data<float>(v_cache);
+    const int32_t* startp = data<int32_t>(start);
+    float* op = data<float>(out);
+    const int64_t span = std::min(window > 0 ? window : S + T, S + T);
+
+#pragma omp parallel if (worth_threads(B * H * T * span * hd))
+    {
+        std::vector<float> scores(static_cast<size_t>(S + T));
+#pragma omp for collapse(2) schedule(dynamic, 4)
+        for (int64_t bh = 0; bh < B * H; ++bh) {
+            for (int64_t i = 0; i < T; ++i) {
+                const int64_t b = bh / H, h = bh % H, kvh = h / group;
+                const int64_t p0 = startp[b], p = p0 + i;
+                // Keys in the window, oldest first: cached positions [first, p0), then the
+                // chunk's positions [max(first, p0), p].
+                int64_t first = std::max<int64_t>(0, p0 - S);
+                if (window > 0) first = std::max(first, p - window + 1);
+                const int64_t n_cached = std::max<int64_t>(0, p0 - first);
+                const int64_t chunk_first = std::max(first, p0) - p0;
+                auto row = [&](const float* chunk, const float* cache, int64_t j) {
+                    if (j < n_cached)
+                        return cache + ((b * S + (first + j) % S) * Hkv + kvh) * hd;
+                    return chunk + ((b * T + chunk_first + j - n_cached) * Hkv + kvh) * hd;
+                };
+                attend(qp + ((b * T + i) * H + h) * hd, hd, scale, n_cached + i - chunk_first + 1,
+                       [&](int64_t j) { return row(kp, kcp, j); },
+                       [&](int64_t j) { return row(vp, vcp, j); }, scores.data(),
+                       op + ((b * T + i) * H + h) * hd);
+            }
+        }
+    }
+}
+
+void CpuBackend::kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                                     const Tensor& v_cache, const Tensor& start) {
+    const int64_t B = k.dim(0), T = k.dim(1), S = k_cache.dim(1);
+    const int64_t row = k.dim(2) * k.dim(3);  // floats per position
+    const int32_t* startp = data<int32_t>(start);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = std::max<int64_t>(0, T - S); t < T; ++t) {
+            const int64_t slot = (startp[b] + t) % S;
+            const size_t bytes = static_cast<size_t>(row) * sizeof(float);
+            std::memcpy(data<float>(k_cache) + (b * S + slot) * row,
+                        data<float>(k) + (b * T + t) * row, bytes);
+            std::memcpy(data<float>(v_cache) + (b * S + slot) * row,
+                        data<float>(v) + (b * T + t) * row, bytes);
+        }
 }
 
 namespace {

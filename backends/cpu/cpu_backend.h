@@ -33,6 +33,11 @@ protected:
     void rope_impl(const Tensor& x, const Tensor& positions, double theta, bool inverse) override;
     void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         int64_t window) override;
+    void attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                               const Tensor& out, int64_t window) override;
+    void kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& start) override;
     void router_topk_impl(const Tensor& logits, const Tensor& indices,
                           const Tensor& gates) override;
     void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
@@ -93,5 +98,10 @@ private:
 // Shared by the dense and grouped matmuls.
 void cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, const float* B, float beta, float* C);
+
+// cpu_sgemm's path for A [M, K] times B [N, K]^T with few rows (decoding): one pass over B.
+constexpr int64_t kSmallGemmRows = 4;
+void cpu_small_sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                        const float* B, float beta, float* C);
 
 }  // namespace tmx

@@ -15,6 +15,8 @@ void cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
         for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
         return;
     }
+    if (!trans_a && trans_b && M <= kSmallGemmRows)
+        return cpu_small_sgemm_nt(M, N, K, alpha, A, B, beta, C);
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(K), alpha, A, static_cast<int>(trans_a ? M : K), B,

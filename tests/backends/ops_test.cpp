@@ -1,6 +1,6 @@
 // The forward ops of every backend against the double-precision reference (reference_ops.h),
 // on random inputs of awkward sizes. The suite is parameterised by backend name: a new
-// backend joins by adding its name to the INSTANTIATE_TEST_SUITE_P list at the bottom.
+// backend joins by being listed in backend_names() (backends/registry.cpp).
 //
 // Each test draws a fresh seed (printed on failure; TMX_TEST_SEED=<seed> replays it).
 // Outputs an op overwrites are poisoned first (NaN for F32, a negative sentinel for I32), so an
@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iomanip>
 #include <limits>
 #include <memory>
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/errors.h"
 #include "tests/backends/reference_ops.h"
 #include "tests/test_util.h"
 
@@ -84,7 +86,17 @@ std::string dims(std::initializer_list<int64_t> d) {
 
 class OpTest : public ::testing::TestWithParam<std::string> {
 protected:
-    OpTest() : seed_(test::fresh_seed()), rng_(seed_), backend_(make_backend(GetParam())) {}
+    OpTest() : seed_(test::fresh_seed()), rng_(seed_) {}
+
+    // A backend compiled in but without a device on this machine (Vulkan with no driver)
+    // skips its tests, saying why.
+    void SetUp() override {
+        try {
+            backend_ = make_backend(GetParam());
+        } catch (const Error& e) {
+            GTEST_SKIP() << "backend " << GetParam() << " unavailable: " << e.what();
+        }
+    }
 
     std::string trace() const {
         return "backend " + GetParam() + ", seed " + std::to_string(seed_) +
@@ -419,6 +431,79 @@ TEST_P(OpTest, Attention) {
             EXPECT_TRUE(Close(down(full), ref::to_double(got), kElementwiseTol))
                 << "window >= T differs from window 0";
         }
+    }
+}
+
+// Attention of a chunk against a rolling KV cache: each sequence gets a random history of
+// start[b] + T positions; the cache holds what the contract says it holds (other slots NaN, so
+// reading one fails), the chunk brings the rest; the result must equal plain attention over the
+// whole history, for the chunk's queries. Then kv_cache_write must put the chunk in its slots.
+TEST_P(OpTest, AttentionCachedAndKvCacheWrite) {
+    SCOPED_TRACE(trace());
+    struct Case {
+        int64_t T, H, Hkv, hd, window, S;
+        std::vector<int32_t> start;  // one per sequence
+    };
+    const Case cases[] = {
+        {1, 4, 2, 8, 8, 8, {0}},           // decode, empty cache
+        {1, 4, 2, 8, 8, 8, {5}},           // decode, partly filled
+        {1, 8, 2, 16, 8, 8, {21}},         // decode, wrapped buffer
+        {1, 4, 1, 8, 8, 8, {0, 7, 30}},    // batch of different fills, group 4
+        {4, 4, 2, 8, 8, 8, {2, 13}},       // chunk of W/2
+        {8, 6, 3, 24, 8, 8, {16, 3, 0}},   // chunk of W, odd head_dim
+        {5, 4, 2, 8, 0, 32, {0, 10, 27}},  // full attention: cache of max_seq_len
+        {3, 2, 1, 16, 5, 16, {20}},        // window shorter than the cache
+        {6, 2, 2, 8, 4, 4, {9}},           // chunk longer than the cache
+        {3, 4, 2, 8, 8, 7, {11, 1}},       // W - 1 slots are enough
+    };
+    for (const Case& c : cases) {
+        const int64_t B = static_cast<int64_t>(c.start.size()), row = c.Hkv * c.hd;
+        const int64_t qrow = c.H * c.hd;
+        SCOPED_TRACE("T,H,Hkv,hd,window,S = " + dims({c.T, c.H, c.Hkv, c.hd, c.window, c.S}) +
+                     ", B = " + std::to_string(B));
+        std::vector<float> q(B * c.T * qrow), k(B * c.T * row), v(B * c.T * row);
+        std::vector<float> kc(B * c.S * row, kNaN), vc(B * c.S * row, kNaN);
+        Vec want;
+        for (int64_t b = 0; b < B; ++b) {
+            const int64_t L = c.start[b] + c.T;
+            const std::vector<float> qh = normal(L * qrow, 1.5), kh = normal(L * row, 1.5),
+                                     vh = normal(L * row);
+            for (int64_t p = std::max<int64_t>(0, c.start[b] - c.S); p < c.start[b]; ++p) {
+                std::copy_n(kh.begin() + p * row, row, kc.begin() + (b * c.S + p % c.S) * row);
+                std::copy_n(vh.begin() + p * row, row, vc.begin() + (b * c.S + p % c.S) * row);
+            }
+            std::copy_n(qh.end() - c.T * qrow, c.T * qrow, q.begin() + b * c.T * qrow);
+            std::copy_n(kh.end() - c.T * row, c.T * row, k.begin() + b * c.T * row);
+            std::copy_n(vh.end() - c.T * row, c.T * row, v.begin() + b * c.T * row);
+            const Vec all = ref::attention(ref::to_double(qh), ref::to_double(kh),
+                                           ref::to_double(vh), 1, L, c.H, c.Hkv, c.hd, c.window);
+            want.insert(want.end(), all.end() - c.T * qrow, all.end());
+        }
+        Tensor qt = up(q, {B, c.T, c.H, c.hd}), kt = up(k, {B, c.T, c.Hkv, c.hd}),
+               vt = up(v, {B, c.T, c.Hkv, c.hd});
+        Tensor kct = up(kc, {B, c.S, c.Hkv, c.hd}), vct = up(vc, {B, c.S, c.Hkv, c.hd});
+        Tensor start = up_ids(c.start, {B});
+        Tensor out = poisoned({B, c.T, c.H, c.hd});
+        be().attention_cached(qt, kt, vt, kct, vct, start, out, c.window);
+        const int64_t keys = c.window ? c.window : c.S + c.T;
+        EXPECT_TRUE(Close(down(out), want, reduction_tol(std::max(c.hd, keys))));
+
+        be().kv_cache_write(kt, vt, kct, vct, start);
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t t = std::max<int64_t>(0, c.T - c.S); t < c.T; ++t) {
+                const int64_t slot = (c.start[b] + t) % c.S;
+                std::copy_n(k.begin() + (b * c.T + t) * row, row,
+                            kc.begin() + (b * c.S + slot) * row);
+                std::copy_n(v.begin() + (b * c.T + t) * row, row,
+                            vc.begin() + (b * c.S + slot) * row);
+            }
+        // Bit-exact, NaN slots included: the write copies and touches nothing else.
+        auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+            return a.size() == b.size() &&
+                   std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same(down(kct), kc)) << "keys";
+        EXPECT_TRUE(same(down(vct), vc)) << "values";
     }
 }
 
@@ -843,6 +928,16 @@ TEST_P(OpTest, BadShapesThrowLogicError) {
     EXPECT_THROW(be().attention(q4, kv, kv, f({1, 5, 4, 8}), -1), std::logic_error);
     EXPECT_THROW(be().attention(q4, f({1, 6, 2, 8}), f({1, 6, 2, 8}), f({1, 5, 4, 8}), 0),
                  std::logic_error);
+    Tensor cache = f({1, 8, 2, 8}), start = i({1});
+    EXPECT_THROW(be().attention_cached(q4, kv, kv, f({1, 8, 1, 8}), f({1, 8, 1, 8}), start,
+                                       f({1, 5, 4, 8}), 8),
+                 std::logic_error);  // cache kv heads differ
+    EXPECT_THROW(be().attention_cached(q4, kv, kv, cache, cache, i({2}), f({1, 5, 4, 8}), 8),
+                 std::logic_error);  // one start per sequence
+    EXPECT_THROW(be().attention_cached(q4, kv, kv, cache, cache, start, f({1, 5, 4, 8}), 16),
+                 std::logic_error);  // 8 slots cannot serve a window of 16
+    EXPECT_THROW(be().kv_cache_write(kv, kv, f({2, 8, 2, 8}), f({2, 8, 2, 8}), start),
+                 std::logic_error);  // batch differs
 
     EXPECT_THROW(be().router_topk(f({3, 4}), i({3, 5}), f({3, 5})), std::logic_error);  // k > E
     EXPECT_THROW(be().router_topk(f({3, 4}), i({3, 2}), f({3, 3})), std::logic_error);
@@ -859,7 +954,7 @@ TEST_P(OpTest, BadShapesThrowLogicError) {
     EXPECT_THROW(be().router_aux_loss(f({3, 4}), i({2, 2}), f({1})), std::logic_error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OpTest, ::testing::Values("cpu"),
+INSTANTIATE_TEST_SUITE_P(Backends, OpTest, ::testing::ValuesIn(backend_names()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                              return info.param;
                          });

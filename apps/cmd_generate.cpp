@@ -1,0 +1,176 @@
+// tmx generate: continue text prompts with a checkpoint (rolling KV cache, batched prompts).
+#include <chrono>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.h"
+#include "engine/checkpoint.h"
+#include "engine/errors.h"
+#include "engine/file_io.h"
+#include "engine/generator.h"
+#include "engine/tokenizer.h"
+
+namespace tmx::cli {
+namespace {
+
+// One prompt per line; blank lines are skipped.
+std::vector<std::string> read_prompts_file(const std::string& path) {
+    std::vector<std::string> prompts;
+    const std::string text = read_file(path);
+    size_t i = 0;
+    while (i < text.size()) {
+        size_t j = text.find('\n', i);
+        if (j == std::string::npos) j = text.size();
+        std::string line = text.substr(i, j - i);
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.find_first_not_of(" \t") != std::string::npos) prompts.push_back(line);
+        i = j + 1;
+    }
+    if (prompts.empty()) throw Error(path + ": no prompts (one prompt per line expected)");
+    return prompts;
+}
+
+double per_second(double count, double seconds) { return seconds > 0 ? count / seconds : 0.0; }
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, CommonOptions& common) {
+    struct Options {
+        std::string model, prompt, prompts_file, tokenizer;
+        BackendChoice backend;
+        std::vector<std::string> stop;
+        GenerationOptions gen;
+        bool json = false;
+    };
+    auto opts = std::make_shared<Options>();
+    GenerationOptions& g = opts->gen;
+    SamplingOptions& s = g.sampling;
+    CLI::App* sub = app.add_subcommand(
+        "generate",
+        "Continue a prompt (or a batch of prompts) with a checkpoint; the text streams to stdout "
+        "and timing goes to stderr");
+    sub->add_option("--model", opts->model, "Checkpoint directory (with tokenizer.model)")
+        ->required();
+    auto* prompt = sub->add_option("--prompt", opts->prompt,
+                                   "Text to continue (\"\" = start from BOS alone)");
+    auto* file = sub->add_option("--prompts-file", opts->prompts_file,
+                                 "File with one prompt per line (blank lines skipped), generated "
+                                 "as one batch; each result prints when the batch is done")
+                     ->check(CLI::ExistingFile);
+    prompt->excludes(file);
+    sub->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most per prompt")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub->add_option("--temperature", s.temperature, "Sampling temperature (0 = greedy)")
+        ->capture_default_str();
+    sub->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 = off)")
+        ->capture_default_str();
+    sub->add_option("--top-p", s.top_p,
+                    "Keep the most likely tokens up to this cumulative probability (1 = off)")
+        ->capture_default_str();
+    sub->add_option("--min-p", s.min_p,
+                    "Drop tokens less likely than this fraction of the top token (0 = off)")
+        ->capture_default_str();
+    sub->add_option("--repetition-penalty", s.repetition_penalty,
+                    "Penalise tokens already in the text (1 = off; applied first)")
+        ->capture_default_str();
+    sub->add_option("--seed", g.seed,
+                    "Random seed; a prompt samples the same in a batch as alone (repeats of a "
+                    "prompt in one batch sample differently)")
+        ->capture_default_str();
+    sub->add_option("--stop", opts->stop,
+                    "Stop when the continuation contains this text (repeatable); the text is cut "
+                    "before it");
+    sub->add_option("--prefill-chunk", g.prefill_chunk,
+                    "Prompt tokens per prefill step, 1 .. the attention window (default: the "
+                    "window)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--tokenizer", opts->tokenizer,
+                    "SentencePiece model to use instead of the checkpoint's tokenizer.model")
+        ->check(CLI::ExistingFile);
+    add_backend_options(*sub, opts->backend);
+    sub->add_flag("--json", opts->json,
+                  "Print one JSON object per prompt (prompt, prompt_ids, text, ids, stop_reason, "
+                  "prefill_tokens_per_s, decode_tokens_per_s) and nothing else on stdout");
+    add_common_options(*sub, common);
+
+    sub->callback([opts]() {
+        std::vector<std::string> prompts =
+            opts->prompts_file.empty() ? std::vector<std::string>{opts->prompt}
+                                       : read_prompts_file(opts->prompts_file);
+        validate(opts->gen.sampling);
+        const std::string tok_path =
+            opts->tokenizer.empty() ? checkpoint_tokenizer(opts->model) : opts->tokenizer;
+        load_checkpoint_config(opts->model);  // a clear error for a missing directory first
+        if (tok_path.empty())
+            throw Error(opts->model +
+                        ": the checkpoint has no tokenizer.model (copy one in, or pass "
+                        "--tokenizer FILE)");
+        const Tokenizer tokenizer = Tokenizer::load(tok_path);
+        auto backend = opts->backend.open();
+        auto model = load_model(opts->model, *backend);
+
+        const bool single = prompts.size() == 1;
+        TextCallback stream;
+        if (!opts->json && single) {
+            std::fputs(prompts[0].c_str(), stdout);
+            std::fflush(stdout);
+            stream = [](size_t, std::string_view text) {
+                std::fwrite(text.data(), 1, text.size(), stdout);
+                std::fflush(stdout);
+            };
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::vector<TextGeneration> results =
+            generate_text(*model, tokenizer, prompts, opts->gen, opts->stop, stream);
+        const double wall =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+        int64_t prompt_tokens = 0, new_tokens = 0;
+        double prefill_seconds = 0;
+        for (size_t i = 0; i < results.size(); ++i) {
+            const TextGeneration& r = results[i];
+            const TokenGeneration& t = r.tokens;
+            prompt_tokens += static_cast<int64_t>(t.prompt_ids.size());
+            new_tokens += static_cast<int64_t>(t.ids.size());
+            prefill_seconds += t.prefill_seconds;
+            const double prefill_rate =
+                per_second(static_cast<double>(t.prompt_ids.size()), t.prefill_seconds);
+            const double decode_rate =
+                per_second(static_cast<double>(t.decode_steps), t.decode_seconds);
+            if (opts->json) {
+                nlohmann::json j = {{"prompt", r.prompt},
+                                    {"prompt_ids", t.prompt_ids},
+                                    {"text", r.text},
+                                    {"ids", t.ids},
+                                    {"stop_reason", to_string(t.stop_reason)},
+                                    {"prefill_tokens_per_s", prefill_rate},
+                                    {"decode_tokens_per_s", decode_rate}};
+                std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+            } else if (single) {
+                std::printf("\n");
+            } else {
+                std::printf("%s[%zu] %s%s\n", i ? "\n" : "", i + 1, r.prompt.c_str(),
+                            r.text.c_str());
+            }
+            if (!opts->json)
+                std::fprintf(stderr,
+                             "[%zu] %zu prompt tokens, %zu new, stop: %s; prefill %.1f tokens/s, "
+                             "decode %.1f tokens/s\n",
+                             i + 1, t.prompt_ids.size(), t.ids.size(), to_string(t.stop_reason),
+                             prefill_rate, decode_rate);
+        }
+        std::fflush(stdout);
+        if (!opts->json && !single)
+            std::fprintf(stderr,
+                         "batch of %zu: %lld prompt tokens, %lld new tokens in %.2f s (%.1f new "
+                         "tokens/s after %.2f s of prefill)\n",
+                         results.size(), static_cast<long long>(prompt_tokens),
+                         static_cast<long long>(new_tokens), wall,
+                         per_second(static_cast<double>(new_tokens), wall - prefill_seconds),
+                         prefill_seconds);
+    });
+}
+
+}  // namespace tmx::cli

@@ -1,0 +1,279 @@
+// Generation: cached decoding against recomputing the whole sequence, batches against single
+// prompts, and the cache's fixed memory (DESIGN.md section 4).
+#include "engine/generator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/kv_cache.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+ModelConfig test_config(const std::string& name) {
+    return load_config(test::source_dir() + "/assets/configs/" + name + ".json");
+}
+
+// A random model whose logits are spread out (weights 10x the usual init), so that greedy
+// choices are rarely near-ties.
+std::unique_ptr<Model> spread_model(const ModelConfig& c, Backend& be, uint64_t seed) {
+    auto model = std::make_unique<Model>(c, be);
+    model->init_random(seed);
+    std::vector<float> p = model->params_to_host();
+    for (const ParamSpec& s : model->layout().specs)
+        if (s.init == ParamInit::Normal)
+            for (int64_t i = 0; i < s.numel(); ++i) p[s.offset + i] *= 10.0f;
+    model->params_from_host(p);
+    return model;
+}
+
+std::vector<float> to_host(Backend& be, const Tensor& t) {
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    be.download(t, out.data());
+    return out;
+}
+
+// max |a - b| / max(1, max |b|).
+double relative_error(const float* a, const float* b, int64_t n) {
+    double scale = 1.0, worst = 0.0;
+    for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(double(b[i])));
+    for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+    return worst / scale;
+}
+
+// The logits of the last token of tokens[0, n), computed from scratch.
+std::vector<float> recomputed_last_logits(Model& m, const std::vector<int32_t>& tokens,
+                                          int64_t n) {
+    std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + n);
+    ForwardResult r = m.forward(prefix, 1, n);
+    std::vector<float> all = to_host(m.backend(), r.logits);
+    const int64_t V = m.config().vocab_size;
+    return std::vector<float>(all.end() - V, all.end());
+}
+
+struct CacheCase {
+    const char* config;
+    int64_t windows_total;  // total length in windows (1, 3, 5)
+    int64_t prompt;         // prompt length
+    int64_t chunk;          // prefill chunk (0 = the window)
+};
+
+class CachedDecoding : public ::testing::TestWithParam<CacheCase> {};
+
+// At every step, cached logits equal those of running the whole sequence again: through the
+// buffer wrapping (5 windows), with prompts longer than the window, for every chunk size.
+TEST_P(CachedDecoding, MatchesRecomputingTheWholeSequence) {
+    const CacheCase cc = GetParam();
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    auto be = make_backend("cpu");
+    const ModelConfig c = test_config(cc.config);
+    auto model = spread_model(c, *be, seed);
+    const int64_t W = kv_cache_slots(c);
+    const int64_t total = cc.windows_total * W, chunk = cc.chunk ? cc.chunk : W;
+    Rng rng(seed);
+    const std::vector<int32_t> tokens =
+        test::random_ints(rng, static_cast<size_t>(total), 0, static_cast<int32_t>(c.vocab_size));
+
+    KvCache cache(c, *be, 1);
+    Tensor logits;
+    for (int64_t start = 0; start < cc.prompt; start += chunk) {
+        const int64_t n = std::min(chunk, cc.prompt - start);
+        std::vector<int32_t> piece(tokens.begin() + start, tokens.begin() + start + n);
+        logits = model->forward_cached(piece, 1, n, {static_cast<int32_t>(start)}, cache);
+    }
+    const int64_t V = c.vocab_size;
+    for (int64_t n = cc.prompt; n <= total; ++n) {
+        if (n > cc.prompt)
+            logits = model->forward_cached({tokens[n - 1]}, 1, 1, {static_cast<int32_t>(n - 1)},
+                                           cache);
+        const std::vector<float> cached = to_host(*be, logits);
+        const std::vector<float> full = recomputed_last_logits(*model, tokens, n);
+        ASSERT_LT(relative_error(cached.data(), full.data(), V), 2e-5)
+            << "after " << n << " tokens";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Generation, CachedDecoding,
+    ::testing::Values(
+        // test-tiny: window 8; lengths of 1, 3 and 5 windows; chunks 1, W/2 and W.
+        CacheCase{"test-tiny", 1, 3, 0}, CacheCase{"test-tiny", 1, 8, 4},
+        CacheCase{"test-tiny", 3, 5, 1}, CacheCase{"test-tiny", 3, 13, 4},
+        CacheCase{"test-tiny", 3, 20, 0}, CacheCase{"test-tiny", 5, 11, 1},
+        CacheCase{"test-tiny", 5, 19, 4}, CacheCase{"test-tiny", 5, 30, 0},
+        // SwiGLU, rmsnorm, tied embeddings, 5 experts with top-3.
+        CacheCase{"test-tiny-swiglu", 5, 17, 4}, CacheCase{"test-tiny-swiglu", 3, 9, 0},
+        // Full attention: the cache holds max_seq_len positions.
+        CacheCase{"test-tiny-dense", 1, 10, 4}, CacheCase{"test-tiny-dense", 1, 21, 1}),
+    [](const ::testing::TestParamInfo<CacheCase>& info) {
+        const CacheCase& c = info.param;
+        std::string name = std::string(c.config) + "_" + std::to_string(c.windows_total) +
+                           "W_prompt" + std::to_string(c.prompt) + "_chunk" +
+                           std::to_string(c.chunk);
+        std::replace(name.begin(), name.end(), '-', '_');
+        return name;
+    });
+
+// Per-step logits of each sequence, recorded through the token callback.
+struct Recorded {
+    std::vector<TokenGeneration> results;
+    std::vector<std::vector<std::vector<float>>> logits;  // [sequence][step][V]
+};
+
+Recorded run(Model& m, const std::vector<std::vector<int32_t>>& prompts,
+             const GenerationOptions& o) {
+    Recorded rec;
+    rec.logits.resize(prompts.size());
+    rec.results = generate_tokens(m, prompts, o, [&](size_t b, int32_t, const std::vector<float>& l) {
+        rec.logits[b].push_back(l);
+        return false;
+    });
+    return rec;
+}
+
+// True when the two largest logits are within `gap` (a choice an fp32 rounding could flip).
+bool near_tie(const std::vector<float>& logits, double gap) {
+    std::vector<float> l = logits;
+    std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<float>());
+    return l[0] - l[1] <= gap;
+}
+
+void expect_batch_matches_alone(const GenerationOptions& o, uint64_t seed) {
+    auto be = make_backend("cpu");
+    const ModelConfig c = test_config("test-tiny");
+    auto model = spread_model(c, *be, seed);
+    Rng rng(seed ^ 0x5eed);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t len : {3, 11, 1, 20})  // shorter and longer than the window of 8
+        prompts.push_back(test::random_ints(rng, static_cast<size_t>(len), 0, 97));
+    const Recorded batch = run(*model, prompts, o);
+    for (size_t b = 0; b < prompts.size(); ++b) {
+        SCOPED_TRACE("prompt " + std::to_string(b));
+        const Recorded alone = run(*model, {prompts[b]}, o);
+        const std::vector<int32_t>& got = batch.results[b].ids;
+        const std::vector<int32_t>& want = alone.results[0].ids;
+        const size_t common = std::min(got.size(), want.size());
+        for (size_t i = 0; i < common; ++i) {
+            ASSERT_LT(relative_error(batch.logits[b][i].data(), alone.logits[0][i].data(),
+                                     c.vocab_size),
+                      2e-5)
+                << "step " << i;
+            if (got[i] != want[i]) {
+                // Only a near-tie may flip a choice; after it the sequences differ.
+                EXPECT_TRUE(near_tie(alone.logits[0][i], 1e-4)) << "step " << i;
+                break;
+            }
+        }
+        if (got == want) {
+            EXPECT_EQ(batch.results[b].stop_reason, alone.results[0].stop_reason);
+        }
+    }
+}
+
+TEST(BatchedGeneration, GreedyGivesWhatEachPromptGivesAlone) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    GenerationOptions o;
+    o.max_new_tokens = 30;
+    o.sampling.temperature = 0.0;
+    o.end_ids = {5};
+    expect_batch_matches_alone(o, seed);
+}
+
+TEST(BatchedGeneration, SamplingWithASeedGivesWhatEachPromptGivesAlone) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    GenerationOptions o;
+    o.max_new_tokens = 30;
+    o.seed = seed;
+    o.sampling = {.repetition_penalty = 1.3, .temperature = 1.0, .top_k = 0, .top_p = 0.9,
+                  .min_p = 0.02};
+    o.prefill_chunk = 3;
+    expect_batch_matches_alone(o, seed);
+}
+
+// Same seed, same tokens; another seed, other tokens; a prompt repeated within a batch samples
+// differently per copy, and its first copy gives what the prompt gives alone.
+TEST(BatchedGeneration, SeedsAndRepeatedPrompts) {
+    auto be = make_backend("cpu");
+    auto model = spread_model(test_config("test-tiny"), *be, 7);
+    GenerationOptions o;
+    o.max_new_tokens = 40;
+    o.sampling = {.temperature = 1.5, .top_k = 0, .top_p = 1.0, .min_p = 0.0};
+    o.seed = 11;
+    const auto a = generate_tokens(*model, {{1, 2, 3}}, o);
+    const auto twice = generate_tokens(*model, {{1, 2, 3}, {1, 2, 3}}, o);
+    EXPECT_EQ(twice[0].ids, a[0].ids);
+    EXPECT_NE(twice[1].ids, a[0].ids);
+    o.seed = 12;
+    EXPECT_NE(generate_tokens(*model, {{1, 2, 3}}, o)[0].ids, a[0].ids);
+}
+
+TEST(Generation, StopsAtEndIdsAndAtTheTokenBudget) {
+    auto be = make_backend("cpu");
+    auto model = spread_model(test_config("test-tiny"), *be, 3);
+    GenerationOptions o;
+    o.sampling.temperature = 0.0;
+    o.max_new_tokens = 12;
+    const auto free_run = generate_tokens(*model, {{4, 5, 6}}, o);
+    ASSERT_EQ(free_run[0].ids.size(), 12u);
+    EXPECT_EQ(free_run[0].stop_reason, StopReason::Length);
+    o.end_ids = {free_run[0].ids[4]};
+    const auto stopped = generate_tokens(*model, {{4, 5, 6}}, o);
+    const auto first = std::find(free_run[0].ids.begin(), free_run[0].ids.end(), o.end_ids[0]);
+    EXPECT_EQ(stopped[0].ids,
+              std::vector<int32_t>(free_run[0].ids.begin(), first + 1));  // EOS included
+    EXPECT_EQ(stopped[0].stop_reason, StopReason::Eos);
+    o.max_new_tokens = 0;
+    EXPECT_TRUE(generate_tokens(*model, {{4, 5, 6}}, o)[0].ids.empty());
+}
+
+TEST(Generation, FullAttentionStopsAtMaxSeqLen) {
+    auto be = make_backend("cpu");
+    const ModelConfig c = test_config("test-tiny-dense");  // max_seq_len 32, no window
+    auto model = spread_model(c, *be, 5);
+    GenerationOptions o;
+    o.sampling.temperature = 0.0;
+    o.max_new_tokens = 100;
+    const auto r = generate_tokens(*model, {std::vector<int32_t>(10, 3)}, o);
+    EXPECT_EQ(r[0].stop_reason, StopReason::Length);
+    // Tokens at positions 0 .. max_seq_len - 1 are fed; the last one predicts one more.
+    EXPECT_EQ(static_cast<int64_t>(r[0].ids.size()), c.max_seq_len - 10 + 1);
+    EXPECT_THROW(generate_tokens(*model, {std::vector<int32_t>(33, 3)}, o), Error);
+}
+
+TEST(Generation, RejectsAPrefillChunkLargerThanTheWindow) {
+    auto be = make_backend("cpu");
+    auto model = spread_model(test_config("test-tiny"), *be, 5);
+    GenerationOptions o;
+    o.prefill_chunk = 9;  // window 8
+    EXPECT_THROW(generate_tokens(*model, {{1, 2}}, o), UsageError);
+}
+
+// The cache has W slots: generating 5 windows' worth of tokens takes no more memory than one.
+TEST(Generation, MemoryDoesNotGrowWithLength) {
+    auto be = make_backend("cpu");
+    const ModelConfig c = test_config("test-tiny");
+    auto model = spread_model(c, *be, 9);
+    const int64_t W = kv_cache_slots(c);
+    GenerationOptions o;
+    o.sampling.temperature = 0.0;
+    auto peak_for = [&](int64_t new_tokens) {
+        o.max_new_tokens = new_tokens;
+        be->reset_peak_memory();
+        const size_t before = be->memory_stats().live_bytes;
+        const auto r = generate_tokens(*model, {{1, 2, 3}}, o);
+        EXPECT_EQ(static_cast<int64_t>(r[0].ids.size()), new_tokens);
+        return be->memory_stats().peak_bytes - before;
+    };
+    const size_t one_window = peak_for(W), five_windows = peak_for(5 * W);
+    EXPECT_GT(one_window, KvCache(c, *be, 1).bytes());
+    EXPECT_EQ(five_windows, one_window);
+}
+
+}  // namespace
+}  // namespace tmx
