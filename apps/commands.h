@@ -29,6 +29,7 @@ void add_train_command(CLI::App& app, CommonOptions& common);
 void add_plot_command(CLI::App& app, CommonOptions& common);
 void add_convert_command(CLI::App& app, CommonOptions& common);
 void add_generate_command(CLI::App& app, CommonOptions& common);
+void add_bench_command(CLI::App& app, CommonOptions& common);
 
 // --backend NAME (auto: the best present) and --device N (a Vulkan device, as `tmx devices`
 // lists them) of the commands that run a model.

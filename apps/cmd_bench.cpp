@@ -1,0 +1,167 @@
+// tmx bench: backend comparison runs at a model's real shapes (engine/bench.h).
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.h"
+#include "engine/backend.h"
+#include "engine/bench.h"
+#include "engine/checkpoint.h"
+#include "engine/errors.h"
+
+namespace tmx::cli {
+namespace {
+
+// The backends of this build that can run here (a Vulkan build without a device cannot).
+std::vector<std::string> present_backends() {
+    std::vector<std::string> names;
+    for (const std::string& n : backend_names()) {
+        try {
+            make_backend(n);
+            names.push_back(n);
+        } catch (const Error&) {
+        }
+    }
+    return names;
+}
+
+std::vector<std::string> split_names(const std::string& list) {
+    std::vector<std::string> names;
+    size_t i = 0;
+    while (i <= list.size()) {
+        size_t j = list.find(',', i);
+        if (j == std::string::npos) j = list.size();
+        if (j > i) names.push_back(list.substr(i, j - i));
+        i = j + 1;
+    }
+    if (names.empty()) throw UsageError("--backends: expected names like cpu,vulkan");
+    return names;
+}
+
+void print_table(const std::vector<BackendBench>& results, const std::string& model) {
+    std::printf("model: %s\n", model.c_str());
+    for (const BackendBench& r : results) {
+        std::printf("\n%s\n", r.backend.c_str());
+        std::printf("  %-24s %-34s %10s %10s %9s %10s\n", "op", "shape", "ms", "GFLOP/s", "GB/s",
+                    "err vs cpu");
+        for (const OpBench& op : r.ops) {
+            char gflops[32] = "-";
+            if (op.gflops > 0) std::snprintf(gflops, sizeof gflops, "%.1f", op.gflops);
+            std::printf("  %-24s %-34s %10.3f %10s %9.1f %10.1e\n", op.op.c_str(),
+                        op.shape.c_str(), op.ms, gflops, op.gbytes_per_s, op.max_error);
+        }
+        const ModelBench& m = r.model;
+        std::printf("  prefill %.1f tokens/s, decode batch 1 %.1f tokens/s, batch-N decode %.1f "
+                    "tokens/s\n",
+                    m.prefill_tokens_per_s, m.decode_tokens_per_s, m.batch_decode_tokens_per_s);
+        std::printf("  logits vs cpu: max error %.1e; greedy tokens matching cpu %lld of %lld\n",
+                    m.logits_error, static_cast<long long>(m.greedy_matching),
+                    static_cast<long long>(m.greedy_steps));
+    }
+}
+
+nlohmann::json to_json(const std::vector<BackendBench>& results, const std::string& model,
+                       const BenchOptions& o) {
+    nlohmann::json j = {{"model", model},
+                        {"prompt_tokens", o.prompt_tokens},
+                        {"decode_tokens", o.decode_tokens},
+                        {"batch", o.batch},
+                        {"repeats", o.repeats},
+                        {"backends", nlohmann::json::array()}};
+    for (const BackendBench& r : results) {
+        nlohmann::json ops = nlohmann::json::array();
+        for (const OpBench& op : r.ops)
+            ops.push_back({{"op", op.op},
+                           {"shape", op.shape},
+                           {"ms", op.ms},
+                           {"gflops", op.gflops},
+                           {"gbytes_per_s", op.gbytes_per_s},
+                           {"max_error_vs_cpu", op.max_error}});
+        const ModelBench& m = r.model;
+        j["backends"].push_back({{"backend", r.backend},
+                                 {"ops", ops},
+                                 {"prefill_tokens_per_s", m.prefill_tokens_per_s},
+                                 {"decode_tokens_per_s", m.decode_tokens_per_s},
+                                 {"batch_decode_tokens_per_s", m.batch_decode_tokens_per_s},
+                                 {"logits_max_error_vs_cpu", m.logits_error},
+                                 {"greedy_matching", m.greedy_matching},
+                                 {"greedy_steps", m.greedy_steps}});
+    }
+    return j;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, CommonOptions& common) {
+    struct Options {
+        std::string model, config, backends;
+        int device = -1;
+        BenchOptions bench;
+        bool json = false;
+    };
+    auto opts = std::make_shared<Options>();
+    BenchOptions& b = opts->bench;
+    CLI::App* sub = app.add_subcommand(
+        "bench",
+        "Backend comparison: per-op timings at the model's shapes, prefill and decode tokens/s, "
+        "each checked against the CPU backend");
+    auto* model = sub->add_option("--model", opts->model, "Checkpoint directory to run");
+    auto* config = sub->add_option("--config", opts->config,
+                                   "Model config to run with random weights (default: "
+                                   "tiny-mixtral)")
+                       ->check(CLI::ExistingFile);
+    model->excludes(config);
+    sub->add_option("--backends", opts->backends,
+                    "Comma-separated backends (default: every backend present)");
+    sub->add_option("--device", opts->device,
+                    "Vulkan device index for the vulkan backend, as `tmx devices` lists them")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--prompt", b.prompt_tokens, "Prompt tokens for prefill (and op shapes)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--decode", b.decode_tokens, "Decode steps timed")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--batch", b.batch, "Sequences in the batch-N decode")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--repeats", b.repeats, "Timed repetitions (the median is reported)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--warmup", b.warmup, "Untimed runs first")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub->add_option("--seed", b.seed, "Seed of the inputs (and of random weights)")
+        ->capture_default_str();
+    sub->add_flag("--json", opts->json, "Print one JSON object instead of the table");
+    add_common_options(*sub, common);
+
+    sub->callback([opts]() {
+        BenchOptions o = opts->bench;
+        o.backends = opts->backends.empty() ? present_backends() : split_names(opts->backends);
+        if (opts->device >= 0)
+            for (std::string& name : o.backends)
+                if (name == "vulkan") name = with_device(name, opts->device);
+        o.progress = [](const std::string& what) {
+            std::fprintf(stderr, "bench: %s\n", what.c_str());
+        };
+        ModelConfig config;  // tiny-mixtral
+        std::string described = "tiny-mixtral (random weights)";
+        std::vector<float> weights;
+        if (!opts->model.empty()) {
+            auto cpu = make_backend("cpu");
+            auto m = load_model(opts->model, *cpu);
+            config = m->config();
+            weights = m->params_to_host();
+            described = opts->model;
+        } else if (!opts->config.empty()) {
+            config = load_config(opts->config);
+            described = opts->config + " (random weights)";
+        }
+        const std::vector<BackendBench> results = run_bench(config, std::move(weights), o);
+        if (opts->json) std::printf("%s\n", to_json(results, described, o).dump().c_str());
+        else print_table(results, described);
+    });
+}
+
+}  // namespace tmx::cli

@@ -1,0 +1,48 @@
+// tmx bench end to end on a tiny config: every backend present is measured and checked against
+// the CPU backend.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "engine/backend.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
+    const std::string config = test::source_dir() + "/assets/configs/test-tiny.json";
+    auto r = test::run_tmx("bench --config " + config +
+                           " --prompt 20 --decode 6 --batch 3 --repeats 2 --json --threads 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    ASSERT_GE(j["backends"].size(), 1u);
+    EXPECT_EQ(j["backends"][0]["backend"], "cpu");
+    for (const auto& b : j["backends"]) {
+        SCOPED_TRACE(b["backend"].get<std::string>());
+        ASSERT_GE(b["ops"].size(), 8u);
+        for (const auto& op : b["ops"]) {
+            EXPECT_GT(op["ms"].get<double>(), 0.0) << op["op"];
+            EXPECT_LT(op["max_error_vs_cpu"].get<double>(), 1e-4) << op["op"];
+        }
+        for (const char* key :
+             {"prefill_tokens_per_s", "decode_tokens_per_s", "batch_decode_tokens_per_s"})
+            EXPECT_GT(b[key].get<double>(), 0.0) << key;
+        EXPECT_LT(b["logits_max_error_vs_cpu"].get<double>(), 1e-4);
+        EXPECT_EQ(b["greedy_steps"], 6);
+    }
+    // The CPU against itself is exact.
+    EXPECT_EQ(j["backends"][0]["logits_max_error_vs_cpu"].get<double>(), 0.0);
+    EXPECT_EQ(j["backends"][0]["greedy_matching"], 6);
+}
+
+TEST(BenchCli, UnknownBackendIsAUsageError) {
+    auto r = test::run_tmx("bench --config " + test::source_dir() +
+                           "/assets/configs/test-tiny.json --backends cpu,nosuch");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("nosuch"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tmx
