@@ -28,6 +28,7 @@ void add_prepare_command(CLI::App& app, CommonOptions& common);
 void add_train_command(CLI::App& app, CommonOptions& common);
 void add_plot_command(CLI::App& app, CommonOptions& common);
 void add_convert_command(CLI::App& app, CommonOptions& common);
+void add_devices_command(CLI::App& app, CommonOptions& common);
 void add_generate_command(CLI::App& app, CommonOptions& common);
 void add_bench_command(CLI::App& app, CommonOptions& common);
 

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     cli::add_train_command(app, common);
     cli::add_plot_command(app, common);
     cli::add_convert_command(app, common);
+    cli::add_devices_command(app, common);
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {  // --help, --version

@@ -19,6 +19,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev
   libopenblas-dev libopenblas0-openmp
   libsentencepiece-dev
+  libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
 )
 
 missing=()

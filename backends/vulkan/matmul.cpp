@@ -1,0 +1,74 @@
+// Vulkan matmuls: dense (tiled, or matrix-vector for decode-sized M) and grouped over experts
+// (tiled, or matrix-vector for few slots), with expert ranges read on the device.
+#include "backends/vulkan/vulkan_backend.h"
+#include "engine/errors.h"
+
+namespace tmx {
+namespace {
+
+// Rows of a (dense) or slots (grouped) up to which the matrix-vector shaders beat tiles: they
+// read each weight once per workgroup, where a tile would mostly hold padding.
+constexpr int64_t kGemvMaxRows = 4;  // matmul_gemv.comp's MMAX
+constexpr int64_t kGroupedGemvMaxSlots = 8;
+
+uint32_t ceil_div(int64_t a, int64_t b) {
+    return static_cast<uint32_t>((a + b - 1) / b);
+}
+
+}  // namespace
+
+void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out_t,
+                                MatmulOptions opts, const Tensor& bias) {
+    const int64_t M = out_t.dim(0), N = out_t.dim(1);
+    const int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
+    if (M == 0 || N == 0) return;
+    struct {
+        uint32_t M, N, K, a_sm, a_sk, b_sk, b_sn, has_bias, accumulate;
+    } p{static_cast<uint32_t>(M),
+        static_cast<uint32_t>(N),
+        static_cast<uint32_t>(K),
+        static_cast<uint32_t>(opts.trans_a ? 1 : K),
+        static_cast<uint32_t>(opts.trans_a ? M : 1),
+        static_cast<uint32_t>(opts.trans_b ? 1 : N),
+        static_cast<uint32_t>(opts.trans_b ? K : 1),
+        bias.defined() ? 1u : 0u,
+        opts.accumulate ? 1u : 0u};
+    const auto bindings = {in(a), in(b), in(bias), opts.accumulate ? inout(out_t) : out(out_t)};
+
+    if (M <= kGemvMaxRows) {
+        struct {
+            decltype(p) base;
+            uint32_t dot_mode;
+        } pg{p, opts.trans_b ? 1u : 0u};
+        const uint64_t groups =
+            opts.trans_b ? ceil_div(N, tuning_.gemv_rows) : ceil_div(N, tuning_.gemv_wg);
+        auto [gx, gy] = grid(groups, 1);
+        run("matmul_gemv", {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, pg, gx, gy);
+        return;
+    }
+    // Large tiles only when there are enough of them to occupy a big GPU.
+    const Tuning::Tile& t = M >= 256 && N >= 256 ? tuning_.large : tuning_.small;
+    run("matmul", {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(N, t.bn),
+        ceil_div(M, t.bm));
+}
+
+void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                        const Tensor& offsets, const Tensor& out_t) {
+    const int64_t S = x.dim(0), E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
+    if (S == 0 || Nout == 0) return;
+    struct {
+        uint32_t E, Nout, K, has_bias;
+    } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
+        bias.defined() ? 1u : 0u};
+    const auto bindings = {in(x), in(w), in(bias), in(offsets), out(out_t)};
+    if (S <= kGroupedGemvMaxSlots) {
+        run("grouped_matmul_gemv", {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, p,
+            ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(S));
+        return;
+    }
+    const Tuning::Tile& t = tuning_.small;  // expert slabs are short: small tiles waste less
+    run("grouped_matmul", {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(Nout, t.bn),
+        ceil_div(S, t.bm) + static_cast<uint32_t>(E));
+}
+
+}  // namespace tmx

@@ -1,0 +1,65 @@
+// Vulkan mixture-of-experts ops: router top-k with gates, grouping slots by expert on the
+// device, combining expert outputs, and the load-balancing loss.
+#include "backends/vulkan/vulkan_backend.h"
+#include "engine/errors.h"
+
+namespace tmx {
+namespace {
+
+constexpr int64_t kMaxExperts = 1024;  // moe_group.comp and router_aux_loss.comp
+
+void check_experts(const char* op, int64_t E) {
+    if (E > kMaxExperts)
+        throw Error(std::string(op) + ": " + std::to_string(E) +
+                    " experts is more than the Vulkan backend supports (" +
+                    std::to_string(kMaxExperts) + ")");
+}
+
+}  // namespace
+
+void VulkanBackend::router_topk_impl(const Tensor& logits, const Tensor& indices,
+                                     const Tensor& gates) {
+    const int64_t N = logits.dim(0);
+    struct {
+        uint32_t N, E, k;
+    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(logits.dim(1)),
+        static_cast<uint32_t>(indices.dim(1))};
+    auto [gx, gy] = grid(static_cast<uint64_t>(N), 64);
+    run("router_topk", {64}, {in(logits), out(indices), out(gates)}, p, gx, gy);
+}
+
+void VulkanBackend::moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
+                                   const Tensor& slot_rows, const Tensor& slot_of) {
+    check_experts("moe_group", n_experts);
+    struct {
+        uint32_t S, k, E;
+    } p{static_cast<uint32_t>(indices.numel()), static_cast<uint32_t>(indices.dim(1)),
+        static_cast<uint32_t>(n_experts)};
+    run("moe_group", {tuning_.group_wg},
+        {in(indices), out(offsets), out(slot_rows), out(slot_of), stream_->status_binding()}, p, 1);
+}
+
+void VulkanBackend::moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of,
+                                     const Tensor& gates, const Tensor& out_t) {
+    const int64_t N = gates.dim(0), d = out_t.dim(1);
+    struct {
+        uint32_t N, k, d;
+    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(gates.dim(1)), static_cast<uint32_t>(d)};
+    auto [gx, gy] = grid(static_cast<uint64_t>(N * d), tuning_.elementwise_wg);
+    run("moe_combine", {tuning_.elementwise_wg},
+        {in(expert_out), in(slot_of), in(gates), inout(out_t), stream_->status_binding()}, p, gx,
+        gy);
+}
+
+void VulkanBackend::router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
+                                         const Tensor& out_t) {
+    check_experts("router_aux_loss", logits.dim(1));
+    struct {
+        uint32_t N, E, k;
+    } p{static_cast<uint32_t>(logits.dim(0)), static_cast<uint32_t>(logits.dim(1)),
+        static_cast<uint32_t>(indices.dim(1))};
+    run("router_aux_loss", {tuning_.group_wg},
+        {in(logits), in(indices), out(out_t), stream_->status_binding()}, p, 1);
+}
+
+}  // namespace tmx

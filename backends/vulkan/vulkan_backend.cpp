@@ -1,0 +1,270 @@
+// Vulkan backend: setup, memory and transfers, status checks, elementwise ops, and the
+// training ops it does not have. The other ops live beside it, one file per op family as in
+// backends/cpu/.
+#include "backends/vulkan/vulkan_backend.h"
+
+#include <bit>
+#include <cstring>
+#include <stdexcept>
+
+#include "engine/errors.h"
+
+namespace tmx {
+namespace {
+
+// elementwise.comp's operations.
+enum ElementwiseOp : uint32_t {
+    kAdd = 0,
+    kSwiglu = 1,
+    kGelu = 2,
+    kSilu = 3,
+    kRelu = 4,
+    kRelu2 = 5
+};
+
+// Error codes of shaders/common.glsl.
+std::string status_message(const std::array<uint32_t, 4>& s) {
+    const std::string value = std::to_string(static_cast<int32_t>(s[1]));
+    const std::string limit = std::to_string(s[2]);
+    switch (s[0]) {
+        case 1:
+            return "embedding: token id " + value + " outside the vocabulary of " + limit;
+        case 2:
+            return "gather_rows: row " + value + " outside [0, " + limit + ")";
+        case 3:
+            return "moe: expert index " + value + " outside [0, " + limit + ")";
+        case 4:
+            return "cross_entropy: target " + value + " outside the vocabulary of " + limit;
+        case 5:
+            return "moe_combine: slot " + value + " outside [0, " + limit + ")";
+        default:
+            return "a Vulkan shader reported error code " + std::to_string(s[0]);
+    }
+}
+
+[[noreturn]] void unavailable(const char* op) {
+    throw Error(
+        std::string(op) +
+        " is not available on the Vulkan backend (it runs inference; train on cpu or cuda)");
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_vulkan_backend(const vk::VulkanOptions& options) {
+    return std::make_unique<VulkanBackend>(options);
+}
+
+VulkanBackend::VulkanBackend(const vk::VulkanOptions& options)
+    : ctx_(std::make_shared<vk::Context>(options)),
+      allocator_(std::make_shared<vk::Allocator>(ctx_)),
+      pipelines_(std::make_unique<vk::Pipelines>(ctx_)),
+      stream_(std::make_unique<vk::Stream>(ctx_, allocator_)) {
+    // Every device has 128 invocations and 16 KiB of shared memory per workgroup; most have
+    // more, which the defaults assume.
+    const vk::DeviceInfo& d = ctx_->info();
+    if (d.max_workgroup_invocations < 256) {
+        tuning_.elementwise_wg = tuning_.group_wg = 128;
+        tuning_.large = {128, 128, 128, 16, 8, 16};
+        tuning_.small = {128, 64, 64, 16, 4, 8};
+    }
+    auto shared_bytes = [](const Tuning::Tile& t) {
+        return (t.bk * (t.bm + 1) + t.bk * t.bn) * 4u;
+    };
+    if (shared_bytes(tuning_.large) > d.shared_memory_bytes) tuning_.large = tuning_.small;
+    dummy_ = alloc({4});
+}
+
+VulkanBackend::~VulkanBackend() = default;
+
+// ---- bindings and dispatch
+
+vk::BufferRange VulkanBackend::range(const Tensor& t) const {
+    auto* buf = dynamic_cast<vk::VulkanBuffer*>(t.buffer());
+    if (!buf) throw std::logic_error("Vulkan backend: a tensor of another backend was passed");
+    const vk::Allocation& a = buf->allocation();
+    return {a.buffer, a.offset + static_cast<VkDeviceSize>(t.offset()) * dtype_size(t.dtype()),
+            t.bytes()};
+}
+
+vk::Binding VulkanBackend::in(const Tensor& t) const {
+    if (!t.defined() || t.numel() == 0) return {range(dummy_), false};
+    return {range(t), false};
+}
+
+vk::Binding VulkanBackend::out(const Tensor& t) const {
+    if (!t.defined() || t.numel() == 0) return {range(dummy_), true};
+    return {range(t), true};
+}
+
+vk::Binding VulkanBackend::inout(const Tensor& t) const {
+    return out(t);
+}
+
+std::pair<uint32_t, uint32_t> VulkanBackend::grid(uint64_t n, uint32_t wg) const {
+    const uint64_t groups = (n + wg - 1) / wg;
+    const uint64_t max_x = ctx_->limits().maxComputeWorkGroupCount[0];
+    if (groups <= max_x) return {static_cast<uint32_t>(groups), 1};
+    return {static_cast<uint32_t>(max_x), static_cast<uint32_t>((groups + max_x - 1) / max_x)};
+}
+
+// ---- memory, transfers, sync
+
+std::shared_ptr<DeviceBuffer> VulkanBackend::alloc_impl(size_t bytes) {
+    return std::make_shared<vk::VulkanBuffer>(allocator_, bytes, vk::MemoryKind::Device);
+}
+
+void VulkanBackend::upload_impl(const Tensor& dst, const void* host) {
+    stream_->upload(range(dst), host);
+}
+
+void VulkanBackend::download_impl(const Tensor& src, void* host) {
+    stream_->download(range(src), host);
+    check_status();
+}
+
+void VulkanBackend::synchronize() {
+    stream_->submit_and_wait();
+    check_status();
+}
+
+void VulkanBackend::check_status() {
+    const auto s = stream_->take_status();
+    if (s[0] != 0) throw Error(status_message(s));
+}
+
+void VulkanBackend::fill_impl(const Tensor& dst, float value) {
+    const uint32_t word = dst.dtype() == DType::I32
+                              ? static_cast<uint32_t>(static_cast<int32_t>(value))
+                              : std::bit_cast<uint32_t>(value);
+    stream_->fill(range(dst), word);
+}
+
+void VulkanBackend::copy_impl(const Tensor& src, const Tensor& dst) {
+    const vk::BufferRange s = range(src), d = range(dst);
+    if (s.buffer == d.buffer && s.offset < d.offset + d.size && d.offset < s.offset + s.size) {
+        if (s.offset == d.offset) return;
+        // vkCmdCopyBuffer forbids overlapping regions: go through a scratch tensor.
+        Tensor scratch = alloc(src.shape(), src.dtype());
+        stream_->copy(s, range(scratch));
+        stream_->copy(range(scratch), d);
+        return;
+    }
+    stream_->copy(s, d);
+}
+
+// ---- gathers and elementwise ops
+
+void VulkanBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out_t) {
+    const uint32_t S = static_cast<uint32_t>(ids.dim(0)), d = static_cast<uint32_t>(table.dim(1));
+    struct {
+        uint32_t S, d, n_rows, err;
+    } push{S, d, static_cast<uint32_t>(table.dim(0)), 1};
+    auto [gx, gy] = grid(uint64_t{S} * d, tuning_.elementwise_wg);
+    run("gather_rows", {tuning_.elementwise_wg},
+        {in(table), in(ids), out(out_t), stream_->status_binding()}, push, gx, gy);
+}
+
+void VulkanBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out_t) {
+    const uint32_t S = static_cast<uint32_t>(rows.dim(0)), d = static_cast<uint32_t>(x.dim(1));
+    struct {
+        uint32_t S, d, n_rows, err;
+    } push{S, d, static_cast<uint32_t>(x.dim(0)), 2};
+    auto [gx, gy] = grid(uint64_t{S} * d, tuning_.elementwise_wg);
+    run("gather_rows", {tuning_.elementwise_wg},
+        {in(x), in(rows), out(out_t), stream_->status_binding()}, push, gx, gy);
+}
+
+void VulkanBackend::elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& o) {
+    const uint64_t n = static_cast<uint64_t>(x.numel());
+    if (n == 0) return;
+    struct {
+        uint32_t n;
+    } push{static_cast<uint32_t>(n)};
+    auto [gx, gy] = grid(n, tuning_.elementwise_wg);
+    run("elementwise", {tuning_.elementwise_wg, op}, {in(x), in(y), out(o)}, push, gx, gy);
+}
+
+void VulkanBackend::activation_impl(Activation act, const Tensor& x, const Tensor& out_t) {
+    uint32_t op = kGelu;
+    switch (act) {
+        case Activation::Gelu:
+            op = kGelu;
+            break;
+        case Activation::Silu:
+            op = kSilu;
+            break;
+        case Activation::Relu:
+            op = kRelu;
+            break;
+        case Activation::Relu2:
+            op = kRelu2;
+            break;
+    }
+    elementwise(op, x, x, out_t);
+}
+
+void VulkanBackend::swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out_t) {
+    elementwise(kSwiglu, gate, up, out_t);
+}
+
+void VulkanBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& out_t) {
+    elementwise(kAdd, a, b, out_t);
+}
+
+// ---- training ops
+
+void VulkanBackend::embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
+    unavailable("embedding_backward");
+}
+void VulkanBackend::norm_backward_impl(NormType, const Tensor&, const Tensor&, const Tensor&, float,
+                                       const Tensor&, const Tensor&, const Tensor&) {
+    unavailable("norm_backward");
+}
+void VulkanBackend::bias_backward_impl(const Tensor&, const Tensor&) {
+    unavailable("bias_backward");
+}
+void VulkanBackend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                            const Tensor&, const Tensor&, const Tensor&,
+                                            const Tensor&, int64_t) {
+    unavailable("attention_backward");
+}
+void VulkanBackend::router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                         float, const Tensor&) {
+    unavailable("router_backward");
+}
+void VulkanBackend::gather_rows_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
+    unavailable("gather_rows_backward");
+}
+void VulkanBackend::grouped_matmul_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                                 const Tensor&, const Tensor&, const Tensor&,
+                                                 const Tensor&) {
+    unavailable("grouped_matmul_backward");
+}
+void VulkanBackend::moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                              const Tensor&, const Tensor&, const Tensor&) {
+    unavailable("moe_combine_backward");
+}
+void VulkanBackend::activation_backward_impl(Activation, const Tensor&, const Tensor&,
+                                             const Tensor&) {
+    unavailable("activation_backward");
+}
+void VulkanBackend::swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                         const Tensor&) {
+    unavailable("swiglu_backward");
+}
+void VulkanBackend::cross_entropy_backward_impl(const Tensor&, const Tensor&, float,
+                                                const Tensor&) {
+    unavailable("cross_entropy_backward");
+}
+void VulkanBackend::sum_squares_impl(const Tensor&, const Tensor&) {
+    unavailable("sum_squares");
+}
+void VulkanBackend::scale_impl(const Tensor&, float) {
+    unavailable("scale");
+}
+void VulkanBackend::adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const AdamWParams&) {
+    unavailable("adamw");
+}
+
+}  // namespace tmx

@@ -1,0 +1,153 @@
+// The Vulkan backend: GLSL compute shaders (shaders/*.comp, embedded as SPIR-V) on any Vulkan
+// 1.2 device, Mesa's lavapipe included. It runs inference: every forward op; the backward and
+// optimizer ops throw tmx::Error (train on cpu or cuda).
+//
+// Ops are recorded into one command buffer (vulkan_commands.h: barriers only between dependent
+// commands) and submitted at download() or synchronize(); a forward step is one submit.
+// Inputs a shader finds invalid (token ids, rows, expert indices, targets out of range) are
+// reported through a status word and thrown as tmx::Error at that sync point.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "backends/vulkan/vulkan_commands.h"
+#include "backends/vulkan/vulkan_context.h"
+#include "backends/vulkan/vulkan_memory.h"
+#include "backends/vulkan/vulkan_pipelines.h"
+#include "engine/backend.h"
+
+namespace tmx {
+
+// Throws tmx::Error when Vulkan or the chosen device is unavailable.
+std::unique_ptr<Backend> make_vulkan_backend(const vk::VulkanOptions& options = {});
+
+class VulkanBackend final : public Backend {
+  public:
+    explicit VulkanBackend(const vk::VulkanOptions& options = {});
+    ~VulkanBackend() override;
+
+    std::string name() const override { return "vulkan"; }
+    void synchronize() override;
+
+    // For tests and `tmx devices`: the device, the allocator and the stream's counters.
+    const vk::Context& context() const { return *ctx_; }
+    vk::Allocator::Stats memory_stats() const { return allocator_->stats(); }
+    const vk::Stream::Counters& counters() const { return stream_->counters(); }
+
+    // Workgroup and tile sizes, chosen per device (specialization constants of the shaders).
+    struct Tuning {
+        uint32_t elementwise_wg = 256;
+        uint32_t row_wg = 128;  // norm, cross_entropy: one workgroup per row
+        struct Tile {
+            uint32_t wg, bm, bn, bk, tm, tn;
+        };
+        Tile large{256, 128, 128, 16, 8, 8};
+        Tile small{256, 64, 64, 16, 4, 4};
+        uint32_t gemv_wg = 64, gemv_rows = 4;
+        uint32_t attention_wg = 64, attention_chunk = 256;
+        uint32_t group_wg = 256;  // moe_group, router_aux_loss: one workgroup in all
+    };
+    const Tuning& tuning() const { return tuning_; }
+
+  protected:
+    std::shared_ptr<DeviceBuffer> alloc_impl(size_t bytes) override;
+    void upload_impl(const Tensor& dst, const void* host) override;
+    void download_impl(const Tensor& src, void* host) override;
+    void fill_impl(const Tensor& dst, float value) override;
+    void copy_impl(const Tensor& src, const Tensor& dst) override;
+
+    void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) override;
+    void norm_impl(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   float eps, const Tensor& out) override;
+    void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
+                     const Tensor& bias) override;
+    void rope_impl(const Tensor& x, const Tensor& positions, double theta, bool inverse) override;
+    void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        int64_t window) override;
+    void attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                               const Tensor& out, int64_t window) override;
+    void kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& start) override;
+    void router_topk_impl(const Tensor& logits, const Tensor& indices,
+                          const Tensor& gates) override;
+    void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
+                        const Tensor& slot_rows, const Tensor& slot_of) override;
+    void gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) override;
+    void grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Tensor& offsets, const Tensor& out) override;
+    void moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of, const Tensor& gates,
+                          const Tensor& out) override;
+    void activation_impl(Activation act, const Tensor& x, const Tensor& out) override;
+    void swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+    void add_impl(const Tensor& a, const Tensor& b, const Tensor& out) override;
+    void cross_entropy_impl(const Tensor& logits, const Tensor& targets,
+                            const Tensor& losses) override;
+    void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
+                              const Tensor& out) override;
+
+    // Training ops: not part of the Vulkan backend; each throws tmx::Error.
+    void embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) override;
+    void norm_backward_impl(NormType, const Tensor&, const Tensor&, const Tensor&, float,
+                            const Tensor&, const Tensor&, const Tensor&) override;
+    void bias_backward_impl(const Tensor&, const Tensor&) override;
+    void attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&, const Tensor&, int64_t) override;
+    void router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+                              const Tensor&) override;
+    void gather_rows_backward_impl(const Tensor&, const Tensor&, const Tensor&) override;
+    void grouped_matmul_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&, const Tensor&, const Tensor&) override;
+    void moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&, const Tensor&) override;
+    void activation_backward_impl(Activation, const Tensor&, const Tensor&, const Tensor&) override;
+    void swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&) override;
+    void cross_entropy_backward_impl(const Tensor&, const Tensor&, float, const Tensor&) override;
+    void sum_squares_impl(const Tensor&, const Tensor&) override;
+    void scale_impl(const Tensor&, float) override;
+    void adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                    const AdamWParams&) override;
+
+  private:
+    // Bindings of tensors: read, written, or both. An undefined or empty tensor binds a
+    // dummy buffer (the shader does not read it).
+    vk::Binding in(const Tensor& t) const;
+    vk::Binding out(const Tensor& t) const;
+    vk::Binding inout(const Tensor& t) const;
+    vk::BufferRange range(const Tensor& t) const;
+
+    // Records shader `shader` (specialization constants spec) over the bindings, with the
+    // op's push constants (a struct of 4-byte fields) after the per-binding offsets.
+    template <class Push>
+    void run(const char* shader, std::initializer_list<uint32_t> spec,
+             std::initializer_list<vk::Binding> bindings, const Push& push, uint32_t gx,
+             uint32_t gy = 1, uint32_t gz = 1) {
+        static_assert(sizeof(Push) % 4 == 0);
+        const vk::Pipeline& p =
+            pipelines_->get(shader, static_cast<uint32_t>(bindings.size()), spec);
+        stream_->dispatch(p, {bindings.begin(), bindings.size()}, &push, sizeof(Push), gx, gy, gz);
+    }
+    // Workgroups for n items, wg per workgroup, as a 2-D grid (x then y; group_index()).
+    std::pair<uint32_t, uint32_t> grid(uint64_t n, uint32_t wg) const;
+    // elementwise.comp with operation op over n elements.
+    void elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& out);
+    // Throws tmx::Error for an error a shader reported since the last sync.
+    void check_status();
+    // The rope table of (theta, head_dim): per frequency, turns per position as 64-bit fixed
+    // point (rope.comp). Built once and kept on the device.
+    const Tensor& rope_table(double theta, int64_t head_dim);
+
+    std::shared_ptr<vk::Context> ctx_;
+    std::shared_ptr<vk::Allocator> allocator_;
+    std::unique_ptr<vk::Pipelines> pipelines_;
+    std::unique_ptr<vk::Stream> stream_;
+    Tuning tuning_;
+    Tensor dummy_;
+    std::map<std::pair<double, int64_t>, Tensor> rope_tables_;
+};
+
+}  // namespace tmx

@@ -1,0 +1,281 @@
+// Command recording, hazard tracking, staging transfers and submission.
+#include "backends/vulkan/vulkan_commands.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "engine/errors.h"
+
+namespace tmx::vk {
+namespace {
+
+constexpr uint32_t kSetsPerPool = 512;
+constexpr uint32_t kMaxBindings = 8;
+// Staging per submit: chunks of 16 MiB, at most 4; larger transfers go in pieces.
+constexpr VkDeviceSize kStagingChunk = 16ull << 20;
+constexpr size_t kMaxStagingChunks = 4;
+
+constexpr VkPipelineStageFlags kDeviceStages =
+    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+
+}  // namespace
+
+Stream::Stream(std::shared_ptr<Context> ctx, std::shared_ptr<Allocator> allocator)
+    : ctx_(std::move(ctx)), allocator_(std::move(allocator)) {
+    VkDevice dev = ctx_->device();
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+    pi.queueFamilyIndex = ctx_->queue_family();
+    check(vkCreateCommandPool(dev, &pi, nullptr, &pool_), "vkCreateCommandPool");
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = pool_;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    check(vkAllocateCommandBuffers(dev, &ai, &cmd_), "vkAllocateCommandBuffers");
+    VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    check(vkCreateFence(dev, &fi, nullptr, &fence_), "vkCreateFence");
+    status_ = allocator_->allocate(4 * sizeof(uint32_t), MemoryKind::Host);
+    std::memset(status_.mapped, 0, 4 * sizeof(uint32_t));
+}
+
+Stream::~Stream() {
+    VkDevice dev = ctx_->device();
+    if (recording_) vkEndCommandBuffer(cmd_);  // recorded work that was never asked for
+    vkQueueWaitIdle(ctx_->queue());
+    for (VkDescriptorPool p : descriptor_pools_) vkDestroyDescriptorPool(dev, p, nullptr);
+    vkDestroyFence(dev, fence_, nullptr);
+    vkDestroyCommandPool(dev, pool_, nullptr);
+    for (const Allocation& a : staging_chunks_) allocator_->release(a);
+    allocator_->release(status_);
+    allocator_->collect();
+}
+
+VkCommandBuffer Stream::cmd() {
+    if (!recording_) {
+        VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+        bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+        check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
+        recording_ = true;
+    }
+    return cmd_;
+}
+
+void Stream::access(std::span<const Binding> bindings) {
+    auto overlaps = [](const std::vector<Range>& set, const Range& r) {
+        for (const Range& s : set)
+            if (s.buffer == r.buffer && s.begin < r.end && r.begin < s.end) return true;
+        return false;
+    };
+    bool hazard = false;
+    for (const Binding& b : bindings) {
+        if (!b.tracked) continue;
+        const Range r{b.range.buffer, b.range.offset, b.range.offset + b.range.size};
+        hazard = hazard || overlaps(written_, r) || (b.write && overlaps(read_, r));
+    }
+    if (hazard) {
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                           VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+        vkCmdPipelineBarrier(cmd(), kDeviceStages, kDeviceStages, 0, 1, &mb, 0, nullptr, 0,
+                             nullptr);
+        written_.clear();
+        read_.clear();
+        ++counters_.barriers;
+    }
+    for (const Binding& b : bindings) {
+        if (!b.tracked) continue;
+        const Range r{b.range.buffer, b.range.offset, b.range.offset + b.range.size};
+        (b.write ? written_ : read_).push_back(r);
+    }
+}
+
+VkDescriptorSet Stream::descriptor_set(VkDescriptorSetLayout layout) {
+    for (;; ++descriptor_pool_) {
+        if (descriptor_pool_ == descriptor_pools_.size()) {
+            VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                      kSetsPerPool * kMaxBindings};
+            VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+            pi.maxSets = kSetsPerPool;
+            pi.poolSizeCount = 1;
+            pi.pPoolSizes = &size;
+            VkDescriptorPool p = VK_NULL_HANDLE;
+            check(vkCreateDescriptorPool(ctx_->device(), &pi, nullptr, &p),
+                  "vkCreateDescriptorPool");
+            descriptor_pools_.push_back(p);
+        }
+        VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+        ai.descriptorPool = descriptor_pools_[descriptor_pool_];
+        ai.descriptorSetCount = 1;
+        ai.pSetLayouts = &layout;
+        VkDescriptorSet set = VK_NULL_HANDLE;
+        VkResult r = vkAllocateDescriptorSets(ctx_->device(), &ai, &set);
+        if (r == VK_SUCCESS) return set;
+        if (r != VK_ERROR_OUT_OF_POOL_MEMORY && r != VK_ERROR_FRAGMENTED_POOL)
+            fail(r, "vkAllocateDescriptorSets");
+    }
+}
+
+void Stream::dispatch(const Pipeline& p, std::span<const Binding> bindings, const void* push,
+                      size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
+    if (bindings.size() != p.bindings || bindings.size() > kMaxBindings)
+        throw std::logic_error("Vulkan dispatch: binding count differs from the pipeline's");
+    if (gx == 0 || gy == 0 || gz == 0) return;
+    const auto& lim = ctx_->limits();
+    if (gx > lim.maxComputeWorkGroupCount[0] || gy > lim.maxComputeWorkGroupCount[1] ||
+        gz > lim.maxComputeWorkGroupCount[2])
+        throw Error("Vulkan: a dispatch of " + std::to_string(gx) + "x" + std::to_string(gy) + "x" +
+                    std::to_string(gz) + " workgroups exceeds the device's limits");
+    const VkDeviceSize align = std::max<VkDeviceSize>(lim.minStorageBufferOffsetAlignment, 4);
+
+    VkDescriptorBufferInfo infos[kMaxBindings];
+    VkWriteDescriptorSet writes[kMaxBindings];
+    uint32_t data[Pipelines::kPushBytes / 4] = {};
+    const size_t n = bindings.size();
+    if (n * 4 + push_bytes > Pipelines::kPushBytes)
+        throw std::logic_error("Vulkan dispatch: push constants exceed 128 bytes");
+    VkDescriptorSet set = descriptor_set(p.set_layout);
+    for (size_t i = 0; i < n; ++i) {
+        const BufferRange& r = bindings[i].range;
+        const VkDeviceSize base = r.offset / align * align;
+        const VkDeviceSize range = std::max<VkDeviceSize>(r.offset + r.size - base, 4);
+        if (range > lim.maxStorageBufferRange)
+            throw Error("Vulkan: a tensor view of " + std::to_string(r.size >> 20) +
+                        " MiB exceeds the device's maxStorageBufferRange (" +
+                        std::to_string(lim.maxStorageBufferRange >> 20) + " MiB)");
+        infos[i] = {r.buffer, base, range};
+        data[i] = static_cast<uint32_t>((r.offset - base) / 4);
+        writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+        writes[i].dstSet = set;
+        writes[i].dstBinding = static_cast<uint32_t>(i);
+        writes[i].descriptorCount = 1;
+        writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        writes[i].pBufferInfo = &infos[i];
+    }
+    vkUpdateDescriptorSets(ctx_->device(), static_cast<uint32_t>(n), writes, 0, nullptr);
+    if (push_bytes) std::memcpy(data + n, push, push_bytes);
+
+    access(bindings);
+    VkCommandBuffer c = cmd();
+    vkCmdBindPipeline(c, VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline);
+    vkCmdBindDescriptorSets(c, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, &set, 0, nullptr);
+    // The whole declared range, so every push-constant byte a shader may read is defined.
+    vkCmdPushConstants(c, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, Pipelines::kPushBytes, data);
+    vkCmdDispatch(c, gx, gy, gz);
+    ++counters_.dispatches;
+}
+
+void Stream::fill(const BufferRange& dst, uint32_t word) {
+    if (dst.size == 0) return;
+    const Binding b{dst, true};
+    access({&b, 1});
+    vkCmdFillBuffer(cmd(), dst.buffer, dst.offset, dst.size, word);
+    ++counters_.transfers;
+}
+
+void Stream::copy(const BufferRange& src, const BufferRange& dst) {
+    if (src.size == 0) return;
+    const Binding b[2] = {{src, false}, {dst, true}};
+    access(b);
+    VkBufferCopy region{src.offset, dst.offset, src.size};
+    vkCmdCopyBuffer(cmd(), src.buffer, dst.buffer, 1, &region);
+    ++counters_.transfers;
+}
+
+bool Stream::staging(VkDeviceSize bytes, BufferRange* range, std::byte** host) {
+    bytes = (bytes + 15) / 16 * 16;
+    while (staging_chunk_ < kMaxStagingChunks) {
+        if (staging_chunk_ == staging_chunks_.size())
+            staging_chunks_.push_back(allocator_->allocate(kStagingChunk, MemoryKind::Host));
+        const Allocation& a = staging_chunks_[staging_chunk_];
+        if (staging_used_ + bytes <= a.size) {
+            *range = {a.buffer, a.offset + staging_used_, bytes};
+            *host = a.mapped + staging_used_;
+            staging_used_ += bytes;
+            return true;
+        }
+        ++staging_chunk_;
+        staging_used_ = 0;
+    }
+    return false;
+}
+
+void Stream::upload(const BufferRange& dst, const void* host) {
+    const auto* src = static_cast<const std::byte*>(host);
+    for (VkDeviceSize done = 0; done < dst.size;) {
+        const VkDeviceSize piece = std::min(dst.size - done, kStagingChunk);
+        BufferRange stage;
+        std::byte* mapped = nullptr;
+        if (!staging(piece, &stage, &mapped)) {
+            submit_and_wait();
+            continue;
+        }
+        std::memcpy(mapped, src + done, piece);
+        stage.size = piece;
+        copy(stage, {dst.buffer, dst.offset + done, piece});
+        done += piece;
+    }
+}
+
+void Stream::download(const BufferRange& src, void* host) {
+    auto* out = static_cast<std::byte*>(host);
+    for (VkDeviceSize done = 0; done < src.size;) {
+        const VkDeviceSize piece = std::min(src.size - done, kStagingChunk);
+        BufferRange stage;
+        std::byte* mapped = nullptr;
+        if (!staging(piece, &stage, &mapped)) {
+            submit_and_wait();
+            continue;
+        }
+        stage.size = piece;
+        copy({src.buffer, src.offset + done, piece}, stage);
+        submit_and_wait();  // staging stays mapped and untouched until the next recording
+        std::memcpy(out + done, mapped, piece);
+        done += piece;
+    }
+}
+
+void Stream::submit_and_wait() {
+    if (recording_) {
+        // Make device writes (downloads' staging copies, the status word) visible to the host.
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+        vkCmdPipelineBarrier(cmd_, kDeviceStages, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr,
+                             0, nullptr);
+        check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+        recording_ = false;
+        VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd_;
+        check(vkQueueSubmit(ctx_->queue(), 1, &si, fence_), "vkQueueSubmit");
+        ++counters_.submits;
+        check(vkWaitForFences(ctx_->device(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+        check(vkResetFences(ctx_->device(), 1, &fence_), "vkResetFences");
+        check(vkResetCommandPool(ctx_->device(), pool_, 0), "vkResetCommandPool");
+    }
+    for (size_t i = 0; i <= descriptor_pool_ && i < descriptor_pools_.size(); ++i)
+        check(vkResetDescriptorPool(ctx_->device(), descriptor_pools_[i], 0),
+              "vkResetDescriptorPool");
+    descriptor_pool_ = 0;
+    written_.clear();
+    read_.clear();
+    staging_chunk_ = 0;
+    staging_used_ = 0;
+    allocator_->collect();
+}
+
+Binding Stream::status_binding() const {
+    return {{status_.buffer, status_.offset, 4 * sizeof(uint32_t)}, true, false};
+}
+
+std::array<uint32_t, 4> Stream::take_status() {
+    std::array<uint32_t, 4> s;
+    std::memcpy(s.data(), status_.mapped, sizeof(s));
+    if (s[0] != 0) std::memset(status_.mapped, 0, sizeof(s));
+    return s;
+}
+
+}  // namespace tmx::vk

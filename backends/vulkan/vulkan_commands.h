@@ -1,0 +1,101 @@
+// Recording and submission. Ops are recorded into one command buffer and submitted together at
+// a sync point (download / synchronize): one submit per forward step.
+//
+// Barriers: the stream remembers which buffer ranges the commands since the last barrier read
+// and wrote. A new command that reads or writes a range written since then (read-after-write,
+// write-after-write), or writes a range read since then (write-after-read), gets one global
+// memory barrier first; independent commands run without one.
+//
+// Bindings: a tensor view is bound as a storage-buffer descriptor whose offset is rounded down
+// to minStorageBufferOffsetAlignment; the view's first element within the binding is passed to
+// the shader as a uint push constant, one per binding, ahead of the op's own push constants.
+// A view larger than maxStorageBufferRange cannot be bound and is reported as an error.
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backends/vulkan/vulkan_context.h"
+#include "backends/vulkan/vulkan_memory.h"
+#include "backends/vulkan/vulkan_pipelines.h"
+
+namespace tmx::vk {
+
+struct BufferRange {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceSize offset = 0, size = 0;  // bytes
+};
+
+struct Binding {
+    BufferRange range;
+    bool write = false;
+    bool tracked = true;  // false for the status word, which shaders only touch atomically
+};
+
+class Stream {
+  public:
+    Stream(std::shared_ptr<Context> ctx, std::shared_ptr<Allocator> allocator);
+    ~Stream();
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+
+    void dispatch(const Pipeline& p, std::span<const Binding> bindings, const void* push,
+                  size_t push_bytes, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
+    void fill(const BufferRange& dst, uint32_t word);
+    void copy(const BufferRange& src, const BufferRange& dst);  // ranges must not overlap
+    // The host data is copied to staging memory before this returns.
+    void upload(const BufferRange& dst, const void* host);
+    // Submits everything recorded, waits, and copies the range to the host.
+    void download(const BufferRange& src, void* host);
+    // Submits what is recorded (if anything) and waits for it.
+    void submit_and_wait();
+
+    // The 4-word status buffer shaders report bad inputs in (see shaders/common.glsl).
+    Binding status_binding() const;
+    // The status words, reset to zero for the next submit. Call after submit_and_wait().
+    std::array<uint32_t, 4> take_status();
+
+    struct Counters {
+        uint64_t submits = 0, dispatches = 0, barriers = 0, transfers = 0;
+    };
+    const Counters& counters() const { return counters_; }
+
+  private:
+    VkCommandBuffer cmd();  // begins recording on first use after a submit
+    void access(std::span<const Binding> bindings);
+    VkDescriptorSet descriptor_set(VkDescriptorSetLayout layout);
+    // Host-visible staging memory for one transfer, or false when this submit's staging is
+    // used up (the caller submits and retries).
+    bool staging(VkDeviceSize bytes, BufferRange* range, std::byte** host);
+
+    std::shared_ptr<Context> ctx_;
+    std::shared_ptr<Allocator> allocator_;
+    VkCommandPool pool_ = VK_NULL_HANDLE;
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+    VkFence fence_ = VK_NULL_HANDLE;
+    bool recording_ = false;
+
+    std::vector<VkDescriptorPool> descriptor_pools_;
+    size_t descriptor_pool_ = 0;  // the pool sets come from now
+
+    struct Range {
+        VkBuffer buffer;
+        VkDeviceSize begin, end;
+    };
+    std::vector<Range> written_, read_;  // since the last barrier
+
+    std::vector<Allocation> staging_chunks_;
+    size_t staging_chunk_ = 0;
+    VkDeviceSize staging_used_ = 0;
+
+    Allocation status_;
+    Counters counters_;
+};
+
+}  // namespace tmx::vk

@@ -1,0 +1,91 @@
+// Vulkan instance, physical-device selection and the logical device with its compute queue.
+//
+// Device choice (make_backend("vulkan")): VulkanOptions::device when set, else the environment
+// variable TMX_VULKAN_DEVICE=N, else the first discrete GPU, then the first integrated GPU,
+// then the first device of any kind. Indices are those `tmx devices` lists.
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tmx::vk {
+
+// Throws tmx::Error "Vulkan: <what> failed (<VkResult name>)".
+[[noreturn]] void fail(VkResult result, const std::string& what);
+inline void check(VkResult result, const char* what) {
+    if (result != VK_SUCCESS) fail(result, what);
+}
+
+struct VulkanOptions {
+    int device = -1;          // index into list_vulkan_devices(); -1: TMX_VULKAN_DEVICE or default
+    bool validation = false;  // VK_LAYER_KHRONOS_validation (also TMX_VULKAN_VALIDATION=1)
+};
+
+// What `tmx devices` shows, and what the backend uses to pick pipelines.
+struct DeviceInfo {
+    uint32_t index = 0;
+    std::string name;
+    std::string type;  // discrete, integrated, virtual, cpu, other
+    std::string api_version;
+    bool usable = false;  // Vulkan 1.2+ with a compute queue
+    uint64_t device_local_bytes = 0;
+    uint32_t subgroup_size = 0;
+    bool subgroup_arithmetic = false;  // subgroupAdd & co. in compute shaders
+    uint32_t shared_memory_bytes = 0;
+    uint32_t max_workgroup_invocations = 0;
+    bool fp16 = false;                // shaderFloat16 and 16-bit storage buffers
+    bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
+    uint64_t max_storage_buffer_range = 0;
+    uint64_t max_allocation_bytes = 0;
+};
+
+// Every physical device the loader reports. Throws tmx::Error when Vulkan is unavailable.
+std::vector<DeviceInfo> list_vulkan_devices();
+// The index make_backend("vulkan") picks without an explicit choice (see the top of the file).
+uint32_t default_vulkan_device(const std::vector<DeviceInfo>& devices);
+
+// One logical device with one compute queue. Not copyable; shared by the backend's parts.
+class Context {
+  public:
+    explicit Context(const VulkanOptions& options);
+    ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+
+    VkInstance instance() const { return instance_; }
+    VkPhysicalDevice physical_device() const { return physical_; }
+    VkDevice device() const { return device_; }
+    VkQueue queue() const { return queue_; }
+    uint32_t queue_family() const { return queue_family_; }
+    const DeviceInfo& info() const { return info_; }
+    const VkPhysicalDeviceLimits& limits() const { return limits_; }
+    const VkPhysicalDeviceMemoryProperties& memory_properties() const { return memory_; }
+
+    // Messages of severity error (and warning) the validation layer reported so far.
+    uint64_t validation_errors() const { return messages_->errors; }
+    uint64_t validation_warnings() const { return messages_->warnings; }
+
+    struct MessageCounts {
+        uint64_t errors = 0, warnings = 0;
+    };
+
+  private:
+    void release();
+
+    VkInstance instance_ = VK_NULL_HANDLE;
+    VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+    VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+    VkDevice device_ = VK_NULL_HANDLE;
+    VkQueue queue_ = VK_NULL_HANDLE;
+    uint32_t queue_family_ = 0;
+    DeviceInfo info_;
+    VkPhysicalDeviceLimits limits_{};
+    VkPhysicalDeviceMemoryProperties memory_{};
+    std::unique_ptr<MessageCounts> messages_ = std::make_unique<MessageCounts>();
+};
+
+}  // namespace tmx::vk

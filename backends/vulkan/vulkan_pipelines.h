@@ -1,0 +1,52 @@
+// Compute pipelines built from the embedded SPIR-V (vulkan_shaders.h), created on first use and
+// cached per (shader, specialization constants). Specialization constants carry workgroup and
+// tile sizes (constant_id i = the i-th value given); push constants carry shapes and offsets.
+// Every shader's descriptor set 0 holds `bindings` storage buffers at bindings 0..n-1.
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/vulkan/vulkan_context.h"
+
+namespace tmx::vk {
+
+struct Pipeline {
+    VkPipeline pipeline = VK_NULL_HANDLE;
+    VkPipelineLayout layout = VK_NULL_HANDLE;
+    VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+    uint32_t bindings = 0;
+};
+
+class Pipelines {
+  public:
+    // The push-constant range every pipeline declares: the minimum every device supports.
+    static constexpr uint32_t kPushBytes = 128;
+
+    explicit Pipelines(std::shared_ptr<Context> ctx);
+    ~Pipelines();
+    Pipelines(const Pipelines&) = delete;
+    Pipelines& operator=(const Pipelines&) = delete;
+
+    const Pipeline& get(const std::string& shader, uint32_t bindings,
+                        std::initializer_list<uint32_t> spec = {});
+    size_t size() const { return pipelines_.size(); }
+
+  private:
+    VkShaderModule module(const std::string& shader);
+    VkDescriptorSetLayout set_layout(uint32_t bindings);
+
+    std::shared_ptr<Context> ctx_;
+    VkPipelineCache cache_ = VK_NULL_HANDLE;
+    std::map<std::string, VkShaderModule> modules_;
+    std::map<uint32_t, VkDescriptorSetLayout> set_layouts_;
+    std::map<uint32_t, VkPipelineLayout> layouts_;
+    std::map<std::pair<std::string, std::vector<uint32_t>>, Pipeline> pipelines_;
+};
+
+}  // namespace tmx::vk

@@ -1,0 +1,113 @@
+// Causal sliding-window GQA attention, for a whole sequence (attention) or for a chunk of new
+// tokens against the rolling KV cache (attention_cached; has_cache = 1). One workgroup per
+// (query, head, sequence); keys are visited oldest first in chunks of CH with an online
+// softmax (running max and normaliser), so any window length fits in shared memory.
+//
+// Query at chunk index i sits at position p = p0 + i (p0 = start[b] with a cache, else 0) and
+// attends to positions j in [first, p]: first = max(0, p0 - S) (the oldest cached position)
+// and, with a window, p - window + 1 at the earliest. Position j < p0 lives in cache slot j mod
+// S, position j >= p0 in the chunk at index j - p0.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 64;   // a power of two
+layout(constant_id = 1) const uint CH = 256;  // keys per chunk, a multiple of WG
+const uint MAX_HEAD_DIM = 256;
+const uint PER_THREAD = (MAX_HEAD_DIM + WG - 1) / WG;
+shared float red[WG];
+#include "reduce.glsl"
+
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer K { float k[]; };
+layout(std430, binding = 2) readonly buffer V { float v[]; };
+layout(std430, binding = 3) readonly buffer KC { float kc[]; };
+layout(std430, binding = 4) readonly buffer VC { float vc[]; };
+layout(std430, binding = 5) readonly buffer Start { int start[]; };
+layout(std430, binding = 6) writeonly buffer Out { float o[]; };
+
+layout(push_constant) uniform Push {
+    uint off_q, off_k, off_v, off_kc, off_vc, off_start, off_o;
+    uint T, H, Hkv, hd, S;
+    uint window;     // 0: unlimited
+    uint has_cache;  // 0: plain attention, the kc/vc/start bindings are unused
+    float scale;
+} pc;
+
+shared float qs[MAX_HEAD_DIM];
+shared float weight[CH];
+
+// Element offset of position j's key/value row for kv head kvh, and whether it is cached.
+uint kv_row(uint b, uint kvh, uint p0, uint j, out bool cached) {
+    cached = pc.has_cache != 0 && j < p0;
+    return cached ? ((b * pc.S + j % pc.S) * pc.Hkv + kvh) * pc.hd
+                  : ((b * pc.T + (j - p0)) * pc.Hkv + kvh) * pc.hd;
+}
+
+void main() {
+    const uint i = gl_WorkGroupID.x, h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
+    const uint t = gl_LocalInvocationID.x;
+    const uint kvh = h / (pc.H / pc.Hkv);
+    const uint p0 = pc.has_cache != 0 ? uint(start[pc.off_start + b]) : 0u;
+    const uint p = p0 + i;
+    uint first = pc.has_cache != 0 && p0 > pc.S ? p0 - pc.S : 0u;
+    if (pc.window > 0 && p + 1 > pc.window) first = max(first, p + 1 - pc.window);
+    const uint n_keys = p - first + 1;
+
+    const uint q_row = ((b * pc.T + i) * pc.H + h) * pc.hd;
+    for (uint c = t; c < pc.hd; c += WG) qs[c] = q[pc.off_q + q_row + c];
+    barrier();
+
+    float m_run = -3.0e38, l_run = 0.0;
+    float acc[PER_THREAD];
+    for (uint r = 0; r < PER_THREAD; ++r) acc[r] = 0.0;
+
+    for (uint c0 = 0; c0 < n_keys; c0 += CH) {
+        const uint count = min(CH, n_keys - c0);
+        float local_max = -3.0e38;
+        for (uint x = t; x < CH; x += WG) {
+            float s = -3.0e38;
+            if (x < count) {
+                bool cached;
+                const uint row = kv_row(b, kvh, p0, first + c0 + x, cached);
+                float dot = 0.0;
+                if (cached) {
+                    for (uint c = 0; c < pc.hd; ++c) dot += qs[c] * kc[pc.off_kc + row + c];
+                } else {
+                    for (uint c = 0; c < pc.hd; ++c) dot += qs[c] * k[pc.off_k + row + c];
+                }
+                s = dot * pc.scale;
+            }
+            weight[x] = s;
+            local_max = max(local_max, s);
+        }
+        const float m_new = max(m_run, reduce_max(local_max));
+        const float alpha = exp(m_run - m_new);
+        float local_sum = 0.0;
+        for (uint x = t; x < CH; x += WG) {
+            const float w = x < count ? exp(weight[x] - m_new) : 0.0;
+            weight[x] = w;
+            local_sum += w;
+        }
+        l_run = l_run * alpha + reduce_sum(local_sum);  // the reduction's barrier publishes weight
+        for (uint r = 0; r < PER_THREAD; ++r) {
+            const uint c = t + r * WG;
+            if (c >= pc.hd) break;
+            float a = acc[r] * alpha;
+            for (uint x = 0; x < count; ++x) {
+                bool cached;
+                const uint row = kv_row(b, kvh, p0, first + c0 + x, cached);
+                a += weight[x] * (cached ? vc[pc.off_vc + row + c] : v[pc.off_v + row + c]);
+            }
+            acc[r] = a;
+        }
+        m_run = m_new;
+        barrier();  // weight is rewritten by the next chunk
+    }
+    const uint o_row = pc.off_o + q_row;
+    for (uint r = 0; r < PER_THREAD; ++r) {
+        const uint c = t + r * WG;
+        if (c < pc.hd) o[o_row + c] = acc[r] / l_run;
+    }
+}

@@ -1,0 +1,32 @@
+// out[s, :] = x[rows[s], :] for gather_rows and embedding (the table is x). A row outside
+// [0, n_rows) is reported (ERR code from the push constants) and its output row zeroed.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256;
+
+layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer Rows { int rows[]; };
+layout(std430, binding = 2) writeonly buffer Out { float o[]; };
+layout(std430, binding = 3) buffer Status { uint status[]; };
+
+layout(push_constant) uniform Push {
+    uint off_x, off_rows, off_o, off_status;
+    uint S, d, n_rows;
+    uint err;
+} pc;
+
+void main() {
+    const uint idx = group_index() * WG + gl_LocalInvocationID.x;
+    if (idx >= pc.S * pc.d) return;
+    const uint s = idx / pc.d, c = idx % pc.d;
+    const int r = rows[pc.off_rows + s];
+    if (r < 0 || uint(r) >= pc.n_rows) {
+        if (c == 0) REPORT_ERROR(pc.err, r, pc.n_rows);
+        o[pc.off_o + idx] = 0.0;
+        return;
+    }
+    o[pc.off_o + idx] = x[pc.off_x + uint(r) * pc.d + c];
+}

@@ -1,0 +1,45 @@
+// out[M, N] (+)= op(a) . op(b) (+ bias), tiled (matmul_tile.glsl). Transposes are strides:
+// op(a)(m, k) = a[m * a_sm + k * a_sk], op(b)(k, n) = b[k * b_sk + n * b_sn].
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256;
+layout(constant_id = 1) const uint BM = 64;
+layout(constant_id = 2) const uint BN = 64;
+layout(constant_id = 3) const uint BK = 16;
+layout(constant_id = 4) const uint TM = 4;
+layout(constant_id = 5) const uint TN = 4;
+
+layout(std430, binding = 0) readonly buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 3) buffer Out { float o[]; };
+
+layout(push_constant) uniform Push {
+    uint off_a, off_b, off_bias, off_o;
+    uint M, N, K;
+    uint a_sm, a_sk, b_sk, b_sn;
+    uint has_bias, accumulate;
+} pc;
+
+#include "matmul_tile.glsl"
+
+void main() {
+    const uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
+    tile_gemm(row0, min(BM, pc.M - row0), col0, min(BN, pc.N - col0), pc.K, pc.off_a, pc.a_sm,
+              pc.a_sk, pc.off_b, pc.b_sk, pc.b_sn);
+    for (uint i = 0; i < TM; ++i) {
+        const uint m = row0 + tile_row(i);
+        if (m >= pc.M) break;
+        for (uint j = 0; j < TN; ++j) {
+            const uint n = col0 + tile_col(j);
+            if (n >= pc.N) break;
+            float r = acc[i * TN + j];
+            if (pc.has_bias != 0) r += bias[pc.off_bias + n];
+            const uint at = pc.off_o + m * pc.N + n;
+            o[at] = pc.accumulate != 0 ? o[at] + r : r;
+        }
+    }
+}

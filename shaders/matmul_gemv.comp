@@ -1,0 +1,72 @@
+// out[M, N] (+)= op(a) . op(b) (+ bias) for small M (decode): a matrix-vector product per row
+// of a, reading b once for all M rows.
+//   dot mode (b's k contiguous, e.g. x . W^T): a workgroup owns NR output columns; its
+//     invocations stride over k (coalesced reads of b's rows) and the partial dot products
+//     are summed across the workgroup.
+//   column mode (b's n contiguous): one invocation per output column, looping over k.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 64;  // a power of two
+layout(constant_id = 1) const uint NR = 4;   // output columns per workgroup in dot mode
+const uint MMAX = 4;                         // rows of a (the host uses this path for M <= 4)
+const uint PARTS = MMAX * NR;
+shared float part[PARTS * WG];
+#include "gemv_reduce.glsl"
+
+layout(std430, binding = 0) readonly buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 3) buffer Out { float o[]; };
+
+layout(push_constant) uniform Push {
+    uint off_a, off_b, off_bias, off_o;
+    uint M, N, K;
+    uint a_sm, a_sk, b_sk, b_sn;
+    uint has_bias, accumulate;
+    uint dot_mode;
+} pc;
+
+void store(uint m, uint n, float r) {
+    if (pc.has_bias != 0) r += bias[pc.off_bias + n];
+    const uint at = pc.off_o + m * pc.N + n;
+    o[at] = pc.accumulate != 0 ? o[at] + r : r;
+}
+
+void main() {
+    const uint t = gl_LocalInvocationID.x;
+    if (pc.dot_mode == 0) {
+        const uint n = group_index() * WG + t;
+        if (n >= pc.N) return;
+        float acc[MMAX];
+        for (uint m = 0; m < MMAX; ++m) acc[m] = 0.0;
+        for (uint k = 0; k < pc.K; ++k) {
+            const float bv = b[pc.off_b + k * pc.b_sk + n];
+            for (uint m = 0; m < pc.M; ++m) acc[m] += a[pc.off_a + m * pc.a_sm + k * pc.a_sk] * bv;
+        }
+        for (uint m = 0; m < pc.M; ++m) store(m, n, acc[m]);
+        return;
+    }
+
+    const uint n0 = group_index() * NR;
+    if (n0 >= pc.N) return;  // uniform: the whole workgroup leaves
+    float acc[PARTS];
+    for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
+    for (uint k = t; k < pc.K; k += WG) {
+        float bv[NR];
+        for (uint r = 0; r < NR; ++r)
+            bv[r] = n0 + r < pc.N ? b[pc.off_b + k + (n0 + r) * pc.b_sn] : 0.0;
+        for (uint m = 0; m < pc.M; ++m) {
+            const float av = a[pc.off_a + m * pc.a_sm + k * pc.a_sk];
+            for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];
+        }
+    }
+    for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
+    reduce_parts(pc.M * NR);
+    if (t < pc.M * NR) {
+        const uint m = t / NR, n = n0 + t % NR;
+        if (n < pc.N) store(m, n, part[t * WG]);
+    }
+}

@@ -1,0 +1,98 @@
+// A fixture for the Vulkan backend's own tests: a Vulkan backend (the test skips, saying why,
+// when this machine has no Vulkan device), the CPU backend as the oracle, and seeded random
+// inputs (the seed is printed on failure; TMX_TEST_SEED=<seed> replays it).
+#pragma once
+
+#ifdef TMX_HAS_VULKAN
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends/vulkan/vulkan_backend.h"
+#include "engine/errors.h"
+#include "tests/test_util.h"
+
+namespace tmx::test {
+
+class VulkanTest : public ::testing::Test {
+  protected:
+    VulkanTest() : seed_(fresh_seed()), rng_(seed_) {}
+
+    void SetUp() override {
+        try {
+            vk_ = std::make_unique<VulkanBackend>(options());
+        } catch (const Error& e) {
+            GTEST_SKIP() << "no usable Vulkan device: " << e.what();
+        }
+        cpu_ = make_backend("cpu");
+    }
+    virtual vk::VulkanOptions options() const { return {}; }
+
+    std::string trace() const {
+        return "seed " + std::to_string(seed_) +
+               " (replay with TMX_TEST_SEED=" + std::to_string(seed_) + ")";
+    }
+
+    std::vector<float> normal(int64_t n, double scale = 1.0) {
+        return random_normal(rng_, static_cast<size_t>(n), scale);
+    }
+    std::vector<int32_t> ints(int64_t n, int32_t lo, int32_t hi) {
+        return random_ints(rng_, static_cast<size_t>(n), lo, hi);
+    }
+
+    template <class T>
+    static Tensor up(Backend& be, const std::vector<T>& host, Shape shape) {
+        Tensor t = be.alloc(std::move(shape),
+                            sizeof(T) == 4 && std::is_same_v<T, int32_t> ? DType::I32 : DType::F32);
+        be.upload(t, host.data());
+        return t;
+    }
+    template <class T = float>
+    static std::vector<T> down(Backend& be, const Tensor& t) {
+        std::vector<T> host(static_cast<size_t>(t.numel()));
+        be.download(t, host.data());
+        return host;
+    }
+
+    // max |got - want| / max(1, max |want|), as tests/backends/ops_test.cpp measures.
+    static ::testing::AssertionResult Close(const std::vector<float>& got,
+                                            const std::vector<float>& want, double tol) {
+        if (got.size() != want.size())
+            return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+        double scale = 1.0, worst = 0.0;
+        size_t at = 0;
+        for (float w : want) scale = std::max(scale, std::abs(static_cast<double>(w)));
+        for (size_t i = 0; i < got.size(); ++i) {
+            if (!std::isfinite(got[i]))
+                return ::testing::AssertionFailure() << "element " << i << " is " << got[i];
+            const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+            if (err > worst) worst = err, at = i;
+        }
+        if (worst / scale <= tol) return ::testing::AssertionSuccess();
+        std::ostringstream os;
+        os << "relative error " << worst / scale << " > " << tol << " at element " << at << ": got "
+           << got[at] << ", want " << want[at];
+        return ::testing::AssertionFailure() << os.str();
+    }
+    static double reduction_tol(int64_t length) {
+        return std::max(1e-5, 2e-7 * static_cast<double>(length));
+    }
+
+    VulkanBackend& vk() { return *vk_; }
+    Backend& cpu() { return *cpu_; }
+
+    uint64_t seed_;
+    Rng rng_;
+    std::unique_ptr<VulkanBackend> vk_;
+    std::unique_ptr<Backend> cpu_;
+};
+
+}  // namespace tmx::test
+
+#endif  // TMX_HAS_VULKAN
