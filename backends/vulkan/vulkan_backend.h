@@ -34,7 +34,7 @@ class VulkanBackend final : public Backend {
 
     // For tests and `tmx devices`: the device, the allocator and the stream's counters.
     const vk::Context& context() const { return *ctx_; }
-    vk::Allocator::Stats memory_stats() const { return allocator_->stats(); }
+    vk::Allocator::Stats allocator_stats() const { return allocator_->stats(); }
     const vk::Stream::Counters& counters() const { return stream_->counters(); }
 
     // Workgroup and tile sizes, chosen per device (specialization constants of the shaders).

@@ -10,40 +10,40 @@ namespace {
 class VulkanMemory : public VulkanTest {};
 
 TEST_F(VulkanMemory, ManyTensorsShareOneBlock) {
-    const auto before = vk().memory_stats();
+    const auto before = vk().allocator_stats();
     std::vector<Tensor> tensors;
     for (int i = 0; i < 1000; ++i) tensors.push_back(vk().alloc({1 + i % 97, 3}));
-    const auto during = vk().memory_stats();
+    const auto during = vk().allocator_stats();
     EXPECT_LE(during.blocks, before.blocks + 1) << "1000 small tensors, more than one new block";
     EXPECT_EQ(during.live_ranges, before.live_ranges + 1000);
     tensors.clear();
-    EXPECT_EQ(vk().memory_stats().live_ranges, before.live_ranges);
-    EXPECT_EQ(vk().memory_stats().used, before.used);
+    EXPECT_EQ(vk().allocator_stats().live_ranges, before.live_ranges);
+    EXPECT_EQ(vk().allocator_stats().used, before.used);
 }
 
 TEST_F(VulkanMemory, FreedRangesAreReused) {
     { Tensor warm = vk().alloc({1 << 16}); }
-    const auto before = vk().memory_stats();
+    const auto before = vk().allocator_stats();
     for (int i = 0; i < 200; ++i) {
         Tensor a = vk().alloc({1 << 16}), b = vk().alloc({12345});
         vk().fill(a, 1.0f);
     }
     vk().synchronize();
-    EXPECT_EQ(vk().memory_stats().reserved, before.reserved);
+    EXPECT_EQ(vk().allocator_stats().reserved, before.reserved);
 }
 
 TEST_F(VulkanMemory, ALargeTensorGetsItsOwnBlockReleasedAfterUse) {
-    const auto before = vk().memory_stats();
+    const auto before = vk().allocator_stats();
     const int64_t big = (160 << 20) / 4;  // more than half a 256 MiB block
     {
         Tensor t = vk().alloc({big});
-        EXPECT_EQ(vk().memory_stats().blocks, before.blocks + 1);
+        EXPECT_EQ(vk().allocator_stats().blocks, before.blocks + 1);
         Tensor tail = t.slice(big - 4, {4});
         vk().fill(tail, 3.0f);
         EXPECT_EQ(down(vk(), tail), std::vector<float>(4, 3.0f));
     }
     vk().synchronize();  // the block goes once no recorded command can use it
-    EXPECT_EQ(vk().memory_stats().blocks, before.blocks);
+    EXPECT_EQ(vk().allocator_stats().blocks, before.blocks);
 }
 
 // A tensor larger than maxStorageBufferRange is fine to hold and to view in parts (the
