@@ -59,7 +59,8 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                                  "as one batch; each result prints when the batch is done")
                      ->check(CLI::ExistingFile);
     prompt->excludes(file);
-    sub->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most per prompt")
+    sub->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most per prompt (generation also stops at the end "
+                    "of a document: EOS, or BOS starting the next)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     sub->add_option("--temperature", s.temperature, "Sampling temperature (0 = greedy)")
