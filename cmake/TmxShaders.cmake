@@ -3,6 +3,16 @@
 #
 #   tmx_embed_shaders(<out_var> SHADER_DIR <dir>)
 # sets <out_var> to the generated .cpp (add it to a target's sources).
+#
+# A shader listed in TMX_SHADER_VARIANTS as <name>:<suffix>:<MACRO> is compiled a second time
+# with -D<MACRO> into the module <name>_<suffix>: one source, two pipelines, no copies.
+set(TMX_SHADER_VARIANTS
+    # Matmul weights read from the backend's fp16 copies (shaders/weights.glsl).
+    matmul:fp16w:TMX_FP16_WEIGHTS
+    matmul_gemv:fp16w:TMX_FP16_WEIGHTS
+    grouped_matmul:fp16w:TMX_FP16_WEIGHTS
+    grouped_matmul_gemv:fp16w:TMX_FP16_WEIGHTS)
+
 function(tmx_embed_shaders out_var)
   cmake_parse_arguments(ARG "" "SHADER_DIR" "" ${ARGN})
   file(GLOB shader_sources CONFIGURE_DEPENDS "${ARG_SHADER_DIR}/*.comp")
@@ -12,15 +22,31 @@ function(tmx_embed_shaders out_var)
   set(spv_files "")
   foreach(src IN LISTS shader_sources)
     get_filename_component(name "${src}" NAME_WE)
-    set(spv "${spv_dir}/${name}.spv")
-    add_custom_command(
-      OUTPUT "${spv}"
-      COMMAND "${TMX_GLSLANG_VALIDATOR}" -V --target-env vulkan1.2 -I${ARG_SHADER_DIR}
-              -o "${spv}" "${src}"
-      DEPENDS "${src}" ${shader_includes}
-      COMMENT "glslang: ${name}.comp"
-      VERBATIM)
-    list(APPEND spv_files "${spv}")
+    # Each build of the source: "<module>" or "<module>:<MACRO>".
+    set(builds "${name}")
+    foreach(variant IN LISTS TMX_SHADER_VARIANTS)
+      if(variant MATCHES "^${name}:([a-z0-9_]+):([A-Za-z0-9_]+)$")
+        list(APPEND builds "${name}_${CMAKE_MATCH_1}:${CMAKE_MATCH_2}")
+      endif()
+    endforeach()
+    foreach(build IN LISTS builds)
+      string(REPLACE ":" ";" parts "${build}")
+      list(GET parts 0 module)
+      set(defines "")
+      if(build MATCHES ":")
+        list(GET parts 1 macro)
+        set(defines "-D${macro}")
+      endif()
+      set(spv "${spv_dir}/${module}.spv")
+      add_custom_command(
+        OUTPUT "${spv}"
+        COMMAND "${TMX_GLSLANG_VALIDATOR}" -V --target-env vulkan1.2 -I${ARG_SHADER_DIR}
+                ${defines} -o "${spv}" "${src}"
+        DEPENDS "${src}" ${shader_includes}
+        COMMENT "glslang: ${module}"
+        VERBATIM)
+      list(APPEND spv_files "${spv}")
+    endforeach()
   endforeach()
   set(generated "${CMAKE_CURRENT_BINARY_DIR}/generated/vulkan_shaders.cpp")
   add_custom_command(

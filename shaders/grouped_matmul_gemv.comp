@@ -1,8 +1,10 @@
 // grouped_matmul for few slots (decode): workgroup (x, y) computes NR outputs of slot y, a
 // dot product of x[y, :] with NR rows of its expert's w, reduced across the workgroup. The
-// slot's expert is looked up in offsets on the device.
+// slot's expert is looked up in offsets on the device. Also built as grouped_matmul_gemv_fp16w,
+// reading w from its fp16 copy (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#include "weights.glsl"
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -13,7 +15,7 @@ shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
 
 layout(std430, binding = 0) readonly buffer X { float x[]; };  // [S, K]
-layout(std430, binding = 1) readonly buffer W { float w[]; };  // [E, Nout, K]
+layout(std430, binding = 1) readonly buffer W { WEIGHT_T w[]; };  // [E, Nout, K]
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) readonly buffer Offsets { int offsets[]; };
 layout(std430, binding = 4) writeonly buffer Out { float o[]; };
@@ -31,11 +33,11 @@ void main() {
     if (e == pc.E) return;  // uniform across the workgroup
     float acc[NR];
     for (uint r = 0; r < NR; ++r) acc[r] = 0.0;
-    const uint w_base = pc.off_w + (e * pc.Nout + n0) * pc.K;
+    const uint w_base = pc.off_w * WEIGHTS_PER_WORD + (e * pc.Nout + n0) * pc.K;
     for (uint k = t; k < pc.K; k += WG) {
         const float xv = x[pc.off_x + s * pc.K + k];
         for (uint r = 0; r < NR; ++r)
-            if (n0 + r < pc.Nout) acc[r] += xv * w[w_base + r * pc.K + k];
+            if (n0 + r < pc.Nout) acc[r] += xv * float(w[w_base + r * pc.K + k]);
     }
     for (uint r = 0; r < NR; ++r) part[r * WG + t] = acc[r];
     reduce_parts(NR);

@@ -4,8 +4,10 @@
 //     invocations stride over k (coalesced reads of b's rows) and the partial dot products
 //     are summed across the workgroup.
 //   column mode (b's n contiguous): one invocation per output column, looping over k.
+// Also built as matmul_gemv_fp16w, reading b from its fp16 copy (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#include "weights.glsl"
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -17,7 +19,7 @@ shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
 
 layout(std430, binding = 0) readonly buffer A { float a[]; };
-layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 1) readonly buffer B { WEIGHT_T b[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) buffer Out { float o[]; };
 
@@ -36,14 +38,14 @@ void store(uint m, uint n, float r) {
 }
 
 void main() {
-    const uint t = gl_LocalInvocationID.x;
+    const uint t = gl_LocalInvocationID.x, off_b = pc.off_b * WEIGHTS_PER_WORD;
     if (pc.dot_mode == 0) {
         const uint n = group_index() * WG + t;
         if (n >= pc.N) return;
         float acc[MMAX];
         for (uint m = 0; m < MMAX; ++m) acc[m] = 0.0;
         for (uint k = 0; k < pc.K; ++k) {
-            const float bv = b[pc.off_b + k * pc.b_sk + n];
+            const float bv = float(b[off_b + k * pc.b_sk + n]);
             for (uint m = 0; m < pc.M; ++m) acc[m] += a[pc.off_a + m * pc.a_sm + k * pc.a_sk] * bv;
         }
         for (uint m = 0; m < pc.M; ++m) store(m, n, acc[m]);
@@ -57,7 +59,7 @@ void main() {
     for (uint k = t; k < pc.K; k += WG) {
         float bv[NR];
         for (uint r = 0; r < NR; ++r)
-            bv[r] = n0 + r < pc.N ? b[pc.off_b + k + (n0 + r) * pc.b_sn] : 0.0;
+            bv[r] = n0 + r < pc.N ? float(b[off_b + k + (n0 + r) * pc.b_sn]) : 0.0;
         for (uint m = 0; m < pc.M; ++m) {
             const float av = a[pc.off_a + m * pc.a_sm + k * pc.a_sk];
             for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];

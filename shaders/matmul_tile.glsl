@@ -5,7 +5,7 @@
 // columns). Tile sizes are specialization constants; the host sets WG = (BM/TM) * (BN/TN).
 //
 // Include after declaring: the specialization constants WG, BM, BN, BK, TM, TN and the
-// buffers `float a[]` and `float b[]`.
+// buffers `float a[]` and `WEIGHT_T b[]` (weights.glsl).
 
 const uint BM_PAD = BM + 1;  // the padding column spreads strided stores over all banks
 shared float tile_a[BK * BM_PAD];
@@ -36,7 +36,7 @@ void tile_gemm(uint row0, uint rows, uint col0, uint cols, uint K, uint a_base, 
             const uint kk = b_k_contiguous ? l % BK : l / BN;
             const uint gk = k0 + kk;
             tile_b[kk * BN + nn] =
-                nn < cols && gk < K ? b[b_base + gk * b_sk + (col0 + nn) * b_sn] : 0.0;
+                nn < cols && gk < K ? float(b[b_base + gk * b_sk + (col0 + nn) * b_sn]) : 0.0;
         }
         barrier();
         for (uint kk = 0; kk < BK; ++kk) {

@@ -17,6 +17,22 @@ uint32_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
+vk::Binding VulkanBackend::weight(const Tensor& w, std::string& shader) {
+    if (!fp16_) return in(w);
+    shader += "_fp16w";
+    if (w.numel() == 0) return in(w);  // nothing is read
+    const vk::Fp16Weights::Copy copy = fp16_->get(range(w), static_cast<size_t>(w.numel()));
+    if (copy.fresh) {
+        const uint64_t words = static_cast<uint64_t>(w.numel() + 1) / 2;
+        struct {
+            uint32_t n;
+        } push{static_cast<uint32_t>(w.numel())};
+        auto [gx, gy] = grid(words, tuning_.elementwise_wg);
+        run("to_fp16", {tuning_.elementwise_wg}, {in(w), {copy.range, true}}, push, gx, gy);
+    }
+    return {copy.range, false};
+}
+
 void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out_t,
                                 MatmulOptions opts, const Tensor& bias) {
     const int64_t M = out_t.dim(0), N = out_t.dim(1);
@@ -33,9 +49,13 @@ void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& 
         static_cast<uint32_t>(opts.trans_b ? K : 1),
         bias.defined() ? 1u : 0u,
         opts.accumulate ? 1u : 0u};
-    const auto bindings = {in(a), in(b), in(bias), opts.accumulate ? inout(out_t) : out(out_t)};
+    const bool gemv = M <= kGemvMaxRows;
+    std::string shader = gemv ? "matmul_gemv" : "matmul";
+    // b [N, K] is a linear layer's weight: the one operand that may be read as fp16.
+    const vk::Binding b_binding = opts.trans_b ? weight(b, shader) : in(b);
+    const auto bindings = {in(a), b_binding, in(bias), opts.accumulate ? inout(out_t) : out(out_t)};
 
-    if (M <= kGemvMaxRows) {
+    if (gemv) {
         struct {
             decltype(p) base;
             uint32_t dot_mode;
@@ -43,12 +63,12 @@ void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& 
         const uint64_t groups =
             opts.trans_b ? ceil_div(N, tuning_.gemv_rows) : ceil_div(N, tuning_.gemv_wg);
         auto [gx, gy] = grid(groups, 1);
-        run("matmul_gemv", {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, pg, gx, gy);
+        run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, pg, gx, gy);
         return;
     }
     // Large tiles only when there are enough of them to occupy a big GPU.
     const Tuning::Tile& t = M >= 256 && N >= 256 ? tuning_.large : tuning_.small;
-    run("matmul", {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(N, t.bn),
+    run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(N, t.bn),
         ceil_div(M, t.bm));
 }
 
@@ -60,14 +80,16 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
         uint32_t E, Nout, K, has_bias;
     } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
         bias.defined() ? 1u : 0u};
-    const auto bindings = {in(x), in(w), in(bias), in(offsets), out(out_t)};
-    if (S <= kGroupedGemvMaxSlots) {
-        run("grouped_matmul_gemv", {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, p,
+    const bool gemv = S <= kGroupedGemvMaxSlots;
+    std::string shader = gemv ? "grouped_matmul_gemv" : "grouped_matmul";
+    const auto bindings = {in(x), weight(w, shader), in(bias), in(offsets), out(out_t)};
+    if (gemv) {
+        run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, p,
             ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(S));
         return;
     }
     const Tuning::Tile& t = tuning_.small;  // expert slabs are short: small tiles waste less
-    run("grouped_matmul", {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(Nout, t.bn),
+    run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(Nout, t.bn),
         ceil_div(S, t.bm) + static_cast<uint32_t>(E));
 }
 

@@ -57,8 +57,10 @@ std::unique_ptr<Backend> make_vulkan_backend(const vk::VulkanOptions& options) {
 VulkanBackend::VulkanBackend(const vk::VulkanOptions& options)
     : ctx_(std::make_shared<vk::Context>(options)),
       allocator_(std::make_shared<vk::Allocator>(ctx_)),
+      fp16_(ctx_->fp16_weights() ? std::make_shared<vk::Fp16Weights>(allocator_) : nullptr),
       pipelines_(std::make_unique<vk::Pipelines>(ctx_)),
       stream_(std::make_unique<vk::Stream>(ctx_, allocator_)) {
+    if (fp16_) stream_->on_write([c = fp16_.get()](const vk::BufferRange& r) { c->invalidate(r); });
     // Every device has 128 invocations and 16 KiB of shared memory per workgroup; most have
     // more, which the defaults assume.
     const vk::DeviceInfo& d = ctx_->info();
@@ -110,7 +112,13 @@ std::pair<uint32_t, uint32_t> VulkanBackend::grid(uint64_t n, uint32_t wg) const
 // ---- memory, transfers, sync
 
 std::shared_ptr<DeviceBuffer> VulkanBackend::alloc_impl(size_t bytes) {
-    return std::make_shared<vk::VulkanBuffer>(allocator_, bytes, vk::MemoryKind::Device);
+    vk::VulkanBuffer::ReleaseHook drop_copies;
+    if (fp16_)
+        drop_copies = [w = std::weak_ptr<vk::Fp16Weights>(fp16_)](const vk::Allocation& a) {
+            if (auto c = w.lock()) c->invalidate({a.buffer, a.offset, a.size});
+        };
+    return std::make_shared<vk::VulkanBuffer>(allocator_, bytes, vk::MemoryKind::Device,
+                                              std::move(drop_copies));
 }
 
 void VulkanBackend::upload_impl(const Tensor& dst, const void* host) {

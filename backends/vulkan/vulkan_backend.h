@@ -6,6 +6,10 @@
 // commands) and submitted at download() or synchronize(); a forward step is one submit.
 // Inputs a shader finds invalid (token ids, rows, expert indices, targets out of range) are
 // reported through a status word and thrown as tmx::Error at that sync point.
+//
+// Matmul weights (b of a matmul with trans_b, w of grouped_matmul) are read from fp16 copies
+// when the context says so (vulkan_context.h, vulkan_fp16.h); otherwise, and for every other
+// operand, the portable fp32 shaders run.
 #pragma once
 
 #include <map>
@@ -15,6 +19,7 @@
 
 #include "backends/vulkan/vulkan_commands.h"
 #include "backends/vulkan/vulkan_context.h"
+#include "backends/vulkan/vulkan_fp16.h"
 #include "backends/vulkan/vulkan_memory.h"
 #include "backends/vulkan/vulkan_pipelines.h"
 #include "engine/backend.h"
@@ -36,6 +41,9 @@ class VulkanBackend final : public Backend {
     const vk::Context& context() const { return *ctx_; }
     vk::Allocator::Stats allocator_stats() const { return allocator_->stats(); }
     const vk::Stream::Counters& counters() const { return stream_->counters(); }
+    // Whether matmul weights are read as fp16, and how many fp16 copies exist now.
+    bool fp16_weights() const { return fp16_ != nullptr; }
+    size_t fp16_weight_copies() const { return fp16_ ? fp16_->size() : 0; }
 
     // Workgroup and tile sizes, chosen per device (specialization constants of the shaders).
     struct Tuning {
@@ -119,11 +127,14 @@ class VulkanBackend final : public Backend {
     vk::Binding out(const Tensor& t) const;
     vk::Binding inout(const Tensor& t) const;
     vk::BufferRange range(const Tensor& t) const;
+    // The binding of a matmul weight: its fp16 copy when fp16 weights are on (converted now
+    // if it has none), else in(w). `shader` becomes the variant that reads that binding.
+    vk::Binding weight(const Tensor& w, std::string& shader);
 
     // Records shader `shader` (specialization constants spec) over the bindings, with the
     // op's push constants (a struct of 4-byte fields) after the per-binding offsets.
     template <class Push>
-    void run(const char* shader, std::initializer_list<uint32_t> spec,
+    void run(const std::string& shader, std::initializer_list<uint32_t> spec,
              std::initializer_list<vk::Binding> bindings, const Push& push, uint32_t gx,
              uint32_t gy = 1, uint32_t gz = 1) {
         static_assert(sizeof(Push) % 4 == 0);
@@ -143,6 +154,9 @@ class VulkanBackend final : public Backend {
 
     std::shared_ptr<vk::Context> ctx_;
     std::shared_ptr<vk::Allocator> allocator_;
+    // Before stream_, which calls it on writes: destroyed after it. Shared with the release
+    // hooks of buffers, which may outlive the backend (they hold a weak_ptr).
+    std::shared_ptr<vk::Fp16Weights> fp16_;
     std::unique_ptr<vk::Pipelines> pipelines_;
     std::unique_ptr<vk::Stream> stream_;
     Tuning tuning_;

@@ -89,6 +89,7 @@ void Stream::access(std::span<const Binding> bindings) {
         if (!b.tracked) continue;
         const Range r{b.range.buffer, b.range.offset, b.range.offset + b.range.size};
         (b.write ? written_ : read_).push_back(r);
+        if (b.write && write_observer_) write_observer_(b.range);
     }
 }
 

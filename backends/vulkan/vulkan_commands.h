@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -61,6 +62,12 @@ class Stream {
     // The status words, reset to zero for the next submit. Call after submit_and_wait().
     std::array<uint32_t, 4> take_status();
 
+    // Called with every range a command recorded from now on writes (dispatch outputs, fill,
+    // copy and upload destinations): how the fp16 weight copies learn their source changed.
+    void on_write(std::function<void(const BufferRange&)> observer) {
+        write_observer_ = std::move(observer);
+    }
+
     struct Counters {
         uint64_t submits = 0, dispatches = 0, barriers = 0, transfers = 0;
     };
@@ -96,6 +103,7 @@ class Stream {
 
     Allocation status_;
     Counters counters_;
+    std::function<void(const BufferRange&)> write_observer_;
 };
 
 }  // namespace tmx::vk

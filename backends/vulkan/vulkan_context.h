@@ -3,12 +3,18 @@
 // Device choice (make_backend("vulkan")): VulkanOptions::device when set, else the environment
 // variable TMX_VULKAN_DEVICE=N, else the first discrete GPU, then the first integrated GPU,
 // then the first device of any kind. Indices are those `tmx devices` lists.
+//
+// fp16 weights (use_fp16_weights): matmul weights read from fp16 copies, halving the weight
+// traffic that bounds decode. VulkanOptions::fp16_weights when set, else TMX_VULKAN_FP16=0/1,
+// else off: opt-in until its speed and its effect on greedy agreement with the CPU have been
+// measured on GPUs. Never on a device without 16-bit storage buffers.
 #pragma once
 
 #include <vulkan/vulkan.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +29,7 @@ inline void check(VkResult result, const char* what) {
 struct VulkanOptions {
     int device = -1;          // index into list_vulkan_devices(); -1: TMX_VULKAN_DEVICE or default
     bool validation = false;  // VK_LAYER_KHRONOS_validation (also TMX_VULKAN_VALIDATION=1)
+    std::optional<bool> fp16_weights;  // unset: TMX_VULKAN_FP16 or the device's default
 };
 
 // What `tmx devices` shows, and what the backend uses to pick pipelines.
@@ -38,6 +45,7 @@ struct DeviceInfo {
     uint32_t shared_memory_bytes = 0;
     uint32_t max_workgroup_invocations = 0;
     bool fp16 = false;                // shaderFloat16 and 16-bit storage buffers
+    bool fp16_storage = false;        // storageBuffer16BitAccess: enough for fp16 weights
     bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
     uint64_t max_storage_buffer_range = 0;
     uint64_t max_allocation_bytes = 0;
@@ -47,6 +55,9 @@ struct DeviceInfo {
 std::vector<DeviceInfo> list_vulkan_devices();
 // The index make_backend("vulkan") picks without an explicit choice (see the top of the file).
 uint32_t default_vulkan_device(const std::vector<DeviceInfo>& devices);
+// Whether the backend on this device reads matmul weights as fp16 (see the top of the file).
+// Throws tmx::Error for a TMX_VULKAN_FP16 other than 0 or 1.
+bool use_fp16_weights(const DeviceInfo& device, std::optional<bool> requested = {});
 
 // One logical device with one compute queue. Not copyable; shared by the backend's parts.
 class Context {
@@ -62,6 +73,8 @@ class Context {
     VkQueue queue() const { return queue_; }
     uint32_t queue_family() const { return queue_family_; }
     const DeviceInfo& info() const { return info_; }
+    // use_fp16_weights() for this device and the options; its 16-bit storage is then enabled.
+    bool fp16_weights() const { return fp16_weights_; }
     const VkPhysicalDeviceLimits& limits() const { return limits_; }
     const VkPhysicalDeviceMemoryProperties& memory_properties() const { return memory_; }
 
@@ -83,6 +96,7 @@ class Context {
     VkQueue queue_ = VK_NULL_HANDLE;
     uint32_t queue_family_ = 0;
     DeviceInfo info_;
+    bool fp16_weights_ = false;
     VkPhysicalDeviceLimits limits_{};
     VkPhysicalDeviceMemoryProperties memory_{};
     std::unique_ptr<MessageCounts> messages_ = std::make_unique<MessageCounts>();

@@ -190,12 +190,15 @@ Allocator::Stats Allocator::stats() const {
     return s;
 }
 
-VulkanBuffer::VulkanBuffer(std::shared_ptr<Allocator> allocator, size_t bytes, MemoryKind kind)
+VulkanBuffer::VulkanBuffer(std::shared_ptr<Allocator> allocator, size_t bytes, MemoryKind kind,
+                           ReleaseHook on_release)
     : DeviceBuffer(bytes),
       allocator_(std::move(allocator)),
-      alloc_(allocator_->allocate(bytes, kind)) {}
+      alloc_(allocator_->allocate(bytes, kind)),
+      on_release_(std::move(on_release)) {}
 
 VulkanBuffer::~VulkanBuffer() {
+    if (on_release_) on_release_(alloc_);
     allocator_->release(alloc_);
 }
 

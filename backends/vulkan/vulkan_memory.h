@@ -8,6 +8,7 @@
 #include <vulkan/vulkan.h>
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -71,15 +72,19 @@ class Allocator {
 
 // A tensor's storage: a range of a block, returned to the allocator when the last Tensor
 // viewing it goes away. Holds the allocator, so tensors may outlive the backend object.
+// on_release, when given, is called with the range just before it is returned.
 class VulkanBuffer final : public DeviceBuffer {
   public:
-    VulkanBuffer(std::shared_ptr<Allocator> allocator, size_t bytes, MemoryKind kind);
+    using ReleaseHook = std::function<void(const Allocation&)>;
+    VulkanBuffer(std::shared_ptr<Allocator> allocator, size_t bytes, MemoryKind kind,
+                 ReleaseHook on_release = {});
     ~VulkanBuffer() override;
     const Allocation& allocation() const { return alloc_; }
 
   private:
     std::shared_ptr<Allocator> allocator_;
     Allocation alloc_;
+    ReleaseHook on_release_;
 };
 
 }  // namespace tmx::vk

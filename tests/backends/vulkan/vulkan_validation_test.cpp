@@ -1,7 +1,8 @@
 // A representative forward sequence under VK_LAYER_KHRONOS_validation: every forward op, each
 // shader path (matrix-vector and tiled matmuls, cached and plain attention), transfers, fill
-// and copy, with the debug-utils messenger counting errors. The test skips when the layer is
-// not installed (Debian: vulkan-validationlayers).
+// and copy, with the debug-utils messenger counting errors; once with the fp32 matmuls and once
+// with fp16 weights (their conversions, 16-bit storage, and a copy remade after its weight is
+// re-uploaded). The test skips when the layer is not installed (Debian: vulkan-validationlayers).
 #ifdef TMX_HAS_VULKAN
 
 #include <cstdio>
@@ -11,14 +12,19 @@
 namespace tmx::test {
 namespace {
 
-class VulkanValidation : public VulkanTest {
+class VulkanValidation : public VulkanTest, public ::testing::WithParamInterface<bool> {
   protected:
-    vk::VulkanOptions options() const override { return {.validation = true}; }
+    vk::VulkanOptions options() const override {
+        return {.validation = true, .fp16_weights = GetParam()};
+    }
 };
 
-TEST_F(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
+TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     SCOPED_TRACE(trace());
     VulkanBackend& be = vk();
+    if (GetParam() && be.context().info().fp16_storage) {
+        ASSERT_TRUE(be.fp16_weights());
+    }
     const int64_t B = 2, T = 9, N = B * T, d = 32, H = 4, Hkv = 2, hd = 8, E = 4, k = 2, F = 48,
                   V = 50, S = 8;
     auto f = [&](Shape s) {
@@ -77,6 +83,8 @@ TEST_F(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     Tensor one = be.alloc({1, d}), one_out = be.alloc({k, F});
     be.copy(h.rows(0, 1), one);
     be.grouped_matmul(one.reshape({1, d}).slice(0, {1, d}), w1, Tensor{}, off, one_out.rows(0, 1));
+    be.upload(w1, normal(E * F * d).data());  // with fp16 weights: the copy is remade
+    be.grouped_matmul(one.reshape({1, d}).slice(0, {1, d}), w1, Tensor{}, off, one_out.rows(1, 2));
 
     Tensor aux = be.alloc({1}), losses = be.alloc({N}), lm = be.alloc({N, V});
     be.router_aux_loss(logits, idx, aux);
@@ -89,7 +97,7 @@ TEST_F(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
 }
 
 // The messenger does count: a buffer of size 0 is invalid usage the layer reports.
-TEST_F(VulkanValidation, TheMessengerCountsErrors) {
+TEST_P(VulkanValidation, TheMessengerCountsErrors) {
     const uint64_t before = vk().context().validation_errors();
     VkBufferCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
     info.size = 0;
@@ -100,6 +108,9 @@ TEST_F(VulkanValidation, TheMessengerCountsErrors) {
         vkDestroyBuffer(vk().context().device(), buffer, nullptr);
     EXPECT_GT(vk().context().validation_errors(), before);
 }
+
+INSTANTIATE_TEST_SUITE_P(Matmuls, VulkanValidation, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "fp16_weights" : "fp32"; });
 
 }  // namespace
 }  // namespace tmx::test
