@@ -1,12 +1,9 @@
 // Causal sliding-window GQA attention, for a whole sequence (attention) or for a chunk of new
-// tokens against the rolling KV cache (attention_cached; has_cache = 1). One workgroup per
-// (query, head, sequence); keys are visited oldest first in chunks of CH with an online
-// softmax (running max and normaliser), so any window length fits in shared memory.
-//
-// Query at chunk index i sits at position p = p0 + i (p0 = start[b] with a cache, else 0) and
-// attends to positions j in [first, p]: first = max(0, p0 - S) (the oldest cached position)
-// and, with a window, p - window + 1 at the earliest. Position j < p0 lives in cache slot j mod
-// S, position j >= p0 in the chunk at index j - p0.
+// tokens against the rolling KV cache (attention_cached; has_cache = 1): the fallback where
+// attention_split.comp (few queries) and attention_tiled.comp (many) do not apply. One
+// workgroup per (query, head, sequence); keys are visited oldest first in chunks of CH with an
+// online softmax (running max and normaliser), so any window length fits in shared memory.
+// Positions, windows and the cache mapping: attention_common.glsl.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -19,40 +16,18 @@ const uint PER_THREAD = (MAX_HEAD_DIM + WG - 1) / WG;
 shared float red[WG];
 #include "reduce.glsl"
 
-layout(std430, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, binding = 1) readonly buffer K { float k[]; };
-layout(std430, binding = 2) readonly buffer V { float v[]; };
-layout(std430, binding = 3) readonly buffer KC { float kc[]; };
-layout(std430, binding = 4) readonly buffer VC { float vc[]; };
-layout(std430, binding = 5) readonly buffer Start { int start[]; };
-layout(std430, binding = 6) writeonly buffer Out { float o[]; };
-
-layout(push_constant) uniform Push {
-    uint off_q, off_k, off_v, off_kc, off_vc, off_start, off_o;
-    uint T, H, Hkv, hd, S;
-    uint window;     // 0: unlimited
-    uint has_cache;  // 0: plain attention, the kc/vc/start bindings are unused
-    float scale;
-} pc;
+#include "attention_common.glsl"
 
 shared float qs[MAX_HEAD_DIM];
 shared float weight[CH];
-
-// Element offset of position j's key/value row for kv head kvh, and whether it is cached.
-uint kv_row(uint b, uint kvh, uint p0, uint j, out bool cached) {
-    cached = pc.has_cache != 0 && j < p0;
-    return cached ? ((b * pc.S + j % pc.S) * pc.Hkv + kvh) * pc.hd
-                  : ((b * pc.T + (j - p0)) * pc.Hkv + kvh) * pc.hd;
-}
 
 void main() {
     const uint i = gl_WorkGroupID.x, h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
     const uint t = gl_LocalInvocationID.x;
     const uint kvh = h / (pc.H / pc.Hkv);
-    const uint p0 = pc.has_cache != 0 ? uint(start[pc.off_start + b]) : 0u;
+    const uint p0 = chunk_start(b);
     const uint p = p0 + i;
-    uint first = pc.has_cache != 0 && p0 > pc.S ? p0 - pc.S : 0u;
-    if (pc.window > 0 && p + 1 > pc.window) first = max(first, p + 1 - pc.window);
+    const uint first = first_key(p0, p);
     const uint n_keys = p - first + 1;
 
     const uint q_row = ((b * pc.T + i) * pc.H + h) * pc.hd;
@@ -72,11 +47,7 @@ void main() {
                 bool cached;
                 const uint row = kv_row(b, kvh, p0, first + c0 + x, cached);
                 float dot = 0.0;
-                if (cached) {
-                    for (uint c = 0; c < pc.hd; ++c) dot += qs[c] * kc[pc.off_kc + row + c];
-                } else {
-                    for (uint c = 0; c < pc.hd; ++c) dot += qs[c] * k[pc.off_k + row + c];
-                }
+                for (uint c = 0; c < pc.hd; ++c) dot += qs[c] * key_at(row, cached, c);
                 s = dot * pc.scale;
             }
             weight[x] = s;
@@ -98,7 +69,7 @@ void main() {
             for (uint x = 0; x < count; ++x) {
                 bool cached;
                 const uint row = kv_row(b, kvh, p0, first + c0 + x, cached);
-                a += weight[x] * (cached ? vc[pc.off_vc + row + c] : v[pc.off_v + row + c]);
+                a += weight[x] * value_at(row, cached, c);
             }
             acc[r] = a;
         }

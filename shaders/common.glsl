@@ -7,6 +7,9 @@
 
 uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
+// -infinity: the running max before any score, and a masked or empty one.
+#define NEG_INF uintBitsToFloat(0xff800000u)
+
 // Error codes a shader reports in the status buffer; vulkan_backend.cpp words the message.
 const uint ERR_EMBEDDING_ID = 1u;     // value: the id, limit: the vocabulary size
 const uint ERR_GATHER_ROW = 2u;       // value: the row, limit: the row count

@@ -1,5 +1,7 @@
-// Vulkan attention over a sequence or a chunk plus the rolling KV cache (one shader, see
-// shaders/attention.comp), and the cache write.
+// Vulkan attention over a sequence or a chunk plus the rolling KV cache, and the cache write.
+// Three shaders share one contract (shaders/attention_common.glsl), picked by the number of
+// queries: a split over key slices plus a merge for few (decode), query x key tiles in shared
+// memory for many (prefill), and one workgroup per query otherwise (attention.comp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,11 +12,16 @@
 namespace tmx {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;  // attention.comp's MAX_HEAD_DIM
+constexpr int64_t kMaxHeadDim = 256;       // attention.comp's MAX_HEAD_DIM
+constexpr int64_t kTiledMaxHeadDim = 128;  // attention_tiled.comp's MAX_HEAD_DIM
+constexpr int64_t kSplitMaxGroup = 16;     // attention_split.comp's MAX_GROUP
+constexpr int64_t kSplitGroupDim = 2048;   // attention_split.comp's MAX_GROUP_DIM
 
+// attention_common.glsl's push constants after the binding offsets.
 struct AttentionPush {
     uint32_t T, H, Hkv, hd, S, window, has_cache;
     float scale;
+    uint32_t n_split = 0, slice_len = 0, heads = 0;  // attention_split.comp only
 };
 
 AttentionPush attention_push(const Tensor& q, const Tensor& k, int64_t S, int64_t window,
@@ -35,16 +42,20 @@ AttentionPush attention_push(const Tensor& q, const Tensor& k, int64_t S, int64_
             1.0f / std::sqrt(static_cast<float>(hd))};
 }
 
+// Query heads per attention_split workgroup: the largest divisor of the GQA group whose
+// queries fit the shader's arrays (1 always does: head_dim <= 256).
+uint32_t split_heads(int64_t group, int64_t hd) {
+    int64_t g = std::min(group, kSplitMaxGroup);
+    while (g > 1 && (group % g != 0 || g * hd > kSplitGroupDim)) --g;
+    return static_cast<uint32_t>(g);
+}
+
 }  // namespace
 
 void VulkanBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out_t, int64_t window) {
-    if (q.numel() == 0) return;
-    const AttentionPush p = attention_push(q, k, 0, window, false);
-    run("attention", {tuning_.attention_wg, tuning_.attention_chunk},
-        {in(q), in(k), in(v), in(Tensor{}), in(Tensor{}), in(Tensor{}), out(out_t)}, p,
-        static_cast<uint32_t>(q.dim(1)), static_cast<uint32_t>(q.dim(2)),
-        static_cast<uint32_t>(q.dim(0)));
+    // No cache: has_cache = 0 and the cache bindings are dummies.
+    attention_cached_impl(q, k, v, Tensor{}, Tensor{}, Tensor{}, out_t, window);
 }
 
 void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -52,11 +63,50 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
                                           const Tensor& start, const Tensor& out_t,
                                           int64_t window) {
     if (q.numel() == 0) return;
-    const AttentionPush p = attention_push(q, k, k_cache.dim(1), window, true);
-    run("attention", {tuning_.attention_wg, tuning_.attention_chunk},
+    const bool has_cache = k_cache.defined();
+    const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), Hkv = k.dim(2), hd = q.dim(3);
+    const int64_t S = has_cache ? k_cache.dim(1) : 0;
+    AttentionPush p = attention_push(q, k, S, window, has_cache);
+    const uint32_t shared_limit = ctx_->info().shared_memory_bytes;
+    const Tuning& tu = tuning_;
+
+    const uint32_t heads = split_heads(H / Hkv, hd);
+    const uint64_t split_shared =
+        (kSplitGroupDim + kSplitMaxGroup * (tu.attention_split_keys + 2)) * 4;
+    if (T <= tu.attention_split_max_t && split_shared <= shared_limit) {
+        // Every query sees at most this many keys; the slices cover that many.
+        const int64_t keys = window > 0 ? std::min(window, S + T) : S + T;
+        const int64_t n_split = (keys + tu.attention_split_keys - 1) / tu.attention_split_keys;
+        p.n_split = static_cast<uint32_t>(n_split);
+        p.slice_len = static_cast<uint32_t>((keys + n_split - 1) / n_split);
+        p.heads = heads;
+        // Per (b, i, h, slice): [m, l, acc[hd]]; phase 2 reads it after phase 1 wrote it.
+        Tensor partials = alloc({B * T * H * n_split * (hd + 2)});
+        run("attention_split", {tu.attention_split_wg, tu.attention_split_keys},
+            {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(partials)}, p, p.n_split,
+            static_cast<uint32_t>(H / heads), static_cast<uint32_t>(B * T));
+        struct {
+            uint32_t rows, hd, n_split;
+        } cp{static_cast<uint32_t>(B * T * H), static_cast<uint32_t>(hd), p.n_split};
+        auto [gx, gy] = grid(static_cast<uint64_t>(B * T * H * hd), tu.elementwise_wg);
+        run("attention_combine", {tu.elementwise_wg}, {in(partials), out(out_t)}, cp, gx, gy);
+        return;
+    }
+
+    const uint64_t tile_shared = ((tu.attention_tile_q + tu.attention_tile_k) * kTiledMaxHeadDim +
+                                  2 * tu.attention_tile_q * tu.attention_tile_k) *
+                                 4;
+    if (T >= tu.attention_tile_min_t && hd <= kTiledMaxHeadDim && tile_shared <= shared_limit) {
+        run("attention_tiled", {tu.attention_tile_wg, tu.attention_tile_q, tu.attention_tile_k},
+            {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,
+            static_cast<uint32_t>((T + tu.attention_tile_q - 1) / tu.attention_tile_q),
+            static_cast<uint32_t>(H), static_cast<uint32_t>(B));
+        return;
+    }
+
+    run("attention", {tu.attention_wg, tu.attention_chunk},
         {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,
-        static_cast<uint32_t>(q.dim(1)), static_cast<uint32_t>(q.dim(2)),
-        static_cast<uint32_t>(q.dim(0)));
+        static_cast<uint32_t>(T), static_cast<uint32_t>(H), static_cast<uint32_t>(B));
 }
 
 void VulkanBackend::kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,

@@ -55,7 +55,14 @@ class VulkanBackend final : public Backend {
         Tile large{256, 128, 128, 16, 8, 8};
         Tile small{256, 64, 64, 16, 4, 4};
         uint32_t gemv_wg = 64, gemv_rows = 4;
-        uint32_t attention_wg = 64, attention_chunk = 256;
+        uint32_t attention_wg = 64, attention_chunk = 256;  // attention.comp, the fallback
+        // Few queries (T <= split_max_t): each query's window in slices of at most split_keys
+        // keys, a workgroup per slice, then a merge (attention_split.comp, _combine.comp).
+        uint32_t attention_split_wg = 64, attention_split_keys = 64, attention_split_max_t = 4;
+        // Many queries (T >= tile_min_t, head_dim <= 128): tiles of tile_q queries walking the
+        // keys in tiles of tile_k (attention_tiled.comp; tile_wg a multiple of tile_q).
+        uint32_t attention_tile_wg = 64, attention_tile_q = 16, attention_tile_k = 32,
+                 attention_tile_min_t = 16;
         uint32_t group_wg = 256;  // moe_group, router_aux_loss: one workgroup in all
     };
     const Tuning& tuning() const { return tuning_; }

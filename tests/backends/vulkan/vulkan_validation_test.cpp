@@ -1,8 +1,9 @@
 // A representative forward sequence under VK_LAYER_KHRONOS_validation: every forward op, each
-// shader path (matrix-vector and tiled matmuls, cached and plain attention), transfers, fill
-// and copy, with the debug-utils messenger counting errors; once with the fp32 matmuls and once
-// with fp16 weights (their conversions, 16-bit storage, and a copy remade after its weight is
-// re-uploaded). The test skips when the layer is not installed (Debian: vulkan-validationlayers).
+// shader path (matrix-vector and tiled matmuls, cached and plain attention: split, tiled and
+// per-query), transfers, fill and copy, with the debug-utils messenger counting errors; once
+// with the fp32 matmuls and once with fp16 weights (their conversions, 16-bit storage, and a
+// copy remade after its weight is re-uploaded). The test skips when the layer is not
+// installed (Debian: vulkan-validationlayers).
 #ifdef TMX_HAS_VULKAN
 
 #include <cstdio>
@@ -57,6 +58,15 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     be.attention_cached(q.reshape({B, T, H, hd}), kk.reshape({B, T, Hkv, hd}),
                         vv.reshape({B, T, Hkv, hd}), kc, vc, start, o, S);
     be.kv_cache_write(kk.reshape({B, T, Hkv, hd}), vv.reshape({B, T, Hkv, hd}), kc, vc, start);
+    // The other attention paths: split over key slices and merged (decode), tiled (prefill).
+    Tensor o1 = be.alloc({B, 1, H, hd});
+    be.attention_cached(f({B, 1, H, hd}), f({B, 1, Hkv, hd}), f({B, 1, Hkv, hd}), kc, vc, start, o1,
+                        S);
+    const int64_t Tp = be.tuning().attention_tile_min_t;
+    Tensor op = be.alloc({B, Tp, H, hd});
+    be.attention(f({B, Tp, H, hd}), f({B, Tp, Hkv, hd}), f({B, Tp, Hkv, hd}), op, 5);
+    be.attention_cached(f({B, Tp, H, hd}), f({B, Tp, Hkv, hd}), f({B, Tp, Hkv, hd}), kc, vc, start,
+                        op, S);
     Tensor attn = be.alloc({N, d});
     be.matmul(o.reshape({N, H * hd}), f({d, H * hd}), attn, {.trans_b = true});
     be.add(h, attn, h);
