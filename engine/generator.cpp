@@ -63,7 +63,7 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
 
     KvCache cache(c, be, B);
     const int64_t V = c.vocab_size;
-    std::vector<float> logits(static_cast<size_t>(B * V)), row(static_cast<size_t>(V));
+    std::vector<float> logits(static_cast<size_t>(B * V));
     std::vector<Sequence> seqs;
     std::map<std::vector<int32_t>, int> copies_so_far;
     for (int64_t b = 0; b < B; ++b) {
@@ -87,10 +87,9 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
         s.history.push_back(token);
         r.ids.push_back(token);
         bool stop = false;
-        if (on_token) {
-            row.assign(row_logits, row_logits + V);
-            stop = on_token(static_cast<size_t>(b), token, row);
-        }
+        if (on_token)
+            stop = on_token(static_cast<size_t>(b), token,
+                            std::span<const float>(row_logits, static_cast<size_t>(V)));
         if (std::find(options.end_ids.begin(), options.end_ids.end(), token) !=
             options.end_ids.end()) {
             r.stop_reason = StopReason::Eos;
@@ -254,7 +253,7 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
     token_options.end_ids.clear();
     for (int32_t id : {tokenizer.eos_id(), tokenizer.bos_id()})
         if (id >= 0) token_options.end_ids.push_back(id);
-    auto on_token = [&](size_t b, int32_t token, const std::vector<float>&) {
+    auto on_token = [&](size_t b, int32_t token, std::span<const float>) {
         if (tokenizer.is_control(token)) return false;  // ends the text, adds none
         const bool stopped = streams[b].push(token);
         if (on_text) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,7 +47,7 @@ struct TokenGeneration {
 // Called for every drawn token with the logits it was drawn from; returning true stops that
 // sequence with StopReason::Stop (e.g. a stop string completed).
 using TokenCallback =
-    std::function<bool(size_t sequence, int32_t token, const std::vector<float>& logits)>;
+    std::function<bool(size_t sequence, int32_t token, std::span<const float> logits)>;
 
 // Generates from token prompts (each non-empty) as one batch.
 std::vector<TokenGeneration> generate_tokens(Model& model,

@@ -128,8 +128,8 @@ Recorded run(Model& m, const std::vector<std::vector<int32_t>>& prompts,
              const GenerationOptions& o) {
     Recorded rec;
     rec.logits.resize(prompts.size());
-    rec.results = generate_tokens(m, prompts, o, [&](size_t b, int32_t, const std::vector<float>& l) {
-        rec.logits[b].push_back(l);
+    rec.results = generate_tokens(m, prompts, o, [&](size_t b, int32_t, std::span<const float> l) {
+        rec.logits[b].emplace_back(l.begin(), l.end());
         return false;
     });
     return rec;

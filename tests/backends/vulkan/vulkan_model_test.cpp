@@ -80,8 +80,8 @@ TEST_F(VulkanTest, DemoModelGreedyGenerationMatchesCpu) {
     o.max_new_tokens = 200;
     o.sampling.temperature = 0.0;  // greedy; no end ids: all 200 steps
     std::vector<std::vector<float>> cpu_logits;
-    auto record = [&](size_t, int32_t, const std::vector<float>& l) {
-        cpu_logits.push_back(l);
+    auto record = [&](size_t, int32_t, std::span<const float> l) {
+        cpu_logits.emplace_back(l.begin(), l.end());
         return false;
     };
     const auto want = generate_tokens(*on_cpu, {prompt}, o, record)[0].ids;
