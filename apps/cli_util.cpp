@@ -32,7 +32,7 @@ std::unique_ptr<Backend> BackendChoice::open() const {
     const std::string name =
         backend == "auto" && device >= 0 ? "vulkan" : resolve_backend(backend);
     auto be = make_backend(with_device(name, device));
-    std::fprintf(stderr, "backend: %s%s\n", be->name().c_str(),
+    std::fprintf(stderr, "backend: %s%s\n", be->description().c_str(),
                  backend == "auto" ? " (auto)" : "");
     return be;
 }

@@ -41,7 +41,7 @@ std::vector<std::string> split_names(const std::string& list) {
 void print_table(const std::vector<BackendBench>& results, const std::string& model) {
     std::printf("model: %s\n", model.c_str());
     for (const BackendBench& r : results) {
-        std::printf("\n%s\n", r.backend.c_str());
+        std::printf("\n%s\n", r.description.c_str());
         std::printf("  %-24s %-34s %10s %10s %9s %10s\n", "op", "shape", "ms", "GFLOP/s", "GB/s",
                     "err vs cpu");
         for (const OpBench& op : r.ops) {
@@ -79,6 +79,7 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                            {"max_error_vs_cpu", op.max_error}});
         const ModelBench& m = r.model;
         j["backends"].push_back({{"backend", r.backend},
+                                 {"description", r.description},
                                  {"ops", ops},
                                  {"prefill_tokens_per_s", m.prefill_tokens_per_s},
                                  {"decode_tokens_per_s", m.decode_tokens_per_s},

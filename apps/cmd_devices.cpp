@@ -70,8 +70,8 @@ void print_devices(bool json) {
     std::printf(
         "* the default (backend \"vulkan\"); choose another with backend \"vulkan:N\" or "
         "TMX_VULKAN_DEVICE=N\n"
-        "fp16-weights: matmuls read weights as fp16 (off unless TMX_VULKAN_FP16=1, on devices "
-        "with 16-bit storage)\n");
+        "fp16-weights: matmuls read weights as fp16, where the device has 16-bit storage "
+        "(TMX_VULKAN_FP16=0 turns it off)\n");
 }
 
 }  // namespace

@@ -32,6 +32,8 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
+    // The backend and what it runs on, for logs and benchmark reports.
+    virtual std::string description() const { return name(); }
 
     // ---- memory and transfers
     Tensor alloc(Shape shape, DType dtype = DType::F32);

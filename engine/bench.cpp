@@ -389,6 +389,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
         Backend& be = other ? *other : *cpu;
         BackendBench r;
         r.backend = be.name();
+        r.description = be.description();
         for (size_t i = 0; i < ops.size(); ++i) {
             const OpCase& op = ops[i];
             if (o.progress) o.progress(r.backend + ": " + op.name + " " + op.shape);

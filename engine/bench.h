@@ -42,6 +42,7 @@ struct ModelBench {
 
 struct BackendBench {
     std::string backend;
+    std::string description;  // Backend::description(): the device and its precision
     std::vector<OpBench> ops;
     ModelBench model;
 };

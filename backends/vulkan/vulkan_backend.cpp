@@ -130,6 +130,12 @@ void VulkanBackend::download_impl(const Tensor& src, void* host) {
     check_status();
 }
 
+std::string VulkanBackend::description() const {
+    const vk::DeviceInfo& d = ctx_->info();
+    return "vulkan: " + d.name + " (device " + std::to_string(d.index) + "), " +
+           (fp16_weights() ? "fp16" : "fp32") + " weights";
+}
+
 void VulkanBackend::synchronize() {
     stream_->submit_and_wait();
     check_status();

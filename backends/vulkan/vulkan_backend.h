@@ -35,6 +35,8 @@ class VulkanBackend final : public Backend {
     ~VulkanBackend() override;
 
     std::string name() const override { return "vulkan"; }
+    // "vulkan: <device name> (device N), fp32 | fp16 weights".
+    std::string description() const override;
     void synchronize() override;
 
     // For tests and `tmx devices`: the device, the allocator and the stream's counters.

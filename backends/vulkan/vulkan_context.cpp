@@ -282,7 +282,7 @@ bool use_fp16_weights(const DeviceInfo& device, std::optional<bool> requested) {
             requested = *env == '1';
         }
     }
-    return device.fp16_storage && requested.value_or(false);
+    return device.fp16_storage && requested.value_or(true);
 }
 
 Context::Context(const VulkanOptions& options) {

@@ -5,9 +5,10 @@
 // then the first device of any kind. Indices are those `tmx devices` lists.
 //
 // fp16 weights (use_fp16_weights): matmul weights read from fp16 copies, halving the weight
-// traffic that bounds decode. VulkanOptions::fp16_weights when set, else TMX_VULKAN_FP16=0/1,
-// else off: opt-in until its speed and its effect on greedy agreement with the CPU have been
-// measured on GPUs. Never on a device without 16-bit storage buffers.
+// traffic that bounds decode (arithmetic stays fp32; logits move by about 1e-3 relative).
+// VulkanOptions::fp16_weights when set, else TMX_VULKAN_FP16=0/1, else on wherever the device
+// has 16-bit storage buffers. The fp32 path is always present: the only one on a device
+// without them, and the one the tests compare with the CPU backend at fp32 tolerances.
 #pragma once
 
 #include <vulkan/vulkan.h>

@@ -35,6 +35,9 @@
 #include "engine/errors.h"
 #include "tests/backends/reference_ops.h"
 #include "tests/test_util.h"
+#ifdef TMX_HAS_VULKAN
+#include "backends/vulkan/vulkan_backend.h"
+#endif
 
 namespace tmx {
 namespace {
@@ -92,7 +95,14 @@ protected:
     // skips its tests, saying why.
     void SetUp() override {
         try {
-            backend_ = make_backend(GetParam());
+#ifdef TMX_HAS_VULKAN
+            // The portable fp32 path, which the fp32 tolerances below hold for: fp16 weights
+            // (Vulkan's default where the device allows) are tested in vulkan_fp16_test.cpp.
+            if (GetParam() == "vulkan")
+                backend_ = make_vulkan_backend({.fp16_weights = false});
+            else
+#endif
+                backend_ = make_backend(GetParam());
         } catch (const Error& e) {
             GTEST_SKIP() << "backend " << GetParam() << " unavailable: " << e.what();
         }

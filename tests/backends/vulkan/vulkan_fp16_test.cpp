@@ -1,5 +1,5 @@
-// The fp16-weight path of the Vulkan matmuls (backends/vulkan/vulkan_fp16.h), forced on with
-// VulkanOptions::fp16_weights (every device defaults to fp32):
+// The fp16-weight path of the Vulkan matmuls (backends/vulkan/vulkan_fp16.h), the default on
+// devices with 16-bit storage buffers, forced here with VulkanOptions::fp16_weights:
 //   - the conversion rounds to nearest even and clamps like an independent host rounding;
 //   - matmul and grouped_matmul (decode and tiled shaders, odd sizes) equal the CPU backend run
 //     on host-rounded weights at the fp32 tolerance (so every index and offset is right), and
@@ -7,8 +7,8 @@
 //   - the model's forward and cached decoding likewise;
 //   - a copy is remade after any write to its weight (upload, fill, op output,
 //     Model::params_from_host), reused otherwise, and freed with its buffer;
-//   - without the option the fp32 path runs, at the fp32 tolerance, and the option, the
-//     environment variable choose the path as documented, and the device's support limits it.
+//   - with the option off the fp32 path runs, at the fp32 tolerance, and the option, the
+//     environment variable and the device's support choose the path as documented.
 #ifdef TMX_HAS_VULKAN
 
 #include <cstdlib>
@@ -310,14 +310,14 @@ TEST_F(VulkanFp16, CopiesAreFreedWithTheirBuffer) {
     EXPECT_EQ(vk().allocator_stats().live_ranges, ranges);
 }
 
-// Without the option (the default) the fp32 shaders run.
+// With the option off the fp32 shaders run.
 class VulkanFp32 : public VulkanFp16 {
   protected:
     vk::VulkanOptions options() const override { return {.fp16_weights = false}; }
     void SetUp() override { VulkanTest::SetUp(); }
 };
 
-TEST_F(VulkanFp32, WithoutTheOptionTheFp32PathRuns) {
+TEST_F(VulkanFp32, WithTheOptionOffTheFp32PathRuns) {
     SCOPED_TRACE(trace());
     ASSERT_FALSE(vk().fp16_weights());
     for (int64_t M : {2, 70}) {  // matrix-vector and tiled
@@ -327,7 +327,7 @@ TEST_F(VulkanFp32, WithoutTheOptionTheFp32PathRuns) {
     EXPECT_EQ(vk().fp16_weight_copies(), 0u);
 }
 
-TEST(VulkanFp16Choice, OptionThenEnvironmentThenOffWhereTheDeviceAllows) {
+TEST(VulkanFp16Choice, OptionThenEnvironmentThenOnWhereTheDeviceAllows) {
     const char* saved = std::getenv("TMX_VULKAN_FP16");
     const std::string saved_value = saved ? saved : "";
     unsetenv("TMX_VULKAN_FP16");
@@ -337,20 +337,19 @@ TEST(VulkanFp16Choice, OptionThenEnvironmentThenOffWhereTheDeviceAllows) {
     cpu_device.type = "cpu";
     cpu_device.fp16_storage = true;
     no_storage.type = "integrated";
-    EXPECT_FALSE(vk::use_fp16_weights(gpu));  // opt-in
-    EXPECT_FALSE(vk::use_fp16_weights(cpu_device));
-    EXPECT_TRUE(vk::use_fp16_weights(gpu, true));
+    EXPECT_TRUE(vk::use_fp16_weights(gpu));  // the device's default
+    EXPECT_TRUE(vk::use_fp16_weights(cpu_device));
     EXPECT_FALSE(vk::use_fp16_weights(no_storage));
     EXPECT_FALSE(vk::use_fp16_weights(gpu, false));
-    EXPECT_TRUE(vk::use_fp16_weights(cpu_device, true));
-    EXPECT_FALSE(vk::use_fp16_weights(no_storage, true));
+    EXPECT_TRUE(vk::use_fp16_weights(gpu, true));
+    EXPECT_FALSE(vk::use_fp16_weights(no_storage, true));  // never where the device cannot
+    setenv("TMX_VULKAN_FP16", "0", 1);
+    EXPECT_FALSE(vk::use_fp16_weights(gpu));
+    EXPECT_TRUE(vk::use_fp16_weights(gpu, true));  // the option wins
     setenv("TMX_VULKAN_FP16", "1", 1);
     EXPECT_TRUE(vk::use_fp16_weights(cpu_device));
     EXPECT_FALSE(vk::use_fp16_weights(cpu_device, false));  // the option wins
-    EXPECT_FALSE(vk::use_fp16_weights(no_storage));  // not where the device cannot
-    setenv("TMX_VULKAN_FP16", "0", 1);
-    EXPECT_TRUE(vk::use_fp16_weights(gpu, true));  // the option wins
-    EXPECT_FALSE(vk::use_fp16_weights(gpu));
+    EXPECT_FALSE(vk::use_fp16_weights(no_storage));
     setenv("TMX_VULKAN_FP16", "yes", 1);
     EXPECT_THROW(vk::use_fp16_weights(gpu), Error);
     if (saved)
