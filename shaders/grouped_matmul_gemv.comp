@@ -1,7 +1,8 @@
 // grouped_matmul for few slots (decode): workgroup (x, y) computes NR outputs of slot y, a
 // dot product of x[y, :] with NR rows of its expert's w, reduced across the workgroup. The
-// slot's expert is looked up in offsets on the device. Also built as grouped_matmul_gemv_fp16w,
-// reading w from its fp16 copy (weights.glsl).
+// slot's expert is looked up in offsets on the device. Where K and both operands' offsets are
+// multiples of 4, invocations read 4 consecutive k at a time (as matmul_gemv.comp does). Also
+// built as grouped_matmul_gemv_fp16w, reading w from its fp16 copy (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "weights.glsl"
@@ -15,7 +16,9 @@ shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
 
 layout(std430, binding = 0) readonly buffer X { float x[]; };  // [S, K]
+layout(std430, binding = 0) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 1) readonly buffer W { WEIGHT_T w[]; };  // [E, Nout, K]
+layout(std430, binding = 1) readonly buffer W4 { WEIGHT_VEC4_T w4[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) readonly buffer Offsets { int offsets[]; };
 layout(std430, binding = 4) writeonly buffer Out { float o[]; };
@@ -34,10 +37,19 @@ void main() {
     float acc[NR];
     for (uint r = 0; r < NR; ++r) acc[r] = 0.0;
     const uint w_base = pc.off_w * WEIGHTS_PER_WORD + (e * pc.Nout + n0) * pc.K;
-    for (uint k = t; k < pc.K; k += WG) {
-        const float xv = x[pc.off_x + s * pc.K + k];
-        for (uint r = 0; r < NR; ++r)
-            if (n0 + r < pc.Nout) acc[r] += xv * float(w[w_base + r * pc.K + k]);
+    const uint x_base = pc.off_x + s * pc.K;
+    if (pc.K % 4 == 0 && w_base % 4 == 0 && x_base % 4 == 0) {  // uniform
+        for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
+            const vec4 xv = x4[x_base / 4 + k4];
+            for (uint r = 0; r < NR; ++r)
+                if (n0 + r < pc.Nout) acc[r] += dot(xv, vec4(w4[(w_base + r * pc.K) / 4 + k4]));
+        }
+    } else {
+        for (uint k = t; k < pc.K; k += WG) {
+            const float xv = x[x_base + k];
+            for (uint r = 0; r < NR; ++r)
+                if (n0 + r < pc.Nout) acc[r] += xv * float(w[w_base + r * pc.K + k]);
+        }
     }
     for (uint r = 0; r < NR; ++r) part[r * WG + t] = acc[r];
     reduce_parts(NR);

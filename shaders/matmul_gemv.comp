@@ -2,7 +2,9 @@
 // of a, reading b once for all M rows.
 //   dot mode (b's k contiguous, e.g. x . W^T): a workgroup owns NR output columns; its
 //     invocations stride over k (coalesced reads of b's rows) and the partial dot products
-//     are summed across the workgroup.
+//     are summed across the workgroup. Where every row of a and b starts on a multiple of 4
+//     elements (K too), each invocation reads 4 consecutive k at a time: one 16-byte load
+//     (8 with fp16 weights) instead of four.
 //   column mode (b's n contiguous): one invocation per output column, looping over k.
 // Also built as matmul_gemv_fp16w, reading b from its fp16 copy (weights.glsl).
 #version 450
@@ -19,7 +21,9 @@ shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
 
 layout(std430, binding = 0) readonly buffer A { float a[]; };
+layout(std430, binding = 0) readonly buffer A4 { vec4 a4[]; };
 layout(std430, binding = 1) readonly buffer B { WEIGHT_T b[]; };
+layout(std430, binding = 1) readonly buffer B4 { WEIGHT_VEC4_T b4[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) buffer Out { float o[]; };
 
@@ -56,13 +60,28 @@ void main() {
     if (n0 >= pc.N) return;  // uniform: the whole workgroup leaves
     float acc[PARTS];
     for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
-    for (uint k = t; k < pc.K; k += WG) {
-        float bv[NR];
-        for (uint r = 0; r < NR; ++r)
-            bv[r] = n0 + r < pc.N ? float(b[off_b + k + (n0 + r) * pc.b_sn]) : 0.0;
-        for (uint m = 0; m < pc.M; ++m) {
-            const float av = a[pc.off_a + m * pc.a_sm + k * pc.a_sk];
-            for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];
+    // b's rows start at off_b + n * b_sn (b_sn = K); a's at off_a + m * a_sm.
+    const bool by_four = pc.K % 4 == 0 && off_b % 4 == 0 && pc.a_sk == 1 &&
+                         pc.off_a % 4 == 0 && (pc.M == 1 || pc.a_sm % 4 == 0);
+    if (by_four) {  // uniform
+        for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
+            vec4 bv[NR];
+            for (uint r = 0; r < NR; ++r)
+                bv[r] = n0 + r < pc.N ? vec4(b4[(off_b + (n0 + r) * pc.b_sn) / 4 + k4]) : vec4(0);
+            for (uint m = 0; m < pc.M; ++m) {
+                const vec4 av = a4[(pc.off_a + m * pc.a_sm) / 4 + k4];
+                for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(av, bv[r]);
+            }
+        }
+    } else {
+        for (uint k = t; k < pc.K; k += WG) {
+            float bv[NR];
+            for (uint r = 0; r < NR; ++r)
+                bv[r] = n0 + r < pc.N ? float(b[off_b + k + (n0 + r) * pc.b_sn]) : 0.0;
+            for (uint m = 0; m < pc.M; ++m) {
+                const float av = a[pc.off_a + m * pc.a_sm + k * pc.a_sk];
+                for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];
+            }
         }
     }
     for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];

@@ -67,7 +67,9 @@ void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& 
         return;
     }
     // Large tiles only when there are enough of them to occupy a big GPU.
-    const Tuning::Tile& t = M >= 256 && N >= 256 ? tuning_.large : tuning_.small;
+    const Tuning::Tile& t = M >= 256 && N >= 256              ? tuning_.large
+                            : M <= tuning_.skinny_max_rows ? tuning_.skinny
+                                                            : tuning_.small;
     run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(N, t.bn),
         ceil_div(M, t.bm));
 }
@@ -88,7 +90,9 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
             ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(S));
         return;
     }
-    const Tuning::Tile& t = tuning_.small;  // expert slabs are short: small tiles waste less
+    // Expert slabs are short (each is cut into its own tiles): small tiles waste less.
+    const Tuning::Tile& t =
+        S <= E * int64_t{tuning_.skinny_max_rows} ? tuning_.skinny : tuning_.small;
     run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(Nout, t.bn),
         ceil_div(S, t.bm) + static_cast<uint32_t>(E));
 }

@@ -56,6 +56,10 @@ class VulkanBackend final : public Backend {
         };
         Tile large{256, 128, 128, 16, 8, 8};
         Tile small{256, 64, 64, 16, 4, 4};
+        // Few rows: short prompts, and each expert's slots in a prefill chunk (about 2T/E):
+        // 64-row tiles would be mostly padding. 128 invocations fit every device.
+        Tile skinny{128, 16, 64, 16, 2, 4};
+        uint32_t skinny_max_rows = 32;  // rows (dense) or mean slots per expert (grouped)
         uint32_t gemv_wg = 64, gemv_rows = 4;
         uint32_t attention_wg = 64, attention_chunk = 256;  // attention.comp, the fallback
         // Few queries (T <= split_max_t): each query's window in slices of at most split_keys

@@ -16,10 +16,11 @@ TEST_F(VulkanOps, MatmulAcrossTileAndMatrixVectorBoundaries) {
     struct Case {
         int64_t M, N, K;
     };
-    // M 4 | 5: the matrix-vector path and the smallest tiled one; 257+: the large tiles; sizes
-    // one past powers of two leave partial tiles in every dimension.
-    for (Case c : {Case{4, 1001, 257}, Case{5, 129, 65}, Case{1, 3001, 64}, Case{300, 257, 129},
-                   Case{129, 65, 300}, Case{2, 7, 1}})
+    // M 4 | 5: the matrix-vector path and the smallest tiled one (skinny tiles up to M 32);
+    // 129: 64-row tiles; 257+: the large tiles; sizes one past powers of two leave partial
+    // tiles in every dimension.
+    for (Case c : {Case{4, 1001, 257}, Case{5, 129, 65}, Case{30, 70, 40}, Case{1, 3001, 64},
+                   Case{300, 257, 129}, Case{129, 65, 300}, Case{2, 7, 1}})
         for (bool ta : {false, true})
             for (bool tb : {false, true}) {
                 SCOPED_TRACE("M,N,K " + std::to_string(c.M) + "," + std::to_string(c.N) + "," +
@@ -41,6 +42,54 @@ TEST_F(VulkanOps, MatmulAcrossTileAndMatrixVectorBoundaries) {
             }
 }
 
+// The matrix-vector shaders read 4 consecutive k at once where K and every row start are
+// multiples of 4, and one at a time otherwise: operands at every element offset mod 4 inside
+// larger buffers, K a multiple of 4 or not, 1 to 4 rows.
+TEST_F(VulkanOps, MatrixVectorPathsAtEveryAlignment) {
+    SCOPED_TRACE(trace());
+    for (int64_t K : {64, 66})
+        for (int64_t M : {1, 3, 4})
+            for (int64_t a_off : {0, 1, 2, 4})
+                for (int64_t b_off : {0, 3, 4}) {
+                    SCOPED_TRACE("K " + std::to_string(K) + " M " + std::to_string(M) +
+                                 " offsets " + std::to_string(a_off) + "," +
+                                 std::to_string(b_off));
+                    const int64_t N = 37;
+                    auto a = normal(a_off + M * K), b = normal(b_off + N * K);
+                    std::vector<float> results[2];
+                    int i = 0;
+                    for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+                        Tensor ta = up(*be, a, {a_off + M * K}), tb = up(*be, b, {b_off + N * K});
+                        Tensor out = be->alloc({M, N});
+                        be->matmul(ta.slice(a_off, {M, K}), tb.slice(b_off, {N, K}), out,
+                                   {.trans_b = true});
+                        results[i++] = down(*be, out);
+                    }
+                    EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+                }
+    // Grouped: slot rows of x start at x_off + s * K, expert rows of w at w_off + ... * K.
+    for (int64_t K : {64, 66})
+        for (int64_t x_off : {0, 2, 4})
+            for (int64_t w_off : {0, 1, 4}) {
+                SCOPED_TRACE("grouped K " + std::to_string(K) + " offsets " +
+                             std::to_string(x_off) + "," + std::to_string(w_off));
+                const int64_t E = 3, Nout = 21, S = 3;
+                const std::vector<int32_t> offsets = {0, 2, 2, 3};
+                auto x = normal(x_off + S * K), w = normal(w_off + E * Nout * K);
+                std::vector<float> results[2];
+                int i = 0;
+                for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+                    Tensor tx = up(*be, x, {x_off + S * K}),
+                           tw = up(*be, w, {w_off + E * Nout * K});
+                    Tensor out = be->alloc({S, Nout});
+                    be->grouped_matmul(tx.slice(x_off, {S, K}), tw.slice(w_off, {E, Nout, K}),
+                                       Tensor{}, up(*be, offsets, {E + 1}), out);
+                    results[i++] = down(*be, out);
+                }
+                EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+            }
+}
+
 // grouped_matmul on the device's offsets: decode (one token, top-2: two slots), one expert
 // taking every slot, experts with none, and enough slots for the tiled path.
 TEST_F(VulkanOps, GroupedMatmulDecodeAndSkewedRouting) {
@@ -54,7 +103,8 @@ TEST_F(VulkanOps, GroupedMatmulDecodeAndSkewedRouting) {
         {33, 17, {0, 0, 1}},                  // one token, top-1, last expert
         {65, 33, {8, 0, 0, 0}},               // matrix-vector path, one expert has all
         {65, 33, {0, 0, 9, 0}},               // tiled path, one expert has all
-        {129, 70, {0, 100, 3, 0, 64, 65, 0, 1}},
+        {129, 70, {0, 100, 3, 0, 64, 65, 0, 1}},  // skinny tiles (few slots per expert)
+        {40, 70, {150, 0, 131, 20}},              // 64-row tiles
     };
     for (const Case& c : cases) {
         const int64_t E = static_cast<int64_t>(c.counts.size());
