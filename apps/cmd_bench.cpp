@@ -126,6 +126,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--batch", b.batch, "Sequences in the batch-N decode")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    sub->add_option("--gemm", b.gemm,
+                    "Also time an fp32 N x N x N matmul (e.g. 8192, against a GPU's fp32 peak)")
+        ->check(CLI::PositiveNumber);
     sub->add_option("--repeats", b.repeats, "Timed repetitions (the median is reported)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();

@@ -147,7 +147,19 @@ OpCase experts_case(const std::string& name, const ModelConfig& c, int64_t token
     return op;
 }
 
-std::vector<OpCase> op_cases(const ModelConfig& c, int64_t P, uint64_t seed) {
+// out = a b, square and fp32 on every backend (b is not a linear layer's weight, so no
+// reduced-precision weight path applies): the GEMM peak that GPU fp32 figures quote.
+OpCase square_gemm_case(int64_t n, InputMaker& in) {
+    OpCase c{"gemm (fp32)", dims({n, n, n}), 2.0 * n * n * n, 4.0 * 3 * n * n, {}};
+    auto a = in.normal(n * n), b = in.normal(n * n);
+    c.prepare = [=](Backend& be) {
+        Tensor at = upload(be, a, {n, n}), bt = upload(be, b, {n, n}), out = be.alloc({n, n});
+        return OpCase::Prepared{[&be, at, bt, out] { be.matmul(at, bt, out); }, out};
+    };
+    return c;
+}
+
+std::vector<OpCase> op_cases(const ModelConfig& c, int64_t P, uint64_t seed, int64_t gemm) {
     InputMaker in(seed);
     const int64_t d = c.d_model, H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const int64_t W = kv_cache_slots(c);
@@ -230,6 +242,7 @@ std::vector<OpCase> op_cases(const ModelConfig& c, int64_t P, uint64_t seed) {
     ops.push_back(experts_case(c.is_moe() ? "experts w1 (decode)" : "ffn w1 (decode)", c, 1, in));
     ops.push_back(linear_case("lm_head (decode)", 1, c.vocab_size, d, in));
     ops.push_back(linear_case("lm_head (prefill GEMM)", P, c.vocab_size, d, in));
+    if (gemm > 0) ops.push_back(square_gemm_case(gemm, in));
     return ops;
 }
 
@@ -373,7 +386,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     } else {
         cpu_model.params_from_host(weights);
     }
-    const std::vector<OpCase> ops = op_cases(config, P, o.seed);
+    const std::vector<OpCase> ops = op_cases(config, P, o.seed, o.gemm);
     std::vector<std::vector<float>> cpu_outputs;
     for (const OpCase& op : ops) {
         OpCase::Prepared p = op.prepare(*cpu);

@@ -20,6 +20,7 @@ struct BenchOptions {
     int64_t prompt_tokens = 128;  // prefill length (and the "prefill" op shapes)
     int64_t decode_tokens = 32;   // decode steps timed
     int64_t batch = 8;            // sequences in the batch-N decode
+    int64_t gemm = 0;             // > 0: also an fp32 gemm x gemm x gemm matmul (a peak check)
     uint64_t seed = 0;            // inputs and, with no weights given, the model's init
     // Called before each measurement with a short description (progress on stderr).
     std::function<void(const std::string&)> progress;

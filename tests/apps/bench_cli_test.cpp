@@ -14,7 +14,7 @@ namespace {
 TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
     const std::string config = test::source_dir() + "/assets/configs/test-tiny.json";
     auto r = test::run_tmx("bench --config " + config +
-                           " --prompt 20 --decode 6 --batch 3 --repeats 2 --json --threads 2");
+                           " --prompt 20 --decode 6 --batch 3 --gemm 37 --repeats 2 --json --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const nlohmann::json j = nlohmann::json::parse(r.out);
     ASSERT_GE(j["backends"].size(), 1u);
@@ -27,11 +27,16 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
         // about u relative (2.7e-4 seen), logits after several layers by a few u.
         const bool fp16 = description.find("fp16 weights") != std::string::npos;
         const double tol = fp16 ? 3e-3 : 1e-4;
-        ASSERT_GE(b["ops"].size(), 8u);
+        ASSERT_GE(b["ops"].size(), 9u);
         for (const auto& op : b["ops"]) {
             EXPECT_GT(op["ms"].get<double>(), 0.0) << op["op"];
             EXPECT_LT(op["max_error_vs_cpu"].get<double>(), tol) << op["op"];
         }
+        // --gemm: the square matmul, last, fp32 on every backend.
+        const auto& gemm = b["ops"].back();
+        EXPECT_EQ(gemm["op"], "gemm (fp32)");
+        EXPECT_EQ(gemm["shape"], "37x37x37");
+        EXPECT_LT(gemm["max_error_vs_cpu"].get<double>(), 1e-4);
         for (const char* key :
              {"prefill_tokens_per_s", "decode_tokens_per_s", "batch_decode_tokens_per_s"})
             EXPECT_GT(b[key].get<double>(), 0.0) << key;
