@@ -155,6 +155,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                 std::printf("%s[%zu] %s%s\n", i ? "\n" : "", i + 1, r.prompt.c_str(),
                             r.text.c_str());
             }
+            std::fflush(stdout);  // the text before its stats line, when both are piped
             if (!opts->json)
                 std::fprintf(stderr,
                              "[%zu] %zu prompt tokens, %zu new, stop: %s; prefill %.1f tokens/s, "
