@@ -47,6 +47,12 @@ class VulkanTest : public ::testing::Test {
     std::vector<int32_t> ints(int64_t n, int32_t lo, int32_t hi) {
         return random_ints(rng_, static_cast<size_t>(n), lo, hi);
     }
+    // grouped_matmul's expert offsets [E + 1] for slots sorted by expert, counts[e] each.
+    static std::vector<int32_t> expert_offsets(const std::vector<int32_t>& counts) {
+        std::vector<int32_t> offsets(counts.size() + 1, 0);
+        for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
+        return offsets;
+    }
 
     template <class T>
     static Tensor up(Backend& be, const std::vector<T>& host, Shape shape) {

@@ -108,8 +108,7 @@ TEST_F(VulkanOps, GroupedMatmulDecodeAndSkewedRouting) {
     };
     for (const Case& c : cases) {
         const int64_t E = static_cast<int64_t>(c.counts.size());
-        std::vector<int32_t> offsets(E + 1, 0);
-        for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + c.counts[e];
+        const std::vector<int32_t> offsets = expert_offsets(c.counts);
         const int64_t S = offsets[E];
         SCOPED_TRACE("S " + std::to_string(S) + " K " + std::to_string(c.K) + " Nout " +
                      std::to_string(c.Nout));
