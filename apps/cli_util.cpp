@@ -9,29 +9,34 @@
 
 namespace tmx::cli {
 
-void add_backend_options(CLI::App& sub, BackendChoice& choice) {
+void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
     sub.add_option("--backend", choice.backend,
-                   "Backend: auto (the best present: a Vulkan GPU, else the CPU) or one of " +
-                       backend_list())
+                   training ? "Backend: auto (CUDA when a GPU is present, else the CPU) or one "
+                              "of " + training_backend_list()
+                            : "Backend: auto (the best present: CUDA, else a Vulkan GPU, else "
+                              "the CPU) or one of " + backend_list())
         ->capture_default_str();
     sub.add_option("--device", choice.device,
-                   "Vulkan device index, as `tmx devices` lists them (default: the first "
-                   "discrete GPU, else integrated, else any)")
+                   "GPU index of the chosen backend, as `tmx devices` lists them (default: "
+                   "CUDA device 0; the first discrete Vulkan GPU)")
         ->check(CLI::NonNegativeNumber);
+    choice.training = training;
 }
 
 std::string with_device(const std::string& name, int device) {
     if (device < 0) return name;
-    if (name == "vulkan") return "vulkan:" + std::to_string(device);
+    if (name == "vulkan" || name == "cuda") return name + ":" + std::to_string(device);
     throw UsageError("--device " + std::to_string(device) +
-                     " selects a Vulkan device; backend '" + name + "' has none");
+                     " selects a GPU; backend '" + name + "' has none");
 }
 
 std::unique_ptr<Backend> BackendChoice::open() const {
-    // With --device, auto means Vulkan: the device was asked for.
-    const std::string name =
-        backend == "auto" && device >= 0 ? "vulkan" : resolve_backend(backend);
+    const std::string name = resolve_backend(backend, training);
     auto be = make_backend(with_device(name, device));
+    if (training && !be->supports_training())
+        throw UsageError("--backend " + backend + ": the " + be->name() +
+                         " backend runs inference only; backends that train: " +
+                         training_backend_list());
     std::fprintf(stderr, "backend: %s%s\n", be->description().c_str(),
                  backend == "auto" ? " (auto)" : "");
     return be;

@@ -57,6 +57,15 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
         std::printf("  logits vs cpu: max error %.1e; greedy tokens matching cpu %lld of %lld\n",
                     m.logits_error, static_cast<long long>(m.greedy_matching),
                     static_cast<long long>(m.greedy_steps));
+        const TrainBench& t = r.train;
+        if (t.measured) {
+            char mfu[32] = "";
+            if (t.mfu > 0) std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%", 100 * t.mfu);
+            std::printf("  training step: %.0f tokens/s, %.2f model TFLOP/s%s, peak memory %.2f "
+                        "GiB; loss %.6f (cpu %.6f)\n",
+                        t.tokens_per_s, t.model_tflops, mfu,
+                        static_cast<double>(t.peak_bytes) / (1ull << 30), t.loss, t.cpu_loss);
+        }
     }
 }
 
@@ -87,6 +96,16 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                  {"logits_max_error_vs_cpu", m.logits_error},
                                  {"greedy_matching", m.greedy_matching},
                                  {"greedy_steps", m.greedy_steps}});
+        const TrainBench& t = r.train;
+        if (t.measured)
+            j["backends"].back()["train"] = {{"batch", o.train_batch},
+                                             {"seq", o.train_seq},
+                                             {"tokens_per_s", t.tokens_per_s},
+                                             {"model_tflops", t.model_tflops},
+                                             {"mfu", t.mfu},
+                                             {"peak_bytes", t.peak_bytes},
+                                             {"loss", t.loss},
+                                             {"cpu_loss", t.cpu_loss}};
     }
     return j;
 }
@@ -105,7 +124,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     CLI::App* sub = app.add_subcommand(
         "bench",
         "Backend comparison: per-op timings at the model's shapes, prefill and decode tokens/s, "
-        "each checked against the CPU backend");
+        "optionally a training step; each checked against the CPU backend");
     auto* model = sub->add_option("--model", opts->model, "Checkpoint directory to run");
     auto* config = sub->add_option("--config", opts->config,
                                    "Model config to run with random weights (default: "
@@ -115,8 +134,18 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--backends", opts->backends,
                     "Comma-separated backends (default: every backend present)");
     sub->add_option("--device", opts->device,
-                    "Vulkan device index for the vulkan backend, as `tmx devices` lists them")
+                    "GPU index for the cuda and vulkan backends, as `tmx devices` lists them")
         ->check(CLI::NonNegativeNumber);
+    sub->add_option("--train-batch", b.train_batch,
+                    "Also time training steps of this many sequences (with --train-seq), on the "
+                    "backends that train")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--train-seq", b.train_seq, "Tokens per sequence of the training step")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--peak-tflops", b.peak_tflops,
+                    "The GPU's peak TFLOP/s (e.g. dense bf16: H100 SXM 989, L4 121), for the "
+                    "training step's MFU")
+        ->check(CLI::PositiveNumber);
     sub->add_option("--prompt", b.prompt_tokens, "Prompt tokens for prefill (and op shapes)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -145,7 +174,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         o.backends = opts->backends.empty() ? present_backends() : split_names(opts->backends);
         if (opts->device >= 0)
             for (std::string& name : o.backends)
-                if (name == "vulkan") name = with_device(name, opts->device);
+                if (name == "vulkan" || name == "cuda") name = with_device(name, opts->device);
         o.progress = [](const std::string& what) {
             std::fprintf(stderr, "bench: %s\n", what.c_str());
         };

@@ -1,6 +1,7 @@
-// tmx devices: the Vulkan devices on this machine, with what the backend picks pipelines by
-// (type, memory, subgroup size, shared memory, fp16, cooperative matrix), whether the backend
-// reads matmul weights as fp16 there, and which one make_backend("vulkan") uses by default.
+// tmx devices: the GPUs on this machine. CUDA devices with their compute capability, SMs and
+// memory; Vulkan devices with what the backend picks pipelines by (type, memory, subgroup
+// size, shared memory, fp16, cooperative matrix), whether it reads matmul weights as fp16
+// there, and which one make_backend("vulkan") uses by default.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,19 +11,68 @@
 #ifdef TMX_HAS_VULKAN
 #include "backends/vulkan/vulkan_context.h"
 #endif
+#ifdef TMX_HAS_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 
 namespace tmx::cli {
 
-#ifdef TMX_HAS_VULKAN
 namespace {
 
-std::string gib(uint64_t bytes) {
+[[maybe_unused]] std::string gib(uint64_t bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
     return buf;
 }
 
-void print_devices(bool json) {
+// The CUDA devices into out["cuda_devices"] (and out["cuda_error"] when none can be listed),
+// or as a table.
+void print_cuda_devices(bool json, nlohmann::json& out) {
+#ifdef TMX_HAS_CUDA
+    std::vector<cuda::DeviceInfo> devices;
+    std::string error;
+    try {
+        devices = cuda::list_cuda_devices();
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    if (json) {
+        out["cuda_devices"] = nlohmann::json::array();
+        for (const cuda::DeviceInfo& d : devices)
+            out["cuda_devices"].push_back(
+                {{"index", d.index},
+                 {"name", d.name},
+                 {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
+                 {"sm_count", d.sm_count},
+                 {"memory_bytes", d.memory_bytes},
+                 {"shared_memory_per_block_bytes", d.shared_memory_per_block_optin},
+                 {"memory_bus_width_bits", d.memory_bus_width_bits},
+                 {"memory_clock_khz", d.memory_clock_khz},
+                 {"sm_clock_khz", d.sm_clock_khz}});
+        if (!error.empty()) out["cuda_error"] = error;
+        return;
+    }
+    if (devices.empty()) {
+        std::printf("CUDA: no devices (%s)\n\n", error.empty() ? "none found" : error.c_str());
+        return;
+    }
+    std::printf("CUDA\n  %-3s %-36s %-8s %-6s %-10s %s\n", "#", "name", "sm", "SMs", "memory",
+                "memory bus");
+    for (const cuda::DeviceInfo& d : devices)
+        std::printf("  %-3d %-36s %-8s %-6d %-10s %d-bit, %.0f MHz\n", d.index, d.name.c_str(),
+                    ("sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor)).c_str(),
+                    d.sm_count, gib(d.memory_bytes).c_str(), d.memory_bus_width_bits,
+                    d.memory_clock_khz / 1e3);
+    std::printf("backend \"cuda\" uses device 0 (or TMX_CUDA_DEVICE); choose another with "
+                "\"cuda:N\" or --device N\n\n");
+#else
+    if (json) out["cuda_devices"] = nlohmann::json::array();
+    else std::printf("CUDA: not built in (install the CUDA toolkit >= 12.0 and rebuild)\n\n");
+#endif
+}
+
+#ifdef TMX_HAS_VULKAN
+void print_devices(bool json, nlohmann::json& out) {
     const std::vector<vk::DeviceInfo> devices = vk::list_vulkan_devices();
     int default_index = -1;
     try {
@@ -47,16 +97,15 @@ void print_devices(bool json) {
                             {"cooperative_matrix", d.cooperative_matrix},
                             {"max_storage_buffer_range", d.max_storage_buffer_range},
                             {"max_allocation_bytes", d.max_allocation_bytes}});
-        nlohmann::json out = {{"devices", list}};
+        out["devices"] = list;
         out["default"] = default_index >= 0 ? nlohmann::json(default_index) : nlohmann::json();
-        std::printf("%s\n", out.dump().c_str());
         return;
     }
     if (devices.empty()) {
-        std::printf("no Vulkan devices\n");
+        std::printf("Vulkan: no devices\n");
         return;
     }
-    std::printf("  %-3s %-36s %-10s %-8s %-10s %-8s %-8s %-5s %-12s %s\n", "#", "name", "type",
+    std::printf("Vulkan\n  %-3s %-36s %-10s %-8s %-10s %-8s %-8s %-5s %-12s %s\n", "#", "name", "type",
                 "vulkan", "memory", "subgroup", "shared", "fp16", "fp16-weights", "coop-matrix");
     for (const vk::DeviceInfo& d : devices)
         std::printf("%c %-3u %-36s %-10s %-8s %-10s %-8u %-8s %-5s %-12s %s%s\n",
@@ -74,25 +123,30 @@ void print_devices(bool json) {
         "(TMX_VULKAN_FP16=0 turns it off)\n");
 }
 
-}  // namespace
 #endif
+
+}  // namespace
 
 void add_devices_command(CLI::App& app, CommonOptions& common) {
     auto json = std::make_shared<bool>(false);
     CLI::App* sub = app.add_subcommand(
         "devices",
-        "List the Vulkan devices: type, memory, subgroup size, shared memory, fp16, "
-        "cooperative matrix");
+        "List the GPUs: CUDA devices (compute capability, SMs, memory) and Vulkan devices "
+        "(type, memory, subgroup size, shared memory, fp16, cooperative matrix)");
     sub->add_flag("--json", *json, "Print one JSON object instead of a table");
     add_common_options(*sub, common);
     sub->callback([json]() {
+        // Vulkan's "devices" and "default" keep their names; CUDA's are "cuda_devices".
+        nlohmann::json out = nlohmann::json::object();
+        print_cuda_devices(*json, out);
 #ifdef TMX_HAS_VULKAN
-        print_devices(*json);
+        print_devices(*json, out);
 #else
-        throw Error(
-            "this tmx was built without the Vulkan backend (install libvulkan-dev and "
-            "glslang-tools, then rebuild)");
+        if (!*json)
+            std::printf("Vulkan: not built in (install libvulkan-dev and glslang-tools, then "
+                        "rebuild)\n");
 #endif
+        if (*json) std::printf("%s\n", out.dump().c_str());
     });
 }
 

@@ -59,6 +59,7 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
         std::string config, resume, out;
         uint64_t init_seed = 0;
         TrainOptions train;
+        BackendChoice backend;
     };
     auto o = std::make_shared<Options>();
     TrainOptions& t = o->train;
@@ -102,9 +103,10 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
     };
     sub->add_option("--init-seed", o->init_seed, "Weight initialisation seed of a new run")
         ->capture_default_str();
+    add_backend_options(*sub, o->backend, /*training=*/true);
     add_common_options(*sub, common);
     sub->callback([o, flags]() {
-        auto backend = make_backend("cpu");
+        auto backend = o->backend.open();
         std::unique_ptr<Trainer> trainer;
         if (!o->resume.empty()) {
             if (!o->out.empty() || !o->train.data_dir.empty() || !o->train.val_dir.empty())

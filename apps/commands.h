@@ -32,16 +32,18 @@ void add_devices_command(CLI::App& app, CommonOptions& common);
 void add_generate_command(CLI::App& app, CommonOptions& common);
 void add_bench_command(CLI::App& app, CommonOptions& common);
 
-// --backend NAME (auto: the best present) and --device N (a Vulkan device, as `tmx devices`
-// lists them) of the commands that run a model.
+// --backend NAME (auto: the best present) and --device N (a GPU, as `tmx devices` lists
+// them) of the commands that run a model; for training, only backends that train.
 struct BackendChoice {
     std::string backend = "auto";
     int device = -1;
+    bool training = false;
     // Creates the backend and says on stderr which one runs.
     std::unique_ptr<Backend> open() const;
 };
-void add_backend_options(CLI::App& sub, BackendChoice& choice);
-// `name` with --device applied: "vulkan" becomes "vulkan:N"; a UsageError for other backends.
+void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training = false);
+// `name` with --device applied: "vulkan" becomes "vulkan:N", "cuda" "cuda:N"; a UsageError for
+// other backends.
 std::string with_device(const std::string& name, int device);
 
 // Parses "1,2,3" (spaces allowed) into token ids; a UsageError names `flag` otherwise.

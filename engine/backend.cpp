@@ -423,4 +423,60 @@ void Backend::adamw(const Tensor& params, const Tensor& grads, const Tensor& m, 
     adamw_impl(params, grads, m, v, decay_mask, hp);
 }
 
+// ---- the training ops of a backend that does not train
+
+void Backend::training_op_unavailable(const char* op) const {
+    throw Error(std::string(op) + " is not available on the " + name() +
+                " backend (it runs inference; backends that train: " + training_backend_list() + ")");
+}
+
+void Backend::embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("embedding_backward");
+}
+void Backend::norm_backward_impl(NormType, const Tensor&, const Tensor&, const Tensor&, float,
+                                 const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("norm_backward");
+}
+void Backend::bias_backward_impl(const Tensor&, const Tensor&) {
+    training_op_unavailable("bias_backward");
+}
+void Backend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&, const Tensor&, const Tensor&, int64_t) {
+    training_op_unavailable("attention_backward");
+}
+void Backend::router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   float, const Tensor&) {
+    training_op_unavailable("router_backward");
+}
+void Backend::gather_rows_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("gather_rows_backward");
+}
+void Backend::grouped_matmul_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&) {
+    training_op_unavailable("grouped_matmul_backward");
+}
+void Backend::moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                        const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("moe_combine_backward");
+}
+void Backend::activation_backward_impl(Activation, const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("activation_backward");
+}
+void Backend::swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&) {
+    training_op_unavailable("swiglu_backward");
+}
+void Backend::cross_entropy_backward_impl(const Tensor&, const Tensor&, float, const Tensor&) {
+    training_op_unavailable("cross_entropy_backward");
+}
+void Backend::sum_squares_impl(const Tensor&, const Tensor&) {
+    training_op_unavailable("sum_squares");
+}
+void Backend::scale_impl(const Tensor&, float) { training_op_unavailable("scale"); }
+void Backend::adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const AdamWParams&) {
+    training_op_unavailable("adamw");
+}
+
 }  // namespace tmx

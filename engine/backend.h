@@ -34,6 +34,9 @@ public:
     virtual std::string name() const = 0;
     // The backend and what it runs on, for logs and benchmark reports.
     virtual std::string description() const { return name(); }
+    // Whether the backward and optimizer ops exist (a training backend). Where they do not,
+    // each throws tmx::Error saying so; Trainer checks this up front.
+    virtual bool supports_training() const { return false; }
 
     // ---- memory and transfers
     Tensor alloc(Shape shape, DType dtype = DType::F32);
@@ -243,42 +246,45 @@ protected:
                                     const Tensor& losses) = 0;
     virtual void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
                                       const Tensor& out) = 0;
+    // The backward and optimizer ops. A backend that does not train leaves them alone: each
+    // throws tmx::Error ("<op> is not available on the <name> backend ...").
     virtual void embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
-                                         const Tensor& d_table) = 0;
+                                         const Tensor& d_table);
     virtual void norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
                                     const Tensor& d_out, float eps, const Tensor& d_x,
-                                    const Tensor& d_weight, const Tensor& d_bias) = 0;
-    virtual void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) = 0;
+                                    const Tensor& d_weight, const Tensor& d_bias);
+    virtual void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias);
     virtual void attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& d_out, const Tensor& d_q,
                                          const Tensor& d_k, const Tensor& d_v,
-                                         int64_t window) = 0;
+                                         int64_t window);
     virtual void router_backward_impl(const Tensor& logits, const Tensor& indices,
                                       const Tensor& gates, const Tensor& d_gates,
-                                      float aux_weight, const Tensor& d_logits) = 0;
+                                      float aux_weight, const Tensor& d_logits);
     virtual void gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
-                                           const Tensor& d_x) = 0;
+                                           const Tensor& d_x);
     virtual void grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
                                               const Tensor& offsets, const Tensor& d_out,
                                               const Tensor& d_x, const Tensor& d_w,
-                                              const Tensor& d_bias) = 0;
+                                              const Tensor& d_bias);
     virtual void moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
                                            const Tensor& gates, const Tensor& d_out,
                                            const Tensor& d_expert_out,
-                                           const Tensor& d_gates) = 0;
+                                           const Tensor& d_gates);
     virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
-                                          const Tensor& d_x) = 0;
+                                          const Tensor& d_x);
     virtual void swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
-                                      const Tensor& d_gate, const Tensor& d_up) = 0;
+                                      const Tensor& d_gate, const Tensor& d_up);
     virtual void cross_entropy_backward_impl(const Tensor& logits, const Tensor& targets,
-                                             float scale, const Tensor& d_logits) = 0;
-    virtual void sum_squares_impl(const Tensor& x, const Tensor& out) = 0;
-    virtual void scale_impl(const Tensor& x, float s) = 0;
+                                             float scale, const Tensor& d_logits);
+    virtual void sum_squares_impl(const Tensor& x, const Tensor& out);
+    virtual void scale_impl(const Tensor& x, float s);
     virtual void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
                             const Tensor& v, const Tensor& decay_mask,
-                            const AdamWParams& hp) = 0;
+                            const AdamWParams& hp);
 
 private:
+    [[noreturn]] void training_op_unavailable(const char* op) const;
     // Shared with every buffer's release hook, so buffers may outlive the backend object.
     std::shared_ptr<MemoryStats> memory_ = std::make_shared<MemoryStats>();
 };
@@ -288,8 +294,10 @@ std::unique_ptr<Backend> make_backend(const std::string& name);
 // The names make_backend() accepts, in this build, and the same as "cpu, vulkan".
 std::vector<std::string> backend_names();
 std::string backend_list();
+// The backends of this build that train (supports_training()), as "cpu, cuda".
+std::string training_backend_list();
 // "auto" becomes the best backend present on this machine (CUDA, then a Vulkan GPU, then the
-// CPU); any other name is returned as it is.
-std::string resolve_backend(const std::string& name);
+// CPU; for training, CUDA then the CPU); any other name is returned as it is.
+std::string resolve_backend(const std::string& name, bool training = false);
 
 }  // namespace tmx

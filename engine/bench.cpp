@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
 #include "engine/errors.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/param_report.h"
 #include "engine/rng.h"
 
 namespace tmx {
@@ -362,6 +364,48 @@ private:
     std::vector<std::vector<int32_t>> batch_prompts_;
 };
 
+// Training steps on random tokens: the median step time after warm-up, and the first step's
+// loss (the same weights and batch on every backend, so comparable with the CPU's).
+TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weights, Backend& be,
+                            const BenchOptions& o) {
+    TrainBench r;
+    const int64_t B = o.train_batch, T = o.train_seq, N = B * T;
+    Rng rng(o.seed ^ 0x7a1d);
+    std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(c.vocab_size));
+    for (int32_t& t : targets) t = static_cast<int32_t>(rng.below(c.vocab_size));
+    Model model(c, be);
+    model.params_from_host(weights);
+    const int64_t P = model.num_params();
+    Tensor m = be.alloc({P}), v = be.alloc({P}), mask = be.alloc({P}), norm = be.alloc({1});
+    for (const Tensor* t : {&m, &v}) be.fill(*t, 0.0f);
+    be.fill(mask, 1.0f);
+    int64_t step = 0;
+    auto train_step = [&] {
+        model.zero_grads();
+        const ForwardResult f = model.forward(tokens, B, T, &targets, /*keep_activations=*/true);
+        if (step == 0) r.loss = f.loss;
+        model.backward();
+        be.sum_squares(model.grads(), norm);
+        be.adamw(model.params(), model.grads(), m, v, mask,
+                 {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                  .step = ++step});
+    };
+    if (o.progress)
+        o.progress(be.name() + ": training step, batch " + std::to_string(B) + " x " +
+                   std::to_string(T));
+    be.reset_peak_memory();
+    const double seconds = median_seconds(be, train_step, o.warmup, o.repeats);
+    r.peak_bytes = be.memory_stats().peak_bytes;
+    r.measured = true;
+    r.tokens_per_s = static_cast<double>(N) / seconds;
+    const ParamReport report =
+        build_param_report(config_to_json(c), "bench", ReportOptions{.batch = B, .seq = T});
+    r.model_tflops = report.training_flops * r.tokens_per_s * 1e-12;
+    if (o.peak_tflops > 0) r.mfu = r.model_tflops / o.peak_tflops;
+    return r;
+}
+
 }  // namespace
 
 std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float> weights,
@@ -369,6 +413,11 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     if (o.backends.empty()) throw UsageError("--backends: no backend to run");
     if (o.prompt_tokens < 1 || o.decode_tokens < 1 || o.batch < 1 || o.repeats < 1 || o.warmup < 0)
         throw UsageError("tmx bench: --prompt, --decode, --batch and --repeats must be positive");
+    if ((o.train_batch > 0) != (o.train_seq > 0) || o.train_batch < 0 || o.train_seq < 0)
+        throw UsageError("tmx bench: --train-batch and --train-seq go together, both positive");
+    if (o.train_seq > config.max_seq_len)
+        throw UsageError("tmx bench: --train-seq " + std::to_string(o.train_seq) +
+                         " exceeds the model's max_seq_len " + std::to_string(config.max_seq_len));
     const int64_t limit = kv_cache_max_positions(config);
     const int64_t P = limit < 0 ? o.prompt_tokens : std::min(o.prompt_tokens, limit - 1);
 
@@ -447,6 +496,17 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             ++mb.greedy_steps;
             if (run.greedy[s] != cpu_run.greedy[s]) break;  // inputs differ from here on
             ++mb.greedy_matching;
+        }
+        if (o.train_batch > 0 && be.supports_training()) {
+            r.train = measure_training(config, weights, be, o);
+            r.train.cpu_loss = r.train.loss;
+            if (&be != cpu.get()) {  // the CPU's loss on the same batch, one untimed step
+                BenchOptions once = o;
+                once.warmup = 0;
+                once.repeats = 1;
+                once.progress = {};
+                r.train.cpu_loss = measure_training(config, weights, *cpu, once).loss;
+            }
         }
         results.push_back(std::move(r));
     }

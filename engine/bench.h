@@ -21,6 +21,10 @@ struct BenchOptions {
     int64_t decode_tokens = 32;   // decode steps timed
     int64_t batch = 8;            // sequences in the batch-N decode
     int64_t gemm = 0;             // > 0: also an fp32 gemm x gemm x gemm matmul (a peak check)
+    // > 0: also time training steps (forward, backward, gradient norm, AdamW) of train_batch
+    // sequences of train_seq tokens, on the backends that train.
+    int64_t train_batch = 0, train_seq = 0;
+    double peak_tflops = 0;       // > 0: the device's peak, for the training step's MFU
     uint64_t seed = 0;            // inputs and, with no weights given, the model's init
     // Called before each measurement with a short description (progress on stderr).
     std::function<void(const std::string&)> progress;
@@ -41,11 +45,24 @@ struct ModelBench {
     int64_t greedy_steps = 0;       // out of this many (counted up to the first difference)
 };
 
+// One training step: forward with kept activations, backward, the global gradient norm, and
+// an AdamW update of every parameter.
+struct TrainBench {
+    bool measured = false;          // false: the backend does not train, or not asked
+    double tokens_per_s = 0;
+    double model_tflops = 0;        // training FLOPs of the model (3x forward) per second
+    double mfu = 0;                 // model_tflops / peak_tflops (0 when no peak was given)
+    size_t peak_bytes = 0;          // the backend's peak allocation during the step
+    double loss = 0;                // the step's cross-entropy, and the CPU's on the same batch
+    double cpu_loss = 0;
+};
+
 struct BackendBench {
     std::string backend;
     std::string description;  // Backend::description(): the device and its precision
     std::vector<OpBench> ops;
     ModelBench model;
+    TrainBench train;
 };
 
 // Runs the comparison for a model given by its config and host weights (empty: random

@@ -10,6 +10,7 @@ namespace tmx {
 class CpuBackend final : public Backend {
 public:
     std::string name() const override { return "cpu"; }
+    bool supports_training() const override { return true; }
     void synchronize() override {}
 
     // Host pointer to a CPU tensor's first element (for the CPU backend's own ops and tests).

@@ -42,11 +42,6 @@ std::string status_message(const std::array<uint32_t, 4>& s) {
     }
 }
 
-[[noreturn]] void unavailable(const char* op) {
-    throw Error(
-        std::string(op) +
-        " is not available on the Vulkan backend (it runs inference; train on cpu or cuda)");
-}
 
 }  // namespace
 
@@ -223,62 +218,6 @@ void VulkanBackend::swiglu_impl(const Tensor& gate, const Tensor& up, const Tens
 
 void VulkanBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& out_t) {
     elementwise(kAdd, a, b, out_t);
-}
-
-// ---- training ops
-
-void VulkanBackend::embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
-    unavailable("embedding_backward");
-}
-void VulkanBackend::norm_backward_impl(NormType, const Tensor&, const Tensor&, const Tensor&, float,
-                                       const Tensor&, const Tensor&, const Tensor&) {
-    unavailable("norm_backward");
-}
-void VulkanBackend::bias_backward_impl(const Tensor&, const Tensor&) {
-    unavailable("bias_backward");
-}
-void VulkanBackend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&,
-                                            const Tensor&, const Tensor&, const Tensor&,
-                                            const Tensor&, int64_t) {
-    unavailable("attention_backward");
-}
-void VulkanBackend::router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         float, const Tensor&) {
-    unavailable("router_backward");
-}
-void VulkanBackend::gather_rows_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
-    unavailable("gather_rows_backward");
-}
-void VulkanBackend::grouped_matmul_backward_impl(const Tensor&, const Tensor&, const Tensor&,
-                                                 const Tensor&, const Tensor&, const Tensor&,
-                                                 const Tensor&) {
-    unavailable("grouped_matmul_backward");
-}
-void VulkanBackend::moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&,
-                                              const Tensor&, const Tensor&, const Tensor&) {
-    unavailable("moe_combine_backward");
-}
-void VulkanBackend::activation_backward_impl(Activation, const Tensor&, const Tensor&,
-                                             const Tensor&) {
-    unavailable("activation_backward");
-}
-void VulkanBackend::swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor&) {
-    unavailable("swiglu_backward");
-}
-void VulkanBackend::cross_entropy_backward_impl(const Tensor&, const Tensor&, float,
-                                                const Tensor&) {
-    unavailable("cross_entropy_backward");
-}
-void VulkanBackend::sum_squares_impl(const Tensor&, const Tensor&) {
-    unavailable("sum_squares");
-}
-void VulkanBackend::scale_impl(const Tensor&, float) {
-    unavailable("scale");
-}
-void VulkanBackend::adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, const AdamWParams&) {
-    unavailable("adamw");
 }
 
 }  // namespace tmx

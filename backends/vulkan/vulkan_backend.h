@@ -110,29 +110,6 @@ class VulkanBackend final : public Backend {
     void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
                               const Tensor& out) override;
 
-    // Training ops: not part of the Vulkan backend; each throws tmx::Error.
-    void embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) override;
-    void norm_backward_impl(NormType, const Tensor&, const Tensor&, const Tensor&, float,
-                            const Tensor&, const Tensor&, const Tensor&) override;
-    void bias_backward_impl(const Tensor&, const Tensor&) override;
-    void attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&, const Tensor&, const Tensor&, int64_t) override;
-    void router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
-                              const Tensor&) override;
-    void gather_rows_backward_impl(const Tensor&, const Tensor&, const Tensor&) override;
-    void grouped_matmul_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                      const Tensor&, const Tensor&, const Tensor&) override;
-    void moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                   const Tensor&, const Tensor&) override;
-    void activation_backward_impl(Activation, const Tensor&, const Tensor&, const Tensor&) override;
-    void swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&) override;
-    void cross_entropy_backward_impl(const Tensor&, const Tensor&, float, const Tensor&) override;
-    void sum_squares_impl(const Tensor&, const Tensor&) override;
-    void scale_impl(const Tensor&, float) override;
-    void adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                    const AdamWParams&) override;
-
   private:
     // Bindings of tensors: read, written, or both. An undefined or empty tensor binds a
     // dummy buffer (the shader does not read it).

@@ -293,14 +293,16 @@ TEST_F(VulkanOps, BadIdsThrowAtTheSyncPointAndTheBackendStaysUsable) {
 }
 
 TEST_F(VulkanOps, TrainingOpsSayTheyAreNotAvailable) {
+    EXPECT_FALSE(vk().supports_training());
     Tensor x = vk().alloc({4});
     try {
         vk().scale(x, 2.0f);
         ADD_FAILURE() << "scale did not throw";
     } catch (const Error& e) {
         EXPECT_EQ(std::string(e.what()),
-                  "scale is not available on the Vulkan backend (it runs inference; train on cpu "
-                  "or cuda)");
+                  "scale is not available on the vulkan backend (it runs inference; backends "
+                  "that train: " +
+                      training_backend_list() + ")");
     }
     EXPECT_THROW(vk().activation_backward(Activation::Gelu, x, x, x), Error);
 }
