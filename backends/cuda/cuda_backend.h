@@ -1,0 +1,181 @@
+// The CUDA backend: the training path on NVIDIA GPUs (DESIGN.md section 5). fp32 tensors,
+// cuBLASLt for dense matmuls (TF32 off: fp32 results), own kernels for everything else.
+//
+// One stream: ops launch on it and return; the host waits only in download() and
+// synchronize(). Device memory comes from CUDA's stream-ordered pool (cudaMallocAsync /
+// cudaFreeAsync, kept cached), so a tensor freed while kernels that read it are pending is
+// safe, and allocation costs no device synchronisation.
+//
+// Every CUDA and cuBLAS call is checked: a failure throws tmx::Error naming the op, the call
+// and CUDA's error string. Inputs a kernel finds invalid (token ids, rows, expert indices,
+// targets out of range) are recorded in a device status word (first error wins) and thrown
+// as tmx::Error at the next sync point, as on Vulkan. TMX_CUDA_DEBUG_SYNC=1 synchronises and
+// checks after every op, so a failing kernel is named at once (slow; for debugging).
+//
+// Layout of the sources: this class and memory/transfers in cuda_backend.cpp; one .cu file per
+// op family with forward and backward side by side (matmul, attention, norm, rope, moe, loss,
+// elementwise, optimizer), as in backends/cpu/. Kernel helpers are in cuda_common.cuh.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace tmx {
+
+namespace cuda {
+
+// A CUDA device as `tmx devices` lists it.
+struct DeviceInfo {
+    int index = 0;
+    std::string name;
+    int cc_major = 0, cc_minor = 0;  // compute capability
+    int sm_count = 0;
+    size_t memory_bytes = 0;
+    size_t shared_memory_per_block_optin = 0;
+    int memory_bus_width_bits = 0, memory_clock_khz = 0, sm_clock_khz = 0;
+};
+
+// The CUDA devices present. Throws tmx::Error when no driver or device is usable (the
+// message says why: CUDA's own error string, e.g. "no CUDA-capable device is detected").
+std::vector<DeviceInfo> list_cuda_devices();
+
+struct CudaOptions {
+    int device = -1;  // -1: TMX_CUDA_DEVICE if set, else device 0
+};
+
+// Throws tmx::Error naming `op`, `call` and CUDA's message when `status` is an error.
+void check(cudaError_t status, const char* op, const char* call);
+void check(cublasStatus_t status, const char* op, const char* call);
+
+// Error codes a kernel records in the status word (cuda_common.cuh: report_error()).
+enum StatusCode : int {
+    kStatusOk = 0,
+    kBadTokenId = 1,     // embedding: id outside [0, V)
+    kBadRow = 2,         // gather_rows and its backward: row outside [0, N)
+    kBadExpert = 3,      // moe: expert index outside [0, E)
+    kBadTarget = 4,      // cross_entropy: target outside [-1, V)
+    kBadSlot = 5,        // moe_combine: slot outside [0, S)
+    kBadPosition = 6,    // rope and the cached attention: negative position
+};
+
+}  // namespace cuda
+
+// Throws tmx::Error when no CUDA device is usable.
+std::unique_ptr<Backend> make_cuda_backend(const cuda::CudaOptions& options = {});
+
+class CudaBackend final : public Backend {
+public:
+    explicit CudaBackend(const cuda::CudaOptions& options = {});
+    ~CudaBackend() override;
+
+    std::string name() const override { return "cuda"; }
+    // "cuda: <device name> (device N, sm_XY), fp32".
+    std::string description() const override;
+    bool supports_training() const override { return true; }
+    void synchronize() override;
+
+    const cuda::DeviceInfo& device() const { return info_; }
+    cudaStream_t stream() const;
+
+    // Device pointer to a tensor's first element.
+    template <typename T>
+    static T* data(const Tensor& t) {
+        return reinterpret_cast<T*>(device_ptr(t));
+    }
+
+    // For the op files: the cuBLASLt handle and its workspace (fixed size, allocated once, so
+    // that captured graphs may use it), the status word kernels report into, and the check
+    // after a kernel launch (naming the op; synchronises under TMX_CUDA_DEBUG_SYNC).
+    cublasLtHandle_t cublaslt() const;
+    void* cublaslt_workspace() const;
+    size_t cublaslt_workspace_bytes() const;
+    int* status_word() const;
+    void check_launch(const char* op) const;
+
+protected:
+    std::shared_ptr<DeviceBuffer> alloc_impl(size_t bytes) override;
+    void upload_impl(const Tensor& dst, const void* host) override;
+    void download_impl(const Tensor& src, void* host) override;
+    void fill_impl(const Tensor& dst, float value) override;
+    void copy_impl(const Tensor& src, const Tensor& dst) override;
+
+    void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) override;
+    void norm_impl(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   float eps, const Tensor& out) override;
+    void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
+                     const Tensor& bias) override;
+    void rope_impl(const Tensor& x, const Tensor& positions, double theta, bool inverse) override;
+    void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        int64_t window) override;
+    void attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                               const Tensor& out, int64_t window) override;
+    void kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& start) override;
+    void router_topk_impl(const Tensor& logits, const Tensor& indices,
+                          const Tensor& gates) override;
+    void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
+                        const Tensor& slot_rows, const Tensor& slot_of) override;
+    void gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) override;
+    void grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Tensor& offsets, const Tensor& out) override;
+    void moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of, const Tensor& gates,
+                          const Tensor& out) override;
+    void activation_impl(Activation act, const Tensor& x, const Tensor& out) override;
+    void swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+    void add_impl(const Tensor& a, const Tensor& b, const Tensor& out) override;
+    void cross_entropy_impl(const Tensor& logits, const Tensor& targets,
+                            const Tensor& losses) override;
+    void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
+                              const Tensor& out) override;
+
+    void embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
+                                 const Tensor& d_table) override;
+    void norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
+                            const Tensor& d_out, float eps, const Tensor& d_x,
+                            const Tensor& d_weight, const Tensor& d_bias) override;
+    void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) override;
+    void attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
+                                 const Tensor& d_v, int64_t window) override;
+    void router_backward_impl(const Tensor& logits, const Tensor& indices, const Tensor& gates,
+                              const Tensor& d_gates, float aux_weight,
+                              const Tensor& d_logits) override;
+    void gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
+                                   const Tensor& d_x) override;
+    void grouped_matmul_backward_impl(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                      const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
+                                      const Tensor& d_bias) override;
+    void moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
+                                   const Tensor& gates, const Tensor& d_out,
+                                   const Tensor& d_expert_out, const Tensor& d_gates) override;
+    void activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
+                                  const Tensor& d_x) override;
+    void swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
+                              const Tensor& d_gate, const Tensor& d_up) override;
+    void cross_entropy_backward_impl(const Tensor& logits, const Tensor& targets, float scale,
+                                     const Tensor& d_logits) override;
+    void sum_squares_impl(const Tensor& x, const Tensor& out) override;
+    void scale_impl(const Tensor& x, float s) override;
+    void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                    const Tensor& decay_mask, const AdamWParams& hp) override;
+
+private:
+    static std::byte* device_ptr(const Tensor& t);
+    // Reads and clears the status word; throws tmx::Error describing a recorded error.
+    void check_status();
+
+    struct State;  // stream, handles, workspace, status word (shared with live buffers)
+    std::shared_ptr<State> state_;
+    cuda::DeviceInfo info_;
+    bool debug_sync_ = false;
+};
+
+}  // namespace tmx

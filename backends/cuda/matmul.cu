@@ -1,0 +1,571 @@
+// The CUDA backend's matmuls, forward and backward side by side: the dense matmul (cuBLASLt),
+// the bias gradient, and the grouped matmul over experts (own kernels). Their CPU twins are in
+// backends/cpu/matmul.cpp.
+//
+// Dense: cuBLASLt in fp32 with CUBLAS_COMPUTE_32F (not TF32: results must match the CPU at fp32
+// tolerances). The heuristic's algorithm is cached per problem (shape, options, pointer
+// alignments, device); descriptors are cheap host objects made per call.
+//
+// Grouped: the expert offsets live on the device and are never read by the host (no sync), so
+// the kernels find their expert themselves. 64x64 output tiles, 16-deep reduction steps staged
+// in shared memory, 256 threads computing 4x4 outputs each; row tiles are cut per expert, so a
+// tile never straddles two experts. Decode (a few slots) takes a matrix-vector kernel instead.
+// Every output element is summed by one thread in a fixed order: deterministic, no atomics.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_common.cuh"
+#include "engine/errors.h"
+
+namespace tmx {
+namespace {
+
+using cuda::kWarp;
+
+// ---- dense matmul: cuBLASLt
+
+// Owns a cuBLASLt descriptor, destroyed when it goes out of scope (also on a throw).
+template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
+struct LtObject {
+    Handle h = nullptr;
+    LtObject() = default;
+    LtObject(const LtObject&) = delete;
+    LtObject& operator=(const LtObject&) = delete;
+    ~LtObject() {
+        if (h) Destroy(h);
+    }
+};
+using LtMatmulDesc = LtObject<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LtLayout = LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using LtPreference = LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+// The largest power of two dividing the address, capped at 16: views into a buffer are only
+// 4-byte aligned, and cuBLASLt's default preference assumes 256, which could pick an algorithm
+// that cannot run on a view.
+uint32_t pointer_alignment(const void* p) {
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    uint32_t align = 16;
+    while (align > 1 && address % align != 0) align /= 2;
+    return align;
+}
+
+// What the heuristic's choice depends on. The bias pointer's alignment is part of it: the
+// heuristic reads the pointer from the descriptor to decide which algorithms may load it.
+struct LtKey {
+    int device;
+    int64_t M, N, K;
+    bool trans_a, trans_b, bias_epilogue;
+    uint32_t align_a, align_b, align_out, align_bias;
+    auto operator<=>(const LtKey&) const = default;
+};
+
+// The heuristic's algorithm per problem; nullopt where it found none (asked once).
+std::mutex lt_cache_mutex;
+std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_cache;
+
+// out [M, N] = op(a) . op(b) (+ bias[N] through the BIAS epilogue) + beta * out, on cuBLASLt.
+// Returns false, having launched nothing, when the heuristic has no algorithm for it.
+//
+// cuBLASLt is column-major: the row-major out [M, N] is the column-major out^T [N, M], so it
+// computes out^T = op(b)^T [N, K] . op(a)^T [K, M]. Its A operand is our b: stored [K, N]
+// row-major = column-major N x K (ld N), op N; with trans_b stored [N, K] = column-major K x N
+// (ld K), op T. Its B operand is our a: stored [M, K] = column-major K x M (ld K), op N; with
+// trans_a stored [K, M] = column-major M x K (ld M), op T. C = D = out, column-major N x M
+// (ld N). The epilogue's bias runs along D's rows, i.e. along our N: bias[n] for out[:, n].
+bool lt_matmul(const CudaBackend& be, const float* a, const float* b, float* out, const float* bias,
+               int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, float beta) {
+    const char* op = "matmul";
+    LtMatmulDesc desc;
+    TMX_CUDA_CHECK(op, cublasLtMatmulDescCreate(&desc.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TMX_CUDA_CHECK(op, cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a,
+                                                      sizeof(op_lt_a)));
+    TMX_CUDA_CHECK(op, cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b,
+                                                      sizeof(op_lt_b)));
+    if (bias) {
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        TMX_CUDA_CHECK(op, cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                          &epilogue, sizeof(epilogue)));
+        TMX_CUDA_CHECK(op, cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                          &bias, sizeof(bias)));
+    }
+    // Column-major layouts, each with ld = its row count (the tensors are contiguous).
+    const auto make_layout = [op](LtLayout& layout, int64_t rows, int64_t cols) {
+        TMX_CUDA_CHECK(
+            op, cublasLtMatrixLayoutCreate(&layout.h, CUDA_R_32F, static_cast<uint64_t>(rows),
+                                           static_cast<uint64_t>(cols), rows));
+    };
+    LtLayout layout_b, layout_a, layout_out;  // cuBLASLt's A (our b), B (our a), C = D (out)
+    make_layout(layout_b, trans_b ? K : N, trans_b ? N : K);
+    make_layout(layout_a, trans_a ? M : K, trans_a ? K : M);
+    make_layout(layout_out, N, M);
+
+    const LtKey key{
+        .device = be.device().index,
+        .M = M,
+        .N = N,
+        .K = K,
+        .trans_a = trans_a,
+        .trans_b = trans_b,
+        .bias_epilogue = bias != nullptr,
+        .align_a = pointer_alignment(a),
+        .align_b = pointer_alignment(b),
+        .align_out = pointer_alignment(out),
+        .align_bias = bias ? pointer_alignment(bias) : 0,
+    };
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    {
+        std::lock_guard<std::mutex> lock(lt_cache_mutex);
+        auto it = lt_cache.find(key);
+        if (it != lt_cache.end()) {
+            algo = it->second;
+        } else {
+            LtPreference pref;
+            TMX_CUDA_CHECK(op, cublasLtMatmulPreferenceCreate(&pref.h));
+            const uint64_t workspace = be.cublaslt_workspace_bytes();
+            TMX_CUDA_CHECK(op, cublasLtMatmulPreferenceSetAttribute(
+                                   pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                   sizeof(workspace)));
+            // cuBLASLt's A is our b, its B our a; C and D are both out.
+            const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out},
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out}};
+            for (const auto& [attr, value] : aligns)
+                TMX_CUDA_CHECK(
+                    op, cublasLtMatmulPreferenceSetAttribute(pref.h, attr, &value, sizeof(value)));
+            cublasLtMatmulHeuristicResult_t result{};
+            int found = 0;
+            // NOT_SUPPORTED means no algorithm for this configuration: cached as such.
+            const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+                be.cublaslt(), desc.h, layout_b.h, layout_a.h, layout_out.h, layout_out.h, pref.h,
+                1, &result, &found);
+            if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+                cuda::check(status, op, "cublasLtMatmulAlgoGetHeuristic");
+            if (status == CUBLAS_STATUS_SUCCESS && found > 0 &&
+                result.state == CUBLAS_STATUS_SUCCESS)
+                algo = result.algo;
+            lt_cache.emplace(key, algo);
+        }
+    }
+    if (!algo) return false;
+    const float alpha = 1.0f;
+    TMX_CUDA_CHECK(
+        op, cublasLtMatmul(be.cublaslt(), desc.h, &alpha, b, layout_b.h, a, layout_a.h, &beta, out,
+                           layout_out.h, out, layout_out.h, &*algo, be.cublaslt_workspace(),
+                           be.cublaslt_workspace_bytes(), be.stream()));
+    return true;
+}
+
+constexpr int kThreads = 256;
+
+// out[m, n] = (keep ? out[m, n] : 0) + (bias ? bias[n] : 0): the start a GEMM with beta = 1
+// then adds onto (a bias cuBLASLt's epilogue does not take), and the whole result when K = 0.
+__global__ void bias_rows_kernel(float* out, const float* bias, int64_t M, int64_t N, bool keep) {
+    const int64_t total = M * N;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const float base = keep ? out[i] : 0.0f;
+        out[i] = bias ? base + bias[i % N] : base;
+    }
+}
+
+// ---- bias_backward: column sums of d_out [M, N]
+
+constexpr int kSumCols = 32;             // columns per block: a warp reads a row's 32 floats
+constexpr int kSumLanes = 8;             // rows walked side by side: a 32 x 8 block
+constexpr int64_t kSumChunkRows = 1024;  // rows per block (the first pass of two)
+constexpr int64_t kMaxGridY = 65535;
+
+// Sum in double of x[r, col] over rows [row_begin, row_end) of x [*, N]: thread (tx, ty) adds
+// rows row_begin + ty, + 8, ... in order, then the ty == 0 threads add the 8 partials in ty
+// order. A fixed order: deterministic. The result is valid in the ty == 0 threads; every thread
+// of the block calls it (col >= N adds nothing).
+__device__ double block_column_sum(const float* x, int64_t N, int64_t row_begin, int64_t row_end,
+                                   int64_t col) {
+    __shared__ double partial[kSumLanes][kSumCols];
+    double acc = 0.0;
+    if (col < N) {
+#pragma unroll 4
+        for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kSumLanes)
+            acc += x[r * N + col];
+    }
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    double sum = 0.0;
+    if (threadIdx.y == 0)
+        for (int i = 0; i < kSumLanes; ++i) sum += partial[i][threadIdx.x];
+    return sum;
+}
+
+// Block (column chunk bx, row chunk by) sums its rows of its 32 columns. With one row chunk the
+// sum goes straight into d_bias; otherwise into partial [chunks, N] for add_partials_kernel.
+__global__ void column_sums_kernel(const float* x, int64_t M, int64_t N, int64_t chunk_rows,
+                                   double* partial, float* d_bias) {
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
+    const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+    const int64_t end = begin + chunk_rows < M ? begin + chunk_rows : M;
+    const double sum = block_column_sum(x, N, begin, end, col);
+    if (threadIdx.y != 0 || col >= N) return;
+    if (partial)
+        partial[static_cast<int64_t>(blockIdx.y) * N + col] = sum;
+    else
+        d_bias[col] += static_cast<float>(sum);
+}
+
+// d_bias[col] += the column's partial sums, in chunk order.
+__global__ void add_partials_kernel(const double* partial, int64_t chunks, int64_t N,
+                                    float* d_bias) {
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (col >= N) return;
+    double sum = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) sum += partial[c * N + col];
+    d_bias[col] += static_cast<float>(sum);
+}
+
+// ---- grouped matmul: tiles
+
+constexpr int kTileM = 64;         // output rows per block (slots; n for d_w)
+constexpr int kTileN = 64;         // output columns per block
+constexpr int kTileK = 16;         // reduction depth staged per step
+constexpr int kTilePad = 4;        // keeps shared rows 16-byte aligned (float4 reads)
+constexpr int kTileThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
+constexpr int kStageLoads = kTileM * kTileK / kTileThreads;  // elements each thread stages
+static_assert(kTileM == kTileN && kTileM * kTileK == kStageLoads * kTileThreads);
+static_assert(kTileThreads == (kTileM / 4) * (kTileN / 4));
+
+// One reduction step of a tile: a[k][m] and b[k][n] for k in [0, kTileK), both k-major so a
+// thread reads its 4 rows and its 4 columns as one float4 each.
+struct alignas(16) TileSmem {
+    float a[kTileK][kTileM + kTilePad];
+    float b[kTileK][kTileN + kTilePad];
+};
+
+// acc[i][j] += sum over the staged k of a[k][4 ty + i] * b[k][4 tx + j], in k order. Within a
+// warp ty takes 2 values (broadcast reads of a) and tx 16 (adjacent float4s of b): no bank
+// conflicts.
+__device__ __forceinline__ void tile_fma(const TileSmem& sm, int tx, int ty, float (&acc)[4][4]) {
+#pragma unroll
+    for (int k = 0; k < kTileK; ++k) {
+        const float4 av = *reinterpret_cast<const float4*>(&sm.a[k][4 * ty]);
+        const float4 bv = *reinterpret_cast<const float4*>(&sm.b[k][4 * tx]);
+        const float ar[4] = {av.x, av.y, av.z, av.w};
+        const float br[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(ar[i], br[j], acc[i][j]);
+    }
+}
+
+// An offset clamped to [0, S]: offsets are trusted (moe_group's prefix sums), this only keeps a
+// corrupt one from sending a kernel outside x and out.
+__device__ __forceinline__ int slot_bound(const int32_t* offsets, int e, int S) {
+    return min(max(offsets[e], 0), S);
+}
+
+// Row tiles are cut per expert: expert e's slots [offsets[e], offsets[e+1]) make
+// ceil(count / kTileM) tiles, numbered in expert order. Finds tile t's expert and slot range;
+// false when t is past the last tile (the grid is sized for the most there can be,
+// ceil(S / kTileM) + E). Every thread walks the E + 1 offsets itself (E is small; the loads hit
+// the cache), which spares a shared-memory handoff.
+__device__ bool find_row_tile(const int32_t* offsets, int E, int S, int t, int& expert,
+                              int& row_begin, int& row_end) {
+    int first = 0;  // the first tile of expert e
+    for (int e = 0; e < E; ++e) {
+        const int begin = slot_bound(offsets, e, S);
+        const int end = max(begin, slot_bound(offsets, e + 1, S));
+        const int tiles = (end - begin + kTileM - 1) / kTileM;
+        if (t < first + tiles) {
+            expert = e;
+            row_begin = begin + (t - first) * kTileM;
+            row_end = min(row_begin + kTileM, end);
+            return true;
+        }
+        first += tiles;
+    }
+    return false;
+}
+
+// out[s, c] (+)= sum over r of a[s, r] * W_e(r, c) (+ bias[e, c]) for every slot s of expert e,
+// the r in order. a [S, R], out [S, C]. kTransW: W_e(r, c) = w[e][c, r], w [E, C, R] (the
+// forward: x . w[e]^T); otherwise W_e(r, c) = w[e][r, c], w [E, R, C] (d_x = d_out . w[e]).
+// Grid: (row tiles, ceil(C / kTileN)).
+template <bool kTransW>
+__global__ void __launch_bounds__(kTileThreads)
+    grouped_gemm_kernel(const float* a, const float* w, const float* bias, const int32_t* offsets,
+                        int E, int S, int R, int C, bool accumulate, float* out) {
+    int e = 0, row_begin = 0, row_end = 0;
+    if (!find_row_tile(offsets, E, S, static_cast<int>(blockIdx.x), e, row_begin, row_end))
+        return;  // the whole block: past the last tile
+    const int c0 = static_cast<int>(blockIdx.y) * kTileN;
+    const float* we = w + static_cast<int64_t>(e) * R * C;
+    const int tid = static_cast<int>(threadIdx.x), tx = tid % 16, ty = tid / 16;
+
+    __shared__ TileSmem sm;
+    float acc[4][4] = {};
+    for (int r0 = 0; r0 < R; r0 += kTileK) {
+        // Stage a's tile as sm.a[k][m]: 16 adjacent threads read 16 adjacent r of one row.
+#pragma unroll
+        for (int i = 0; i < kStageLoads; ++i) {
+            const int idx = tid + i * kTileThreads, m = idx / kTileK, k = idx % kTileK;
+            const int row = row_begin + m, r = r0 + k;
+            sm.a[k][m] = row < row_end && r < R ? a[static_cast<int64_t>(row) * R + r] : 0.0f;
+        }
+        // Stage W's tile as sm.b[k][n], reading along the dimension w is contiguous in.
+#pragma unroll
+        for (int i = 0; i < kStageLoads; ++i) {
+            const int idx = tid + i * kTileThreads;
+            if constexpr (kTransW) {
+                const int n = idx / kTileK, k = idx % kTileK, c = c0 + n, r = r0 + k;
+                sm.b[k][n] = c < C && r < R ? we[static_cast<int64_t>(c) * R + r] : 0.0f;
+            } else {
+                const int k = idx / kTileN, n = idx % kTileN, c = c0 + n, r = r0 + k;
+                sm.b[k][n] = c < C && r < R ? we[static_cast<int64_t>(r) * C + c] : 0.0f;
+            }
+        }
+        __syncthreads();
+        tile_fma(sm, tx, ty, acc);
+        __syncthreads();  // before the next step overwrites the tile
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int row = row_begin + 4 * ty + i;
+        if (row >= row_end) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = c0 + 4 * tx + j;
+            if (c >= C) continue;
+            float v = acc[i][j];
+            if (bias) v += bias[static_cast<int64_t>(e) * C + c];
+            float* o = out + static_cast<int64_t>(row) * C + c;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+}
+
+// d_w[e][n, k] += sum over e's slots s, in order, of d_out[s, n] * x[s, k]; the blocks of the
+// first k tile also add d_bias[e][n] += sum over s of d_out[s, n] (when d_bias is given), from
+// the d_out tile they stage anyway. d_out [S, Nout], x [S, K], d_w [E, Nout, K], d_bias
+// [E, Nout]. Grid: (max(1, ceil(K / kTileN)), ceil(Nout / kTileM), E); one block owns its
+// outputs, so no atomics.
+__global__ void __launch_bounds__(kTileThreads)
+    grouped_dw_kernel(const float* d_out, const float* x, const int32_t* offsets, int S, int Nout,
+                      int K, float* d_w, float* d_bias) {
+    const int e = static_cast<int>(blockIdx.z);
+    const int begin = slot_bound(offsets, e, S);
+    const int end = max(begin, slot_bound(offsets, e + 1, S));
+    if (begin == end) return;  // no slots: nothing to add (as the CPU skips the expert)
+    const int n0 = static_cast<int>(blockIdx.y) * kTileM,
+              k0 = static_cast<int>(blockIdx.x) * kTileN;
+    const int tid = static_cast<int>(threadIdx.x), tx = tid % 16, ty = tid / 16;
+    const bool with_bias = d_bias != nullptr && blockIdx.x == 0;
+
+    __shared__ TileSmem sm;
+    float acc[4][4] = {};
+    double bias_acc = 0.0;  // thread tid < kTileM: column n0 + tid of d_bias, in double as the CPU
+    for (int s0 = begin; s0 < end; s0 += kTileK) {
+        // The slots are the reduction: sm.a[ss][n] = d_out[s0 + ss, n0 + n] and sm.b[ss][k] =
+        // x[s0 + ss, k0 + k], both read along their rows (coalesced) with no transpose.
+#pragma unroll
+        for (int i = 0; i < kStageLoads; ++i) {
+            const int idx = tid + i * kTileThreads, ss = idx / kTileN, col = idx % kTileN;
+            const int s = s0 + ss, n = n0 + col, k = k0 + col;
+            sm.a[ss][col] = s < end && n < Nout ? d_out[static_cast<int64_t>(s) * Nout + n] : 0.0f;
+            sm.b[ss][col] = s < end && k < K ? x[static_cast<int64_t>(s) * K + k] : 0.0f;
+        }
+        __syncthreads();
+        tile_fma(sm, tx, ty, acc);
+        if (with_bias && tid < kTileM) {
+#pragma unroll
+            for (int ss = 0; ss < kTileK; ++ss) bias_acc += sm.a[ss][tid];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int n = n0 + 4 * ty + i;
+        if (n >= Nout) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int k = k0 + 4 * tx + j;
+            if (k < K) d_w[(static_cast<int64_t>(e) * Nout + n) * K + k] += acc[i][j];
+        }
+    }
+    if (with_bias && tid < kTileM && n0 + tid < Nout)
+        d_bias[static_cast<int64_t>(e) * Nout + n0 + tid] += static_cast<float>(bias_acc);
+}
+
+// ---- grouped matmul: matrix-vector path for decode
+
+constexpr int64_t kMatvecMaxSlots = 8;  // up to this many slots, one warp per output element
+
+// The expert whose slot range holds s, or -1 (offsets not covering s: the slot is left alone).
+__device__ int expert_of_slot(const int32_t* offsets, int E, int s) {
+    for (int e = 0; e < E; ++e)
+        if (s >= offsets[e] && s < offsets[e + 1]) return e;
+    return -1;
+}
+
+// out[s, n] = x[s, :] . w[e][n, :] (+ bias[e][n]), one warp per (s, n): the lanes stride along
+// the weight row (each weight read once, coalesced) and a butterfly (fixed order) adds them.
+__global__ void grouped_matvec_kernel(const float* x, const float* w, const float* bias,
+                                      const int32_t* offsets, int E, int S, int Nout, int K,
+                                      float* out) {
+    const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+    const int lane = static_cast<int>(threadIdx.x % kWarp);
+    if (warp >= static_cast<int64_t>(S) * Nout) return;  // whole warps
+    const int s = static_cast<int>(warp / Nout), n = static_cast<int>(warp % Nout);
+    const int e = expert_of_slot(offsets, E, s);
+    if (e < 0) return;  // the same for the whole warp
+    const float* xs = x + static_cast<int64_t>(s) * K;
+    const float* wn = w + (static_cast<int64_t>(e) * Nout + n) * K;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int k = lane; k < K; k += kWarp) acc = fmaf(xs[k], wn[k], acc);
+    acc = cuda::warp_sum(acc);
+    if (lane == 0) {
+        if (bias) acc += bias[static_cast<int64_t>(e) * Nout + n];
+        out[static_cast<int64_t>(s) * Nout + n] = acc;
+    }
+}
+
+// Grid of the grouped kernels: row tiles enough for any split of S slots among E experts
+// (sum of ceil(count_e / kTileM) <= ceil(S / kTileM) + E), and column tiles.
+dim3 grouped_grid(int S, int E, int C, const char* op) {
+    const int64_t row_tiles = (static_cast<int64_t>(S) + kTileM - 1) / kTileM + E;
+    const int64_t col_tiles = (static_cast<int64_t>(C) + kTileN - 1) / kTileN;
+    if (row_tiles > INT32_MAX || col_tiles > kMaxGridY)
+        throw Error(std::string("cuda: ") + op + ": " + std::to_string(S) + " slots x " +
+                    std::to_string(C) + " columns exceed the kernel's grid");
+    return dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(col_tiles));
+}
+
+}  // namespace
+
+void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
+                              MatmulOptions opts, const Tensor& bias) {
+    const char* op = "matmul";
+    const int64_t M = out.dim(0), N = out.dim(1);
+    const int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
+    if (M == 0 || N == 0) return;
+    float* o = data<float>(out);
+    const float* bias_p = bias.defined() ? data<float>(bias) : nullptr;
+    const auto bias_rows = [&](bool keep) {
+        const unsigned blocks = std::min<unsigned>(cuda::blocks_for(M * N, kThreads),
+                                                   static_cast<unsigned>(device().sm_count) * 8);
+        bias_rows_kernel<<<blocks, kThreads, 0, stream()>>>(o, bias_p, M, N, keep);
+        check_launch(op);
+    };
+    if (K == 0) {  // an empty sum: out = bias or 0, or unchanged (+ bias) with accumulate
+        if (!opts.accumulate || bias_p) bias_rows(opts.accumulate);
+        return;
+    }
+    // The bias through cuBLASLt's epilogue only when overwriting (D = A B + bias, beta = 0): with
+    // accumulate it is added to out first, so it is added exactly once whatever cuBLASLt's
+    // order of beta * C and the epilogue; likewise where the epilogue has no algorithm.
+    if (bias_p && !opts.accumulate &&
+        lt_matmul(*this, data<float>(a), data<float>(b), o, bias_p, M, N, K, opts.trans_a,
+                  opts.trans_b, 0.0f))
+        return;
+    float beta = opts.accumulate ? 1.0f : 0.0f;
+    if (bias_p) {
+        bias_rows(opts.accumulate);
+        beta = 1.0f;
+    }
+    if (!lt_matmul(*this, data<float>(a), data<float>(b), o, nullptr, M, N, K, opts.trans_a,
+                   opts.trans_b, beta))
+        throw Error("cuda: matmul: cuBLASLt has no fp32 algorithm for M=" + std::to_string(M) +
+                    ", N=" + std::to_string(N) + ", K=" + std::to_string(K));
+}
+
+// Two passes when the rows span several chunks (per-chunk partial sums in double, then their
+// sum in chunk order), one otherwise; the chunking depends only on M: deterministic.
+void CudaBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {
+    const char* op = "bias_backward";
+    const int64_t M = d_out.dim(0), N = d_out.dim(1);
+    if (M == 0 || N == 0) return;
+    const int64_t chunk_rows = std::max(kSumChunkRows, (M + kMaxGridY - 1) / kMaxGridY);
+    const int64_t chunks = (M + chunk_rows - 1) / chunk_rows;
+    const dim3 grid(cuda::blocks_for(N, kSumCols), static_cast<unsigned>(chunks));
+    const dim3 block(kSumCols, kSumLanes);
+    if (chunks == 1) {
+        column_sums_kernel<<<grid, block, 0, stream()>>>(data<float>(d_out), M, N, chunk_rows,
+                                                         nullptr, data<float>(d_bias));
+        check_launch(op);
+        return;
+    }
+    // Pool memory (256-byte aligned at offset 0) holds the doubles: 2 floats each.
+    Tensor scratch = alloc({2 * chunks * N}, DType::F32);
+    auto* partial = reinterpret_cast<double*>(data<float>(scratch));
+    column_sums_kernel<<<grid, block, 0, stream()>>>(data<float>(d_out), M, N, chunk_rows, partial,
+                                                     nullptr);
+    check_launch(op);
+    add_partials_kernel<<<cuda::blocks_for(N, kThreads), kThreads, 0, stream()>>>(
+        partial, chunks, N, data<float>(d_bias));
+    check_launch(op);
+}
+
+void CudaBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      const Tensor& offsets, const Tensor& out) {
+    const char* op = "grouped_matmul";
+    const int E = cuda::to_int(w.dim(0), op);
+    const int Nout = cuda::to_int(w.dim(1), op), K = cuda::to_int(w.dim(2), op);
+    const int S = cuda::to_int(x.dim(0), op);
+    if (S == 0 || Nout == 0 || E == 0) return;  // E = 0 leaves no slot to any expert
+    const float* bias_p = bias.defined() ? data<float>(bias) : nullptr;
+    if (S <= kMatvecMaxSlots) {
+        const int64_t warps = static_cast<int64_t>(S) * Nout;
+        grouped_matvec_kernel<<<cuda::blocks_for(warps * kWarp, kThreads), kThreads, 0, stream()>>>(
+            data<float>(x), data<float>(w), bias_p, data<int32_t>(offsets), E, S, Nout, K,
+            data<float>(out));
+    } else {
+        grouped_gemm_kernel<true><<<grouped_grid(S, E, Nout, op), kTileThreads, 0, stream()>>>(
+            data<float>(x), data<float>(w), bias_p, data<int32_t>(offsets), E, S, K, Nout, false,
+            data<float>(out));
+    }
+    check_launch(op);
+}
+
+void CudaBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
+                                               const Tensor& offsets, const Tensor& d_out,
+                                               const Tensor& d_x, const Tensor& d_w,
+                                               const Tensor& d_bias) {
+    const char* op = "grouped_matmul_backward";
+    const int E = cuda::to_int(w.dim(0), op);
+    const int Nout = cuda::to_int(w.dim(1), op), K = cuda::to_int(w.dim(2), op);
+    const int S = cuda::to_int(x.dim(0), op);
+    // Nothing to add without slots, experts or outputs (d_w and d_bias are then empty too).
+    if (S == 0 || E == 0 || Nout == 0) return;
+    const int32_t* off = data<int32_t>(offsets);
+    if (K > 0) {
+        // d_x[s, :] += d_out[s, :] . w[e]: the forward's kernel with w not transposed
+        // (a = d_out [S, Nout], reduction over Nout, output columns K).
+        grouped_gemm_kernel<false><<<grouped_grid(S, E, K, op), kTileThreads, 0, stream()>>>(
+            data<float>(d_out), data<float>(w), nullptr, off, E, S, Nout, K, true,
+            data<float>(d_x));
+        check_launch(op);
+    }
+    // d_w (and d_bias); one k tile even when K = 0, whose blocks still sum d_bias.
+    const int64_t n_tiles = (static_cast<int64_t>(Nout) + kTileM - 1) / kTileM;
+    const int64_t k_tiles = std::max<int64_t>(1, (static_cast<int64_t>(K) + kTileN - 1) / kTileN);
+    if (n_tiles > kMaxGridY || E > kMaxGridY)
+        throw Error(std::string("cuda: ") + op + ": " + std::to_string(E) + " experts x " +
+                    std::to_string(Nout) + " outputs exceed the kernel's grid");
+    const dim3 grid(static_cast<unsigned>(k_tiles), static_cast<unsigned>(n_tiles),
+                    static_cast<unsigned>(E));
+    grouped_dw_kernel<<<grid, kTileThreads, 0, stream()>>>(
+        data<float>(d_out), data<float>(x), off, S, Nout, K, data<float>(d_w),
+        d_bias.defined() ? data<float>(d_bias) : nullptr);
+    check_launch(op);
+}
+
+}  // namespace tmx

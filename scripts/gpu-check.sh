@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Checks a GPU machine end to end and writes one report: configures with CUDA (required),
+# builds, runs the whole test suite (the CUDA and Vulkan tests run where a GPU is present),
+# runs the CUDA op suites under compute-sanitizer (memcheck, racecheck, synccheck), times
+# `tmx bench` on the GPU backends, and, when ../shared/tools/torch_reference.py and PyTorch are
+# there, times PyTorch on the same model and GPU.
+#
+# Usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--build-dir DIR] [--quick]
+#   REPORT_DIR  gets report.txt, report.json and one log per step
+#   --deps      a prefix holding the build's Debian packages unpacked (scripts/fetch-deps.sh
+#               makes it), for a machine without apt; searched before the system
+#   --quick     smaller benchmarks (for a first look)
+#   --peak-tflops N  the GPU's dense bf16 peak for the training step's MFU (default: 989 on an
+#               H100 SXM, 756 on an H100 PCIe, 121 on an L4, else no MFU)
+# Needs: the CUDA toolkit >= 12.0 (nvcc), CMake >= 3.25, Ninja, a C++20 g++, python3, and the
+# Debian packages scripts/setup.sh lists (installed, or unpacked under --deps).
+# Exit status: 0 when every step passed, 1 otherwise (the report says which).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+report="" deps="" build_dir="$root/build-gpu" quick=0 peak=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) deps=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --peak-tflops) peak="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
+    *) [ -z "$report" ] || { echo "gpu-check.sh: one REPORT_DIR only" >&2; exit 2; }
+       report="$1"; shift ;;
+  esac
+done
+[ -n "$report" ] || { echo "usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--quick]" >&2; exit 2; }
+mkdir -p "$report" && report=$(cd "$report" && pwd)
+: > "$report/report.txt"
+: > "$report/steps.tsv"
+
+if [ -n "$deps" ]; then
+  arch_dir="lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+  export CMAKE_PREFIX_PATH="$deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export PKG_CONFIG_PATH="$deps/usr/$arch_dir/pkgconfig:$deps/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR="$deps"
+  export LD_LIBRARY_PATH="$deps/usr/$arch_dir:$deps/usr/$arch_dir/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$deps/usr/bin:$PATH"
+fi
+export PATH="$PATH:/usr/local/cuda/bin"
+
+say() { echo "$*" | tee -a "$report/report.txt"; }
+failed=0
+# step NAME COMMAND...: runs it with its output in NAME.log, records status and seconds.
+step() {
+  local name=$1; shift
+  local t0; t0=$(date +%s)
+  say "== $name: $*"
+  "$@" > "$report/$name.log" 2>&1
+  local rc=$?
+  local secs=$(( $(date +%s) - t0 ))
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$secs" >> "$report/steps.tsv"
+  if [ $rc -eq 0 ]; then say "   ok (${secs} s)"; else say "   FAILED: exit $rc (${secs} s), see $name.log"; failed=1; fi
+  tail -n 5 "$report/$name.log" | sed 's/^/   | /' | tee -a "$report/report.txt"
+  return $rc
+}
+
+say "gpu-check $(date -u +%FT%TZ) on $(hostname)"
+step environment bash -c 'nvidia-smi; nvcc --version; cmake --version | head -1; g++ --version | head -1'
+
+tmx="$build_dir/tmx"
+tests="$build_dir/tests/tmx_tests"
+# The op suites' CUDA instances (Backends/OpTest.*/cuda, Backends/BackwardOps.*/cuda).
+cuda_ops='*/cuda'
+if step configure cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTMX_CUDA=ON &&
+   step build cmake --build "$build_dir" --parallel "$(nproc)"; then
+  step devices "$tmx" devices
+  step tests bash -c "cd '$build_dir' && ctest --output-on-failure --parallel $(nproc)"
+  step gpu-tests "$tests" --gtest_filter='*Cuda*:*cuda*:*Vulkan*:*vulkan*' \
+       --gtest_output="json:$report/gpu-tests.json"
+  if command -v compute-sanitizer > /dev/null; then
+    for tool in memcheck racecheck synccheck; do
+      step "sanitizer-$tool" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+           "$tests" --gtest_filter="$cuda_ops"
+    done
+  else
+    say "== compute-sanitizer: not found (it ships with the full CUDA toolkit); skipped"
+    failed=1
+  fi
+  if [ $quick -eq 1 ]; then
+    bench_args=(--prompt 128 --decode 32 --batch 8 --repeats 3 --train-batch 8 --train-seq 512)
+  else
+    bench_args=(--prompt 512 --decode 128 --batch 8 --repeats 5 --train-batch 32 --train-seq 512)
+  fi
+  gpu_backends=cuda
+  "$tmx" devices --json 2> /dev/null | python3 -c \
+    'import json,sys; d=json.load(sys.stdin); sys.exit(0 if any(x.get("type")!="cpu" for x in d.get("devices",[])) else 1)' \
+    && gpu_backends=cuda,vulkan
+  if [ -z "$peak" ]; then
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)" in
+      *H100*PCIe*) peak=756 ;; *H100*) peak=989 ;; *L4*) peak=121 ;;
+    esac
+  fi
+  [ -n "$peak" ] && bench_args+=(--peak-tflops "$peak")
+  step bench "$tmx" bench --backends "$gpu_backends" "${bench_args[@]}" --json
+  step bench-gemm "$tmx" bench --backends "$gpu_backends" --prompt 16 --decode 4 --batch 1 --gemm 8192 --repeats 3
+fi
+
+torch_ref="$root/../shared/tools/torch_reference.py"
+if [ -f "$torch_ref" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
+  cfg="$root/assets/configs/tiny-mixtral.json"
+  tb=32; [ $quick -eq 1 ] && tb=8
+  step torch-train-eager-bf16 python3 "$torch_ref" bench-train "$cfg" --batch $tb --seq 512 --bf16
+  step torch-train-compile-bf16 python3 "$torch_ref" bench-train "$cfg" --batch $tb --seq 512 --bf16 --compile
+  step torch-train-eager-fp32 python3 "$torch_ref" bench-train "$cfg" --batch $tb --seq 512
+  step torch-decode-eager python3 "$torch_ref" bench-decode "$cfg" --prompt 16 --new 128
+  step torch-decode-eager-bf16 python3 "$torch_ref" bench-decode "$cfg" --prompt 16 --new 128 --bf16
+else
+  say "== PyTorch comparison: skipped (needs ../shared/tools/torch_reference.py and PyTorch with CUDA)"
+fi
+
+# report.json: every step's status and time, the bench results, the PyTorch lines.
+python3 - "$report" << 'EOF'
+import json, os, sys
+report = sys.argv[1]
+steps = []
+for line in open(os.path.join(report, "steps.tsv")):
+    name, rc, secs = line.rstrip("\n").split("\t")
+    steps.append({"step": name, "exit": int(rc), "seconds": int(secs)})
+out = {"steps": steps, "passed": all(s["exit"] == 0 for s in steps)}
+try:
+    lines = [l for l in open(os.path.join(report, "bench.log")) if l.startswith("{")]
+    out["bench"] = json.loads(lines[-1]) if lines else None
+except OSError:
+    out["bench"] = None
+out["torch"] = {}
+for s in steps:
+    if s["step"].startswith("torch-"):
+        with open(os.path.join(report, s["step"] + ".log")) as f:
+            out["torch"][s["step"]] = [l.rstrip() for l in f if l.strip()][-5:]
+json.dump(out, open(os.path.join(report, "report.json"), "w"), indent=1)
+EOF
+say "report: $report/report.txt, $report/report.json"
+[ $failed -eq 0 ] && say "gpu-check: every step passed" || say "gpu-check: some steps FAILED"
+exit $failed
