@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -291,6 +292,37 @@ Tensor Model::logits_of(const Tensor& h, Tensor* normed_out) const {
     return logits;
 }
 
+Model::Classifier Model::classifier_forward_backward(const Tensor& h, const Tensor& targets,
+                                                     int64_t n_targets, const Tensor& losses,
+                                                     Tensor* normed_out) {
+    const ModelConfig& c = config_;
+    Backend& be = backend_;
+    const int64_t N = h.dim(0), V = c.vocab_size;
+    Tensor normed = be.alloc(h.shape());
+    *normed_out = normed;
+    be.norm(c.norm_type, h, final_norm_w_, final_norm_b_, static_cast<float>(c.norm_eps), normed);
+    Classifier head;
+    head.d_normed = be.alloc(h.shape());
+    head.d_weight = be.alloc(lm_head_.shape());
+    be.fill(head.d_normed, 0.0f);
+    be.fill(head.d_weight, 0.0f);
+    // d loss / d logits of the mean cross-entropy; backward() applies its loss scale.
+    const float scale = n_targets ? 1.0f / static_cast<float>(n_targets) : 0.0f;
+    const int64_t rows = std::clamp<int64_t>(classifier_chunk_values_ / V, 1, N);
+    Tensor logits = be.alloc({rows, V}), d_logits = be.alloc({rows, V});
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+        const int64_t r1 = std::min(N, r0 + rows), n = r1 - r0;
+        const Tensor x = normed.rows(r0, r1), lg = logits.rows(0, n), dlg = d_logits.rows(0, n);
+        const Tensor tgt = targets.rows(r0, r1);
+        be.matmul(x, lm_head_, lg, {.trans_b = true});
+        be.cross_entropy(lg, tgt, losses.rows(r0, r1));
+        be.cross_entropy_backward(lg, tgt, scale, dlg);
+        be.matmul(dlg, lm_head_, head.d_normed.rows(r0, r1), {.accumulate = true});
+        be.matmul(dlg, x, head.d_weight, {.trans_a = true, .accumulate = true});
+    }
+    return head;
+}
+
 ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                              const std::vector<int32_t>* targets, bool keep_activations) {
     const ModelConfig& c = config_;
@@ -321,17 +353,26 @@ ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int6
         layer_forward(l, h, keep_activations ? kept.back() : scratch, positions, B, T,
                       aux.defined() ? aux.slice(l, {1}) : Tensor{}, nullptr);
     }
-    Tensor a_final;
     ForwardResult result;
-    result.logits = logits_of(h, &a_final);
+    if (targets && static_cast<int64_t>(targets->size()) != N)
+        throw std::logic_error("forward: targets do not match B*T");
+    Tensor tgt, losses = targets ? be.alloc({N}) : Tensor{};
+    if (targets) {
+        tgt = be.alloc({N}, DType::I32);
+        be.upload(tgt, targets->data());
+    }
+    Tensor a_final;
+    Classifier head;
+    if (keep_activations) {
+        int64_t n_targets = 0;
+        for (int32_t t : *targets) n_targets += t >= 0;
+        head = classifier_forward_backward(h, tgt, n_targets, losses, &a_final);
+    } else {
+        result.logits = logits_of(h, &a_final);
+        if (targets) be.cross_entropy(result.logits, tgt, losses);
+    }
 
     if (targets) {
-        if (static_cast<int64_t>(targets->size()) != N)
-            throw std::logic_error("forward: targets do not match B*T");
-        Tensor tgt = be.alloc({N}, DType::I32);
-        be.upload(tgt, targets->data());
-        Tensor losses = be.alloc({N});
-        be.cross_entropy(result.logits, tgt, losses);
         std::vector<float> host(static_cast<size_t>(N));
         be.download(losses, host.data());
         double sum = 0.0;
@@ -349,24 +390,31 @@ ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int6
             result.aux = s / static_cast<double>(c.n_layers);
         }
         if (keep_activations && c.is_moe()) {
-            std::vector<int32_t> off(static_cast<size_t>(c.n_experts + 1));
-            for (const LayerActivations& a : kept) {
-                be.download(a.offsets, off.data());
+            // Every layer's offsets gathered on the device, then one read: one sync per step
+            // instead of one per layer.
+            const int64_t E1 = c.n_experts + 1;
+            Tensor all = be.alloc({c.n_layers, E1}, DType::I32);
+            for (int64_t l = 0; l < c.n_layers; ++l)
+                be.copy(kept[l].offsets, all.slice(l * E1, {E1}));
+            std::vector<int32_t> off(static_cast<size_t>(c.n_layers * E1));
+            be.download(all, off.data());
+            for (int64_t l = 0; l < c.n_layers; ++l) {
                 std::vector<int64_t> counts(static_cast<size_t>(c.n_experts));
-                for (int64_t e = 0; e < c.n_experts; ++e) counts[e] = off[e + 1] - off[e];
+                for (int64_t e = 0; e < c.n_experts; ++e)
+                    counts[e] = off[l * E1 + e + 1] - off[l * E1 + e];
                 result.expert_slots.push_back(std::move(counts));
             }
         }
         if (keep_activations)
-            saved_ = Saved{B, T, ids, positions, tgt, h, a_final, result.logits,
+            saved_ = Saved{B, T, ids, positions, h, a_final, std::move(head),
                            result.n_targets, std::move(kept)};
     }
     return result;
 }
 
 void Model::backward(float loss_scale) {
-    if (saved_.layers.empty())
-        throw std::logic_error("backward: no forward pass with kept activations");
+    if (saved_.layers.empty() || !saved_.head.d_normed.defined())
+        throw std::logic_error("backward: no forward pass with kept activations since the last");
     const ModelConfig& c = config_;
     Backend& be = backend_;
     const int64_t B = saved_.B, T = saved_.T, N = B * T, d = c.d_model;
@@ -376,8 +424,6 @@ void Model::backward(float loss_scale) {
     const MatmulOptions input_grad{.accumulate = true};                  // dX += dY W
     const MatmulOptions weight_grad{.trans_a = true, .accumulate = true};  // dW += dY^T X
     const Tensor& g = grads();
-    const float ce_scale =
-        saved_.n_targets ? loss_scale / static_cast<float>(saved_.n_targets) : 0.0f;
     const float aux_weight = c.is_moe() ? loss_scale * static_cast<float>(c.router_aux_loss_coef) /
                                               static_cast<float>(c.n_layers)
                                         : 0.0f;
@@ -390,14 +436,15 @@ void Model::backward(float loss_scale) {
         if (db.defined()) be.bias_backward(dy, db);
     };
 
-    // Head: logits = norm(h) lm_head^T.
-    Tensor d_logits = be.alloc({N, c.vocab_size});
-    be.cross_entropy_backward(saved_.logits, saved_.targets, ce_scale, d_logits);
-    Tensor d_a = be.alloc({N, d});
-    be.fill(d_a, 0.0f);
+    // Head: logits = norm(h) lm_head^T. The forward pass computed its gradients for a loss
+    // scale of 1 (in chunks, never holding all the logits): scale them now.
+    Tensor d_a = saved_.head.d_normed;
     Tensor d_lm_head = c.tie_embeddings ? view(g, "model.embed_tokens.weight")
                                         : view(g, "lm_head.weight");
-    linear_backward(saved_.a_final, lm_head_, d_logits, d_a, d_lm_head, Tensor{});
+    be.scale(d_a, loss_scale);
+    be.scale(saved_.head.d_weight, loss_scale);
+    be.add(d_lm_head, saved_.head.d_weight, d_lm_head);
+    saved_.head = {};  // one backward per forward: the gradients are spent
     Tensor dh = be.alloc({N, d});  // gradient of the residual stream
     be.fill(dh, 0.0f);
     be.norm_backward(c.norm_type, saved_.h_final, final_norm_w_, d_a, eps, dh,

@@ -63,7 +63,9 @@ struct LayerActivations {
 };
 
 struct ForwardResult {
-    Tensor logits;            // [B*T, V], on the device
+    // [B*T, V], on the device; undefined after a training forward (keep_activations), whose
+    // classifier runs in chunks of rows and never holds every logit at once.
+    Tensor logits;
     double loss = 0.0;        // mean cross-entropy over the targets given (>= 0), without aux
     int64_t n_targets = 0;    // number of targets that were scored
     double aux = 0.0;         // load-balancing loss, mean over layers (0 for dense models)
@@ -115,6 +117,10 @@ public:
     void zero_grads();
     Tensor grad(const std::string& name);
 
+    // How many logits the training classifier holds at once (default 2^25: 128 MiB in fp32,
+    // and as much for their gradient); it takes max(1, values / V) rows at a time.
+    void set_classifier_chunk_values(int64_t values) { classifier_chunk_values_ = values; }
+
 private:
     // Views of one layer's tensors inside a flat tensor laid out like the parameters.
     LayerWeights bind_layer(const Tensor& flat, int64_t layer) const;
@@ -136,6 +142,17 @@ private:
     // Final norm and LM head: logits [rows, V] of the residual stream h [rows, d]; the
     // normed stream goes to *normed_out when given.
     Tensor logits_of(const Tensor& h, Tensor* normed_out = nullptr) const;
+    // The training classifier, fused: final norm (into *normed_out), then per chunk of rows the
+    // logits, their cross-entropy into losses [N], and its gradient for a loss scale of 1
+    // (the mean over n_targets), carried back through the LM head at once. A [N, V] logits
+    // tensor never exists (at B32 x T512 x 32k it would be 2 GiB, its gradient as much).
+    struct Classifier {
+        Tensor d_normed;  // [N, d]: gradient of the final norm's output
+        Tensor d_weight;  // like lm_head: gradient of the LM head's weight
+    };
+    Classifier classifier_forward_backward(const Tensor& h, const Tensor& targets,
+                                           int64_t n_targets, const Tensor& losses,
+                                           Tensor* normed_out);
 
     ModelConfig config_;
     Backend& backend_;
@@ -144,11 +161,13 @@ private:
     Tensor embed_, final_norm_w_, final_norm_b_, lm_head_;
     std::vector<LayerWeights> layers_;
     Tensor grads_;
+    int64_t classifier_chunk_values_ = int64_t{1} << 25;
 
     // State of the last forward pass that kept its activations.
     struct Saved {
         int64_t B = 0, T = 0;
-        Tensor ids, positions, targets, h_final, a_final, logits;
+        Tensor ids, positions, h_final, a_final;
+        Classifier head;
         int64_t n_targets = 0;
         std::vector<LayerActivations> layers;
     };

@@ -130,5 +130,29 @@ TEST(AdamWVsTorch, OneStepFromZeroStateMatchesFp64) {
     }
 }
 
+// The training classifier runs in chunks of rows; any chunking gives the gradients and loss of
+// one chunk, up to the order of the LM head's weight-gradient sums (fp32, a few rows each).
+TEST(ClassifierChunks, ChunkedGradientsEqualOneChunk) {
+    const std::string dir = fixture("test-tiny");
+    auto be = make_backend("cpu");
+    auto whole = load_model(dir, *be);
+    const std::vector<int32_t> tokens = fixture_tokens(dir);
+    const ForwardResult r_whole = forward_backward(*whole, tokens);
+    std::vector<float> g_whole(static_cast<size_t>(whole->num_params()));
+    be->download(whole->grads(), g_whole.data());
+    const int64_t V = whole->config().vocab_size;
+    for (int64_t rows : {1, 3, 7}) {
+        SCOPED_TRACE("rows per chunk " + std::to_string(rows));
+        auto chunked = load_model(dir, *be);
+        chunked->set_classifier_chunk_values(rows * V);
+        const ForwardResult r = forward_backward(*chunked, tokens);
+        EXPECT_NEAR(r.loss, r_whole.loss, 1e-6 * r_whole.loss);
+        std::vector<float> g(g_whole.size());
+        be->download(chunked->grads(), g.data());
+        const TensorError e = compare(g.data(), g_whole);
+        EXPECT_LE(e.max_err, 1e-5 * std::max(1.0, e.max_ref));
+    }
+}
+
 }  // namespace
 }  // namespace tmx
