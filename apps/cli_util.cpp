@@ -1,4 +1,5 @@
 // Flag-value parsing shared by the subcommands.
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -6,6 +7,7 @@
 
 #include "apps/commands.h"
 #include "engine/errors.h"
+#include "engine/param_report.h"
 
 namespace tmx::cli {
 
@@ -19,7 +21,7 @@ void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
     sub.add_option("--device", choice.device,
                    "GPU index of the chosen backend, as `tmx devices` lists them (default: "
                    "CUDA device 0; the first discrete Vulkan GPU)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(in_range(0, INT32_MAX));
     choice.training = training;
 }
 
@@ -42,7 +44,7 @@ std::unique_ptr<Backend> BackendChoice::open() const {
     return be;
 }
 
-std::vector<int32_t> parse_id_list(const std::string& text, const char* flag) {
+std::vector<int32_t> parse_id_list(const std::string& text, const char* flag, int64_t vocab_size) {
     std::vector<int32_t> out;
     size_t i = 0;
     while (i <= text.size()) {
@@ -51,15 +53,99 @@ std::vector<int32_t> parse_id_list(const std::string& text, const char* flag) {
         std::string item = text.substr(i, j - i);
         size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
         item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
-        char* end = nullptr;
-        long long v = item.empty() ? -1 : std::strtoll(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+        const bool digits_only =
+            !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits_only)
             throw UsageError(std::string(flag) + ": expected comma-separated token ids, got '" +
                              item + "'");
+        // Digits only: strtoll saturates at its maximum (errno ERANGE), which is out of range
+        // here too.
+        const long long v = std::strtoll(item.c_str(), nullptr, 10);
+        if (v >= vocab_size)
+            throw UsageError(std::string(flag) + ": token id " + item +
+                             " is out of range (the vocabulary has " + std::to_string(vocab_size) +
+                             " ids: 0 to " + std::to_string(vocab_size - 1) + ")");
         out.push_back(static_cast<int32_t>(v));
         i = j + 1;
     }
     return out;
+}
+
+namespace {
+
+// "2^31 - 1" for the maxima of integer types, grouped digits otherwise.
+std::string bound_text(__int128 v) {
+    for (int bits : {8, 15, 16, 31, 32, 63, 64})
+        if (v == (static_cast<__int128>(1) << bits) - 1)
+            return "2^" + std::to_string(bits) + " - 1";
+    for (int bits : {7, 15, 31, 63})
+        if (v == -(static_cast<__int128>(1) << bits)) return "-2^" + std::to_string(bits);
+    return with_thousands(static_cast<int64_t>(v));
+}
+
+// A plain decimal integer (optional sign, digits only) into *value; false when `text` is not
+// one. Magnitudes past 2^64 stop there: every caller's range ends before.
+bool parse_decimal(const std::string& text, __int128& value) {
+    size_t i = text.size() > 1 && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+    if (i == text.size()) return false;
+    const __int128 cap = static_cast<__int128>(1) << 65;
+    value = 0;
+    for (; i < text.size(); ++i) {
+        if (text[i] < '0' || text[i] > '9') return false;
+        if (value < cap) value = value * 10 + (text[i] - '0');
+    }
+    if (text[0] == '-') value = -value;
+    return true;
+}
+
+std::string int128_to_string(__int128 v) {
+    if (v < 0) return "-" + int128_to_string(-v);
+    std::string digits;
+    do {
+        digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+        v /= 10;
+    } while (v > 0);
+    return digits;
+}
+
+}  // namespace
+
+CLI::Validator integer_range(int64_t min, uint64_t max) {
+    const std::string range = "an integer from " + bound_text(min) + " to " + bound_text(max);
+    return CLI::Validator(
+        [min, max, range](std::string& input) -> std::string {
+            __int128 v = 0;
+            if (!parse_decimal(input, v) || v < min || v > static_cast<__int128>(max))
+                return "expected " + range + ", got " + input;
+            return "";
+        },
+        "[" + bound_text(min) + ", " + bound_text(max) + "]");
+}
+
+void check_integer_options(CLI::App& app) {
+    // CLI11 reads integers in base 0 ("010" is 8, "0x10" 16): a decimal integer is rewritten
+    // without leading zeros or '+'; anything else is left for the range checks to refuse.
+    const CLI::Validator canonical_decimal(
+        [](std::string& input) -> std::string {
+            __int128 v = 0;
+            const __int128 limit = static_cast<__int128>(1) << 64;
+            if (parse_decimal(input, v) && v < limit && v > -limit) input = int128_to_string(v);
+            return "";
+        },
+        "");
+    for (CLI::Option* opt : app.get_options()) {
+        // CLI11 names the type of every integer option INT or UINT, whatever its width, and
+        // appends its validators' descriptions after a ':'.
+        const std::string type = opt->get_type_name();
+        const std::string base = type.substr(0, type.find(':'));
+        if (base != "INT" && base != "UINT") continue;
+        opt->transform(canonical_decimal);  // runs first
+        // Runs after the option's own range, whose message is the more precise one.
+        CLI::Validator fits_64_bits =
+            base == "INT" ? in_range(INT64_MIN, INT64_MAX) : in_range(uint64_t{0}, UINT64_MAX);
+        opt->check(fits_64_bits.description(""));  // no clutter in --help
+    }
+    for (CLI::App* sub : app.get_subcommands({})) check_integer_options(*sub);
 }
 
 }  // namespace tmx::cli

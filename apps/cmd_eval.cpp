@@ -71,7 +71,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
         std::vector<int32_t> tokens;
         int64_t bytes = 0;
         if (!opts->tokens.empty()) {
-            tokens = parse_id_list(opts->tokens, "--tokens");
+            tokens = parse_id_list(opts->tokens, "--tokens", c.vocab_size);
             if (tokens.size() < 2) throw UsageError("--tokens: need at least 2 tokens to score");
         } else if (!opts->data.empty()) {
             TokenDataset d = open_dataset(opts->data, opts->split);

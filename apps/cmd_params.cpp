@@ -23,18 +23,6 @@ struct ParamsOptions {
     bool verify = false;
 };
 
-// CLI11's PositiveNumber prints its range as doubles; this says it plainly.
-const CLI::Validator kPositiveInt(
-    [](std::string& s) -> std::string {
-        try {
-            size_t used = 0;
-            if (std::stoll(s, &used) > 0 && used == s.size()) return "";
-        } catch (const std::exception&) {
-        }
-        return "must be a positive integer, got " + s;
-    },
-    "POSITIVE");
-
 // The report group of an engine tensor, from its DESIGN.md section 3 name.
 ParamGroup group_of(const std::string& name) {
     auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
@@ -109,11 +97,11 @@ void add_params_command(CLI::App& app, CommonOptions& common) {
                     "nanochat GPTConfig JSON")
         ->required();
     sub->add_option("--batch", opts->batch, "Batch size for the activation-memory estimate")
-        ->check(kPositiveInt);
+        ->check(in_range<int64_t>(1));
     sub->add_option("--seq", opts->seq,
                     "Tokens per sequence for FLOPs and activations (default: the config's "
                     "context)")
-        ->check(kPositiveInt);
+        ->check(in_range<int64_t>(1));
     sub->add_flag("--json", opts->json, "Print the report as one JSON object");
     sub->add_flag("--verify", opts->verify,
                   "Check the analytic count against the parameters the engine instantiates "

@@ -21,7 +21,8 @@ void add_plot_command(CLI::App& app, CommonOptions& common) {
     add_common_options(*sub, common);
     sub->callback([o]() {
         const std::string metrics = (std::filesystem::path(o->run) / "metrics.jsonl").string();
-        if (!std::filesystem::exists(metrics))
+        std::error_code unreadable;  // e.g. no permission: read_file below names the cause
+        if (!std::filesystem::exists(metrics, unreadable) && !unreadable)
             throw Error(o->run + ": no metrics.jsonl (is it a tmx train run directory?)");
         const std::string out =
             o->out.empty() ? (std::filesystem::path(o->run) / "metrics.svg").string() : o->out;

@@ -84,7 +84,7 @@ void add_prepare_command(CLI::App& app, CommonOptions& common) {
         ->check(CLI::IsMember({"auto", "tinystories", "paragraphs", "jsonl"}))
         ->capture_default_str();
     sub->add_option("--shard-tokens", opts->shard_tokens, "Most tokens in one shard file")
-        ->check(CLI::PositiveNumber)
+        ->check(in_range<uint64_t>(1))
         ->capture_default_str();
     sub->add_flag("--force", opts->force, "Replace an existing dataset in --out");
     sub->add_flag("--quiet", opts->quiet, "No progress on stderr");

@@ -46,12 +46,12 @@ void add_train(CLI::App& parent, CommonOptions& common) {
         ->expected(1, -1);
     sub->add_option("--vocab-size", opts->vocab_size, "Number of pieces, e.g. 512 or 4096")
         ->required()
-        ->check(CLI::PositiveNumber);
+        ->check(in_range(1, INT32_MAX));
     sub->add_option("--out", opts->out, "SentencePiece model file to write, e.g. tok.model")
         ->required();
     sub->add_option("--max-sentences", opts->max_sentences,
                     "Lines sampled from the whole corpus for training (bounds memory)")
-        ->check(CLI::PositiveNumber)
+        ->check(in_range<int64_t>(1))
         ->capture_default_str();
     sub->add_option("--format", opts->format, "Input format: auto, tinystories, paragraphs, jsonl")
         ->check(CLI::IsMember({"auto", "tinystories", "paragraphs", "jsonl"}))
@@ -171,13 +171,8 @@ void add_decode(CLI::App& parent, CommonOptions& common) {
     sub->add_option("--ids", opts->ids, "Comma-separated token ids, e.g. 1,15043,3186")->required();
     add_common_options(*sub, common);
     sub->callback([opts]() {
-        std::vector<int32_t> ids = parse_id_list(opts->ids, "--ids");
         Tokenizer tok = Tokenizer::load(opts->tokenizer);
-        for (int32_t id : ids)
-            if (id >= tok.vocab_size())
-                throw UsageError("--ids: token id " + std::to_string(id) +
-                                 " is out of range for this tokenizer (vocab size " +
-                                 std::to_string(tok.vocab_size()) + ")");
+        const std::vector<int32_t> ids = parse_id_list(opts->ids, "--ids", tok.vocab_size());
         std::printf("%s\n", tok.decode(ids).c_str());
     });
 }

@@ -17,9 +17,26 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
 
+// Writes a constant message from a signal handler (write(2) is async-signal-safe; stdio is not).
+template <size_t N>
+void write_from_handler(const char (&message)[N]) {
+    (void)!::write(STDERR_FILENO, message, N - 1);
+}
+
+// The first SIGINT/SIGTERM asks the trainer to stop (it checks before every micro-batch) and
+// write its checkpoint; a second one exits at once, writing nothing: a checkpoint write it cuts
+// short leaves a temporary directory that the next run removes.
+// (Both signals are blocked while it runs, so two handlers never interleave.)
 extern "C" void on_stop_signal(int sig) {
+    if (g_stop.load()) {
+        write_from_handler("tmx: second signal: exiting without a checkpoint\n");
+        ::_exit(128 + sig);
+    }
     g_signal.store(sig);
     g_stop.store(true);
+    write_from_handler(
+        "tmx: stopping after this micro-batch to write a checkpoint (signal again to exit at "
+        "once)\n");
 }
 
 std::string format_duration(double s) {
@@ -36,6 +53,10 @@ void print_report(const TrainReport& r) {
                  static_cast<long long>(r.step), static_cast<long long>(r.max_steps), r.loss, r.aux,
                  r.val_loss ? ("val " + std::to_string(*r.val_loss).substr(0, 6)).c_str() : "val -",
                  r.lr, r.grad_norm, r.tokens_per_s, format_duration(r.eta_s).c_str());
+    if (r.skipped > 0)
+        std::fprintf(stderr,
+                     "  skipped %lld non-finite step(s) since the last line (--skip-nonfinite)\n",
+                     static_cast<long long>(r.skipped));
     if (!r.expert_load.empty()) {
         std::string line = "  expert load %:";
         for (size_t l = 0; l < r.expert_load.size(); ++l) {
@@ -100,6 +121,7 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
         {"keep_last", sub->add_option("--keep-last", t.keep_last, "Step checkpoints kept (best/ is kept besides)")->capture_default_str()},
         {"log_every", sub->add_option("--log-every", t.log_every, "Steps between progress lines")->capture_default_str()},
         {"seed", sub->add_option("--seed", t.seed, "Data-order seed")->capture_default_str()},
+        {"skip_nonfinite", sub->add_option("--skip-nonfinite", t.skip_nonfinite, "Non-finite steps (loss or gradient norm) skipped, not applied, before the run stops")->capture_default_str()},
     };
     sub->add_option("--init-seed", o->init_seed, "Weight initialisation seed of a new run")
         ->capture_default_str();
@@ -129,14 +151,25 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
         }
         struct sigaction sa {};
         sa.sa_handler = on_stop_signal;
+        sa.sa_flags = SA_RESTART;  // the file writes in flight finish rather than fail with EINTR
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGINT);
+        sigaddset(&sa.sa_mask, SIGTERM);
         sigaction(SIGINT, &sa, nullptr);
         sigaction(SIGTERM, &sa, nullptr);
         TrainReport last = trainer->run(print_report, &g_stop);
         if (g_stop.load()) {
-            std::fprintf(stderr, "stopped by %s at step %lld; checkpoint %s\nresume with: tmx train --resume %s\n",
-                         g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT",
-                         static_cast<long long>(last.step), last.checkpoint.c_str(),
-                         trainer->run_dir().c_str());
+            const char* by = g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT";
+            if (trainer->last_checkpoint().empty())
+                std::fprintf(stderr,
+                             "stopped by %s before the first step; no checkpoint to resume from\n",
+                             by);
+            else
+                std::fprintf(stderr,
+                             "stopped by %s at step %lld; checkpoint %s\n"
+                             "resume with: tmx train --resume %s\n",
+                             by, static_cast<long long>(last.step),
+                             trainer->last_checkpoint().c_str(), trainer->run_dir().c_str());
             throw Interrupted(128 + g_signal.load());
         }
         std::fprintf(stderr, "done: %lld steps; checkpoints in %s (best/ has the lowest validation loss)\n",

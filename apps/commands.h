@@ -5,8 +5,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "engine/backend.h"
 
@@ -46,8 +49,26 @@ void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training = f
 // other backends.
 std::string with_device(const std::string& name, int device);
 
-// Parses "1,2,3" (spaces allowed) into token ids; a UsageError names `flag` otherwise.
-std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
+// Parses "1,2,3" (spaces allowed) into token ids below `vocab_size`; a UsageError names `flag`
+// and the offending id otherwise.
+std::vector<int32_t> parse_id_list(const std::string& text, const char* flag, int64_t vocab_size);
+
+// An integer flag's check: a plain decimal integer from `min` to `max` (max >= 0). The error
+// gives the range in words ("--threads: expected an integer from 0 to 2^31 - 1, got -1"), and a
+// value outside it is an error, never saturated.
+CLI::Validator integer_range(int64_t min, uint64_t max);
+// The same with the bounds of the option's type T by default: in_range<int>(0) for --threads.
+template <typename T>
+CLI::Validator in_range(T min, T max = std::numeric_limits<T>::max()) {
+    static_assert(std::is_integral_v<T>);
+    return integer_range(static_cast<int64_t>(min), static_cast<uint64_t>(max));
+}
+// Makes every integer option of `app` and its subcommands read decimal (CLI11 would read "010"
+// as octal) and checks it against the range of a 64-bit integer after its own checks, so that
+// no value is silently saturated (CLI11 clamps an int64_t at 2^63 - 1 and wraps "-1" into an
+// unsigned one). Give flags their real range with in_range<T>; this is the net under the ones
+// that have none. Call it once all commands are added.
+void check_integer_options(CLI::App& app);
 
 // Thrown when a signal stopped a command after it saved its work: main() exits with the code.
 struct Interrupted {

@@ -26,9 +26,12 @@ void default_to_passive_openmp_waiting(int, char**, char**) {
 
 namespace tmx::cli {
 
+// More threads than any machine has cores only costs memory and time (OpenMP starts them all).
+constexpr int kMaxThreads = 4096;
+
 void add_common_options(CLI::App& sub, CommonOptions& common) {
     sub.add_option("--threads", common.threads, "CPU threads (default: all cores)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(in_range(0, kMaxThreads));
     sub.parse_complete_callback([&common]() { set_num_threads(common.threads); });
 }
 
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
     cli::add_plot_command(app, common);
     cli::add_convert_command(app, common);
     cli::add_devices_command(app, common);
+    cli::check_integer_options(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {  // --help, --version

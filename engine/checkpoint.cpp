@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -38,6 +40,36 @@ void commit_directory(const fs::path& tmp, const fs::path& dir) {
         fs::remove_all(tmp);  // now holds the previous checkpoint
     }
     fsync_path(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+}
+
+// Index of the first NaN or infinity in data[0, n), or -1. Branch-free over blocks, so that
+// the pass over a whole model costs little next to reading it.
+int64_t first_non_finite(const float* data, int64_t n) {
+    constexpr int64_t kBlock = 4096;
+    for (int64_t start = 0; start < n; start += kBlock) {
+        const int64_t end = std::min(n, start + kBlock);
+        bool all_finite = true;
+        for (int64_t i = start; i < end; ++i) all_finite &= std::isfinite(data[i]);
+        if (all_finite) continue;
+        for (int64_t i = start; i < end; ++i)
+            if (!std::isfinite(data[i])) return i;
+    }
+    return -1;
+}
+
+// A checkpoint with NaN or infinite weights (saved from a diverged run, or corrupted) would
+// only produce NaN: refuse it, naming the first such tensor in layout order.
+void check_finite_weights(const ParamLayout& layout, const std::vector<float>& host,
+                          const std::string& path) {
+    for (const auto& s : layout.specs) {
+        const float* data = host.data() + s.offset;
+        const int64_t i = first_non_finite(data, s.numel());
+        if (i >= 0)
+            throw Error(path + ": tensor '" + s.name + "' holds " +
+                        (std::isnan(data[i]) ? "NaN" : "infinity") + " at element " +
+                        std::to_string(i) + " of " + shape_string(s.shape) +
+                        " (weights must be finite)");
+    }
 }
 
 }  // namespace
@@ -116,6 +148,7 @@ void load_checkpoint_weights(Model& model, const std::string& dir) {
                         (name == "lm_head.weight" ? ": tie_embeddings is true)" : ")"));
     std::vector<float> host(static_cast<size_t>(layout.total));
     for (const auto& s : layout.specs) file.read_f32(s.name, host.data() + s.offset);
+    check_finite_weights(layout, host, path);
     model.params_from_host(host);
 }
 

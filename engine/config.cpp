@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/checked_math.h"
 #include "engine/errors.h"
 #include "engine/file_io.h"
 
@@ -26,7 +27,10 @@ std::string describe(const json& v) {
 }
 
 int64_t get_int(const json& v, const std::string& src, const std::string& field) {
-    if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>();
+    // nlohmann keeps integers up to 2^64 - 1 as unsigned; beyond int64_t they would wrap.
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        field_error(src, field, "expected an integer that fits in 64 bits, got " + describe(v));
+    if (v.is_number_integer()) return v.get<int64_t>();
     field_error(src, field, "expected an integer, got " + describe(v));
 }
 
@@ -108,9 +112,53 @@ void validate_config(const ModelConfig& c, const std::string& src) {
         field_error(src, "rope_theta", "must be a positive number");
     if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef))
         field_error(src, "router_aux_loss_coef", "must be a non-negative number");
-    // Token ids travel as int32 on every backend.
+    // Token ids and positions travel as int32 on every backend.
     if (c.vocab_size > (int64_t{1} << 31) - 1)
         field_error(src, "vocab_size", "must be below 2^31");
+    if (c.max_seq_len > (int64_t{1} << 31) - 1)
+        field_error(src, "max_seq_len", "must be below 2^31");
+    if (c.n_layers > kMaxLayers)
+        field_error(src, "n_layers",
+                    "must be at most " + std::to_string(kMaxLayers) + ", got " +
+                        std::to_string(c.n_layers));
+    if (c.is_moe() && c.n_experts > kMaxLayerExperts / c.n_layers)
+        field_error(src, "n_experts",
+                    "n_layers x n_experts must be at most " + std::to_string(kMaxLayerExperts) +
+                        ", got " + std::to_string(c.n_layers) + " x " +
+                        std::to_string(c.n_experts));
+    const int64_t params = param_count(c, src);
+    if (params > kMaxParams)
+        throw Error(src + ": the model would have " + std::to_string(params) +
+                    " parameters, more than the limit of " + std::to_string(kMaxParams) +
+                    " (2^48)");
+}
+
+int64_t param_count(const ModelConfig& c, const std::string& src) {
+    const std::string context = src + ": parameter count";
+    auto mul = [&](std::initializer_list<int64_t> factors) {
+        return checked_product(factors, context);
+    };
+    const int64_t d = c.d_model;
+    const int64_t q_dim = mul({c.n_heads, c.head_dim}), kv_dim = mul({c.n_kv_heads, c.head_dim});
+    const int64_t norm = c.has_norm_bias() ? mul({2, d}) : d;
+    auto linear = [&](int64_t out, int64_t in, bool bias) {
+        return checked_add(mul({out, in}), bias ? out : 0, context);
+    };
+    const int64_t attention =
+        checked_sum({linear(q_dim, d, c.attn_bias), linear(kv_dim, d, c.attn_bias),
+                     linear(kv_dim, d, c.attn_bias), linear(d, q_dim, c.attn_bias)},
+                    context);
+    // One expert, or the dense FFN: w1 [d_ff, d], w2 [d, d_ff], and w3 [d_ff, d] for SwiGLU.
+    const int64_t ffn =
+        checked_sum({linear(c.d_ff, d, c.ffn_bias), linear(d, c.d_ff, c.ffn_bias),
+                     c.ffn_type == FfnType::SwiGlu ? linear(c.d_ff, d, c.ffn_bias) : 0},
+                    context);
+    const int64_t moe_or_dense =
+        c.is_moe() ? checked_add(mul({c.n_experts, d}), mul({c.n_experts, ffn}), context) : ffn;
+    const int64_t layer = checked_sum({mul({2, norm}), attention, moe_or_dense}, context);
+    const int64_t embedding = mul({c.vocab_size, d});
+    return checked_sum(
+        {embedding, mul({c.n_layers, layer}), norm, c.tie_embeddings ? 0 : embedding}, context);
 }
 
 ModelConfig config_from_json(const json& j, const std::string& src) {

@@ -45,6 +45,17 @@ struct ModelConfig {
 // Version written into a checkpoint's config.json as "format_version".
 inline constexpr int kCheckpointFormatVersion = 1;
 
+// Sanity bounds on model sizes, far above any real model (the largest published ones have
+// ~2 * 10^12 parameters, ~1,000 layers, ~15,000 experts in all), so that a typo or a hostile
+// config is refused before anything is allocated and no size arithmetic can overflow: 16 bytes
+// per parameter (AdamW) of kMaxParams still fit in an int64_t with room to spare.
+inline constexpr int64_t kMaxParams = int64_t{1} << 48;  // 281,474,976,710,656
+inline constexpr int64_t kMaxLayers = 4096;
+// Layers x experts: the engine keeps one named tensor per expert matrix.
+inline constexpr int64_t kMaxLayerExperts = int64_t{1} << 16;
+// Memory estimates (`tmx params --batch`) above this many bytes (1 EiB) are refused.
+inline constexpr double kMaxMemoryBytes = 1152921504606846976.0;  // 2^60
+
 // Parses and validates a native config. `source` names the file in error messages.
 // Missing keys take the defaults; unknown keys, wrong types and impossible values throw
 // tmx::Error naming the source and the field.
@@ -52,8 +63,12 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
 ModelConfig load_config(const std::string& path);
 nlohmann::json config_to_json(const ModelConfig& c);
 
-// Checks the cross-field rules (also run by config_from_json).
+// Checks the cross-field rules and the size bounds above (also run by config_from_json).
 void validate_config(const ModelConfig& c, const std::string& source);
+
+// The number of parameters the model instantiates (model_param_layout's total), computed with
+// overflow-checked arithmetic: a tmx::Error naming `source` when it does not fit in int64_t.
+int64_t param_count(const ModelConfig& c, const std::string& source);
 
 const char* to_string(FfnType t);
 const char* to_string(Activation a);

@@ -8,7 +8,12 @@
 
 namespace tmx {
 
-// Reads a whole file; throws tmx::Error naming the path when it cannot.
+// Opens `path` read-only (O_CLOEXEC) and checks that it is a regular file: a FIFO, device,
+// socket or directory is a tmx::Error naming the path, since reading one could block forever
+// or never end. Never blocks on a FIFO. Returns the descriptor; the caller closes it.
+int open_regular_file(const std::string& path);
+
+// Reads a whole regular file; throws tmx::Error naming the path when it cannot.
 std::string read_file(const std::string& path);
 
 // Parses a JSON file; throws tmx::Error naming the path and the parse position.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -35,9 +36,11 @@ std::string escape(const std::string& s) {
     return out;
 }
 
-// A line chart in the box (x, y, w, h) with axes, 5 ticks each way and a legend.
+// A line chart in the box (x, y, w, h) with axes, 5 ticks each way and a legend; `nonfinite`
+// marks the steps whose values were not finite with dashed lines.
 void line_chart(std::ostringstream& svg, double x, double y, double w, double h,
-                const std::string& title, const std::vector<Series>& series, bool log_y = false) {
+                const std::string& title, const std::vector<Series>& series, bool log_y = false,
+                const std::vector<double>& nonfinite = {}) {
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
     for (const auto& s : series)
         for (auto [px, py] : s.points) {
@@ -45,6 +48,8 @@ void line_chart(std::ostringstream& svg, double x, double y, double w, double h,
             const double v = log_y ? std::log10(py) : py;
             x0 = std::min(x0, px), x1 = std::max(x1, px), y0 = std::min(y0, v), y1 = std::max(y1, v);
         }
+    for (double step : nonfinite) x0 = std::min(x0, step), x1 = std::max(x1, step);
+    if (!(y0 <= y1)) y0 = 0, y1 = 1;  // only non-finite values: an empty scale
     svg << "<text x='" << x << "' y='" << y - 8 << "' font-size='14' font-weight='bold'>"
         << escape(title) << "</text>\n";
     svg << "<rect x='" << x << "' y='" << y << "' width='" << w << "' height='" << h
@@ -68,6 +73,14 @@ void line_chart(std::ostringstream& svg, double x, double y, double w, double h,
     }
     svg << "<text x='" << x + w / 2 << "' y='" << y + h + 28 << "' font-size='11' text-anchor='middle'>step</text>\n";
     double ly = y + 14;
+    for (double step : nonfinite)
+        svg << "<line x1='" << X(step) << "' x2='" << X(step) << "' y1='" << y << "' y2='" << y + h
+            << "' stroke='#ff7f0e' stroke-dasharray='4,3'/>\n";
+    if (!nonfinite.empty()) {
+        svg << "<text x='" << x + w - 6 << "' y='" << ly << "' font-size='11' text-anchor='end' "
+            << "fill='#ff7f0e'>non-finite (" << nonfinite.size() << ")</text>\n";
+        ly += 14;
+    }
     for (const auto& s : series) {
         svg << "<polyline fill='none' stroke='" << s.color << "' stroke-width='1.5' points='";
         for (auto [px, py] : s.points)
@@ -82,7 +95,47 @@ void line_chart(std::ostringstream& svg, double x, double y, double w, double h,
     }
 }
 
+// A metrics.jsonl line's "expert_load": per layer, each expert's share; rows of one length.
+nlohmann::json read_expert_load(const nlohmann::json& v, const std::string& where) {
+    const auto wrong = [&] {
+        throw Error(where +
+                    ": field 'expert_load': expected an array (per layer) of arrays of "
+                    "numbers, one per expert, as long as each other");
+    };
+    if (!v.is_array()) wrong();
+    for (const auto& layer : v) {
+        if (!layer.is_array() || layer.size() != v[0].size()) wrong();
+        for (const auto& share : layer)
+            if (!share.is_number() || !std::isfinite(share.get<double>())) wrong();
+    }
+    return v;
+}
+
+constexpr const char* kNaN = "NaN";
+constexpr const char* kInfinity = "Infinity";
+constexpr const char* kMinusInfinity = "-Infinity";
+
 }  // namespace
+
+nlohmann::json metrics_value(double v) {
+    if (std::isnan(v)) return kNaN;
+    if (std::isinf(v)) return v > 0 ? kInfinity : kMinusInfinity;
+    return v;
+}
+
+std::optional<double> read_metrics_value(const nlohmann::json& v, const std::string& where,
+                                         const std::string& field) {
+    if (v.is_number()) return v.get<double>();
+    if (v.is_null()) return std::nullopt;
+    if (v.is_string()) {
+        const std::string& s = v.get_ref<const std::string&>();
+        if (s == kNaN || s == kInfinity || s == kMinusInfinity) return std::nullopt;
+    }
+    std::string shown = v.dump();
+    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+    throw Error(where + ": field '" + field + "': expected a number (or \"NaN\", \"Infinity\", " +
+                "\"-Infinity\" or null), got " + shown);
+}
 
 std::string render_metrics_svg(const std::string& metrics_jsonl, const std::string& title,
                                const std::string& source) {
@@ -90,25 +143,40 @@ std::string render_metrics_svg(const std::string& metrics_jsonl, const std::stri
     Series lr{"learning rate", "#2ca02c", {}};
     nlohmann::json last_load;
     int64_t last_load_step = 0;
+    std::vector<double> nonfinite_steps;  // a loss that was not finite
+    int lines = 0;
     std::istringstream in(metrics_jsonl);
     std::string line;
     int lineno = 0;
     while (std::getline(in, line)) {
         ++lineno;
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const std::string where = source + ":" + std::to_string(lineno);
         nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object())
-            throw Error(source + ":" + std::to_string(lineno) + ": not a JSON object");
-        const double step = j.value("step", 0.0);
-        if (j.contains("loss")) train.points.emplace_back(step, j["loss"].get<double>());
-        if (j.contains("val_loss")) val.points.emplace_back(step, j["val_loss"].get<double>());
-        if (j.contains("lr")) lr.points.emplace_back(step, j["lr"].get<double>());
-        if (j.contains("expert_load") && !j["expert_load"].empty()) {
+        if (j.is_discarded() || !j.is_object()) throw Error(where + ": not a JSON object");
+        if (!j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
+            throw Error(where + ": field 'step': expected an integer >= 0" +
+                        (j.contains("step") ? ", got " + j["step"].dump() : std::string()));
+        const int64_t step = j["step"].get<int64_t>();
+        ++lines;
+        // Non-finite values (a diverged step) cannot be drawn as points: their steps are marked.
+        bool finite = true;
+        for (auto [field, series] : {std::pair{"loss", &train}, {"val_loss", &val}, {"lr", &lr}}) {
+            if (!j.contains(field)) continue;
+            const std::optional<double> v = read_metrics_value(j[field], where, field);
+            if (v && std::isfinite(*v))
+                series->points.emplace_back(static_cast<double>(step), *v);
+            else if (!j[field].is_null())
+                finite = false;
+        }
+        if (!finite && (nonfinite_steps.empty() || nonfinite_steps.back() != step))
+            nonfinite_steps.push_back(static_cast<double>(step));
+        if (j.contains("expert_load") && !read_expert_load(j["expert_load"], where).empty()) {
             last_load = j["expert_load"];
-            last_load_step = j.value("step", int64_t{0});
+            last_load_step = step;
         }
     }
-    if (train.points.empty()) throw Error(source + ": no logged training loss to plot");
+    if (lines == 0) throw Error(source + ": no metrics logged yet");
 
     const double W = 960, chart_h = 260;
     const int layers = static_cast<int>(last_load.size());
@@ -119,7 +187,8 @@ std::string render_metrics_svg(const std::string& metrics_jsonl, const std::stri
     svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
         << "' font-family='sans-serif'>\n<rect width='100%' height='100%' fill='white'/>\n";
     svg << "<text x='20' y='28' font-size='18' font-weight='bold'>" << escape(title) << "</text>\n";
-    line_chart(svg, 70, 70, 400, chart_h, "loss (nats/token)", {train, val});
+    line_chart(svg, 70, 70, 400, chart_h, "loss (nats/token)", {train, val}, false,
+               nonfinite_steps);
     line_chart(svg, 550, 70, 380, chart_h, "learning rate", {lr}, true);
     if (layers) {
         const double top = 70 + chart_h + 70;

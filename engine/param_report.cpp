@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/checked_math.h"
 #include "engine/errors.h"
 
 namespace tmx {
@@ -18,6 +19,20 @@ using nlohmann::json;
 
 constexpr int idx(ParamGroup g) {
     return static_cast<int>(g);
+}
+
+// Counting arithmetic, overflow-checked: a config's sizes are arbitrary integers. count_model
+// adds the file's name to the error.
+constexpr const char* kCountContext = "the parameter count";
+int64_t mul(int64_t a, int64_t b) {
+    return checked_mul(a, b, kCountContext);
+}
+int64_t add(int64_t a, int64_t b) {
+    return checked_add(a, b, kCountContext);
+}
+// dst += v, checked.
+void accumulate(int64_t& dst, int64_t v) {
+    dst = add(dst, v);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -59,7 +74,10 @@ class FieldReader {
     }
 
     int64_t as_int(const json& v, const std::string& key) const {
-        if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>();
+        // nlohmann keeps integers up to 2^64 - 1 as unsigned; beyond int64_t they would wrap.
+        if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+            fail(key, "expected an integer that fits in 64 bits, got " + describe(v));
+        if (v.is_number_integer()) return v.get<int64_t>();
         if (v.is_number_float()) {
             double d = v.get<double>();
             if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15)
@@ -87,6 +105,18 @@ class FieldReader {
     }
     int64_t positive_int(const char* key, int64_t def) const {
         return positive(key, integer(key, def));
+    }
+    // A layer count: the report keeps one entry per layer, so it is bounded.
+    int64_t layers(const std::string& key, int64_t v) const {
+        if (v > kMaxLayers)
+            fail(key,
+                 "must be at most " + std::to_string(kMaxLayers) + ", got " + std::to_string(v));
+        return v;
+    }
+    int64_t required_layers(std::initializer_list<const char*> keys) const {
+        std::string key;
+        find(keys, &key);
+        return layers(key, required(keys));
     }
     int64_t positive(const std::string& key, int64_t v) const {
         if (v <= 0) fail(key, "must be positive, got " + std::to_string(v));
@@ -159,14 +189,14 @@ struct AttnBias {
 
 // Adds a Linear(in, out) to a group; a token passing the block multiplies by its weight.
 void add_linear(BlockCount& b, ParamGroup g, int64_t in, int64_t out, bool bias) {
-    b.params[idx(g)] += in * out + (bias ? out : 0);
-    b.matmul_params += in * out;
+    accumulate(b.params[idx(g)], add(mul(in, out), bias ? out : 0));
+    accumulate(b.matmul_params, mul(in, out));
 }
 
 // Attention with q [H*hd, d], k/v [Hkv*hd, d], o [d, H*hd].
 void add_attention(BlockCount& b, int64_t d, int64_t heads, int64_t kv_heads, int64_t head_dim,
                    AttnBias bias, AttentionOp::Kind kind) {
-    int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+    const int64_t q = mul(heads, head_dim), kv = mul(kv_heads, head_dim);
     add_linear(b, ParamGroup::Attention, d, q, bias.q);
     add_linear(b, ParamGroup::Attention, d, kv, bias.k);
     add_linear(b, ParamGroup::Attention, d, kv, bias.v);
@@ -174,15 +204,16 @@ void add_attention(BlockCount& b, int64_t d, int64_t heads, int64_t kv_heads, in
     b.attention.push_back({kind, heads, kv_heads, head_dim});
     // Kept for backward: the input, q, k, v and the attention output (flash attention: no
     // score matrix).
-    b.activation_elems += d + 2 * q + 2 * kv;
+    accumulate(b.activation_elems, add(d, mul(2, add(q, kv))));
 }
 
 // Norm parameters: none (functional), weight (RMSNorm, T5 LayerNorm), weight + bias (LayerNorm).
 enum class NormKind { Functional = 0, Weight = 1, WeightBias = 2 };
 
 void add_norms(BlockCount& b, int64_t count, int64_t width, NormKind kind) {
-    b.params[idx(ParamGroup::Norms)] += count * width * static_cast<int64_t>(kind);
-    b.activation_elems += count * width;  // each norm keeps its input
+    accumulate(b.params[idx(ParamGroup::Norms)],
+               mul(mul(count, width), static_cast<int64_t>(kind)));
+    accumulate(b.activation_elems, mul(count, width));  // each norm keeps its input
 }
 
 // A feed-forward network: two matrices (w_in, w_out), or three when gated (SwiGLU).
@@ -192,16 +223,17 @@ struct FfnShape {
     bool bias = false;
     int64_t params(int64_t d) const {
         int64_t n_in = gated ? 2 : 1;
-        return n_in * (d * width + (bias ? width : 0)) + width * d + (bias ? d : 0);
+        return add(mul(n_in, add(mul(d, width), bias ? width : 0)),
+                   add(mul(width, d), bias ? d : 0));
     }
-    int64_t matrices(int64_t d) const { return (gated ? 3 : 2) * d * width; }
-    int64_t activations() const { return (gated ? 3 : 2) * width; }  // pre/post activation
+    int64_t matrices(int64_t d) const { return mul(gated ? 3 : 2, mul(d, width)); }
+    int64_t activations() const { return mul(gated ? 3 : 2, width); }  // pre/post activation
 };
 
 void add_dense_ffn(BlockCount& b, int64_t d, const FfnShape& f) {
-    b.params[idx(ParamGroup::DenseFfn)] += f.params(d);
-    b.matmul_params += f.matrices(d);
-    b.activation_elems += d + f.activations();
+    accumulate(b.params[idx(ParamGroup::DenseFfn)], f.params(d));
+    accumulate(b.matmul_params, f.matrices(d));
+    accumulate(b.activation_elems, add(d, f.activations()));
     b.kind = "dense";
 }
 
@@ -209,19 +241,20 @@ void add_dense_ffn(BlockCount& b, int64_t d, const FfnShape& f) {
 void add_moe(BlockCount& b, int64_t d, int64_t n_experts, int64_t top_k, const FfnShape& expert,
              bool router_bias = false) {
     add_linear(b, ParamGroup::Router, d, n_experts, router_bias);
-    b.params[idx(ParamGroup::RoutedExperts)] += n_experts * expert.params(d);
-    b.inactive_params += (n_experts - top_k) * expert.params(d);
-    b.matmul_params += top_k * expert.matrices(d);
+    accumulate(b.params[idx(ParamGroup::RoutedExperts)], mul(n_experts, expert.params(d)));
+    accumulate(b.inactive_params, mul(n_experts - top_k, expert.params(d)));
+    accumulate(b.matmul_params, mul(top_k, expert.matrices(d)));
     // The FFN input, the router logits, and per chosen expert its gathered input and hidden.
-    b.activation_elems += d + n_experts + top_k * (d + expert.activations());
+    accumulate(b.activation_elems,
+               add(add(d, n_experts), mul(top_k, add(d, expert.activations()))));
     b.kind = "MoE";
 }
 
 // An always-on expert (shares the MoE block's input).
 void add_shared_ffn(BlockCount& b, int64_t d, const FfnShape& f) {
-    b.params[idx(ParamGroup::SharedExperts)] += f.params(d);
-    b.matmul_params += f.matrices(d);
-    b.activation_elems += f.activations();
+    accumulate(b.params[idx(ParamGroup::SharedExperts)], f.params(d));
+    accumulate(b.matmul_params, f.matrices(d));
+    accumulate(b.activation_elems, f.activations());
 }
 
 BlockCount new_block(const std::string& stack) {
@@ -244,10 +277,10 @@ BlockCount llama_style_block(int64_t d, int64_t heads, int64_t kv_heads, int64_t
 void set_embeddings(ModelCount& m, int64_t vocab, int64_t d, bool tied) {
     m.vocab_size = vocab;
     m.d_model = d;
-    m.global[idx(ParamGroup::Embedding)] = vocab * d;
+    m.global[idx(ParamGroup::Embedding)] = mul(vocab, d);
     m.lm_head_tied = tied;
-    m.global[idx(ParamGroup::LmHead)] = tied ? 0 : vocab * d;
-    m.lm_head_matmul = vocab * d;
+    m.global[idx(ParamGroup::LmHead)] = tied ? 0 : mul(vocab, d);
+    m.lm_head_matmul = mul(vocab, d);
 }
 
 std::string fmt(int64_t v) {
@@ -321,7 +354,7 @@ ModelCount count_llama_family(const json& j, const std::string& src, const std::
     ModelCount m = make_model("huggingface", type);
     const int64_t vocab = r.required({"vocab_size"});
     const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required({"num_hidden_layers"});
+    const int64_t layers = r.required_layers({"num_hidden_layers"});
     const int64_t heads = r.required({"num_attention_heads"});
     const int64_t kv = r.kv_heads(heads, is_llama ? std::nullopt : std::optional<int64_t>(8));
     const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
@@ -385,7 +418,7 @@ ModelCount count_qwen2_moe(const json& j, const std::string& src) {
     ModelCount m = make_model("huggingface", "qwen2_moe");
     const int64_t vocab = r.required({"vocab_size"});
     const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required({"num_hidden_layers"});
+    const int64_t layers = r.required_layers({"num_hidden_layers"});
     const int64_t heads = r.required({"num_attention_heads"});
     const int64_t kv = r.kv_heads(heads, 16);
     const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
@@ -445,7 +478,7 @@ ModelCount count_olmoe(const json& j, const std::string& src) {
     ModelCount m = make_model("huggingface", "olmoe");
     const int64_t vocab = r.required({"vocab_size"});
     const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required({"num_hidden_layers"});
+    const int64_t layers = r.required_layers({"num_hidden_layers"});
     const int64_t heads = r.required({"num_attention_heads"});
     const int64_t kv = r.kv_heads(heads, std::nullopt);
     const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
@@ -459,18 +492,19 @@ ModelCount count_olmoe(const json& j, const std::string& src) {
     const bool attn_bias = r.boolean("attention_bias", false);
     set_embeddings(m, vocab, d, r.boolean("tie_word_embeddings", false));
     FfnShape expert{inter, true, false};
+    const int64_t q_norm = mul(heads, hd), k_norm = mul(kv, hd);
     for (int64_t i = 0; i < layers; ++i) {
         BlockCount b =
             llama_style_block(d, heads, kv, hd, {attn_bias, attn_bias, attn_bias, attn_bias});
-        add_norms(b, 1, heads * hd, NormKind::Weight);  // q_norm
-        add_norms(b, 1, kv * hd, NormKind::Weight);     // k_norm
+        add_norms(b, 1, q_norm, NormKind::Weight);
+        add_norms(b, 1, k_norm, NormKind::Weight);
         add_moe(b, d, experts, top_k, expert);
         m.blocks.push_back(std::move(b));
     }
     m.stacks[0].final_norm_params = d;
     m.context = r.positive_int("max_position_embeddings", 4096);
     m.context_origin = "max_position_embeddings";
-    m.details.push_back("RMSNorm, QK-norm (q_norm " + fmt(heads * hd) + ", k_norm " + fmt(kv * hd) +
+    m.details.push_back("RMSNorm, QK-norm (q_norm " + fmt(q_norm) + ", k_norm " + fmt(k_norm) +
                         ", counted under norms), RoPE" +
                         (attn_bias ? ", attention biases" : ", no attention biases") +
                         (m.lm_head_tied ? ", LM head tied" : ", LM head untied"));
@@ -487,7 +521,7 @@ ModelCount count_deepseek(const json& j, const std::string& src) {
     ModelCount m = make_model("huggingface", "deepseek");
     const int64_t vocab = r.required({"vocab_size"});
     const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required({"num_hidden_layers"});
+    const int64_t layers = r.required_layers({"num_hidden_layers"});
     const int64_t heads = r.required({"num_attention_heads"});
     const int64_t kv = r.kv_heads(heads, 32);
     const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
@@ -513,7 +547,7 @@ ModelCount count_deepseek(const json& j, const std::string& src) {
     if (n_shared) r.non_negative("n_shared_experts", *n_shared);
     set_embeddings(m, vocab, d, r.boolean("tie_word_embeddings", false));
     FfnShape dense{inter, true, false}, expert{moe_inter, true, false},
-        shared{moe_inter * n_shared.value_or(0), true, false};
+        shared{mul(moe_inter, n_shared.value_or(0)), true, false};
     for (int64_t i = 0; i < layers; ++i) {
         BlockCount b =
             llama_style_block(d, heads, kv, hd, {attn_bias, attn_bias, attn_bias, attn_bias});
@@ -549,15 +583,15 @@ ModelCount count_gpt2(const json& j, const std::string& src) {
     ModelCount m = make_model("huggingface", "gpt2");
     const int64_t vocab = r.required({"vocab_size"});
     const int64_t d = r.required({"n_embd", "hidden_size"});
-    const int64_t layers = r.required({"n_layer", "num_hidden_layers"});
+    const int64_t layers = r.required_layers({"n_layer", "num_hidden_layers"});
     const int64_t heads = r.required({"n_head", "num_attention_heads"});
     if (d % heads != 0)
         r.fail("n_embd", "must be a multiple of n_head (" + fmt(heads) + "), got " + fmt(d));
     const int64_t positions = r.positive_int("n_positions", 1024);
     const std::optional<int64_t> n_inner = r.optional_int("n_inner");
-    FfnShape mlp{n_inner ? r.positive("n_inner", *n_inner) : 4 * d, false, true};
+    FfnShape mlp{n_inner ? r.positive("n_inner", *n_inner) : mul(4, d), false, true};
     set_embeddings(m, vocab, d, r.boolean("tie_word_embeddings", true));
-    m.global[idx(ParamGroup::Positional)] = positions * d;
+    m.global[idx(ParamGroup::Positional)] = mul(positions, d);
     for (int64_t i = 0; i < layers; ++i) {
         BlockCount b = new_block("decoder");
         add_norms(b, 2, d, NormKind::WeightBias);  // ln_1, ln_2
@@ -583,12 +617,14 @@ ModelCount count_switch(const json& j, const std::string& src) {
     ModelCount m = make_model("huggingface", "switch_transformers");
     const int64_t vocab = r.required({"vocab_size"});
     const int64_t d = r.required({"d_model", "hidden_size"});
-    const int64_t enc_layers = r.required({"num_layers", "num_hidden_layers"});
+    const int64_t enc_layers = r.required_layers({"num_layers", "num_hidden_layers"});
     const int64_t heads = r.required({"num_heads", "num_attention_heads"});
     const int64_t d_kv = r.positive_int("d_kv", 64);
     const int64_t d_ff = r.positive_int("d_ff", 2048);
     const std::optional<int64_t> dec_opt = r.optional_int("num_decoder_layers");
-    const int64_t dec_layers = dec_opt ? r.positive("num_decoder_layers", *dec_opt) : enc_layers;
+    const int64_t dec_layers =
+        dec_opt ? r.layers("num_decoder_layers", r.positive("num_decoder_layers", *dec_opt))
+                : enc_layers;
     const int64_t experts = r.positive_int("num_experts", 8);
     const int64_t buckets = r.non_negative("relative_attention_num_buckets",
                                            r.integer("relative_attention_num_buckets", 32));
@@ -615,7 +651,7 @@ ModelCount count_switch(const json& j, const std::string& src) {
             add_attention(b, d, heads, heads, d_kv, {},
                           decoder ? AttentionOp::Causal : AttentionOp::Bidirectional);
             if (decoder) add_attention(b, d, heads, heads, d_kv, {}, AttentionOp::Cross);
-            if (i == 0) b.params[idx(ParamGroup::Positional)] += buckets * heads;
+            if (i == 0) accumulate(b.params[idx(ParamGroup::Positional)], mul(buckets, heads));
             if (step > 0 && (i % step == 1 || step == 1))
                 add_moe(b, d, experts, 1, ffn, router_bias);
             else
@@ -658,7 +694,7 @@ ModelCount count_nanochat(const json& j, const std::string& src) {
     if (!ignored.empty()) m.notes.push_back("keys not part of the count, ignored: " + ignored);
     const int64_t context = r.positive_int("sequence_len", 1024);
     const int64_t vocab = r.positive_int("vocab_size", 50304);
-    const int64_t layers = r.positive_int("n_layer", 12);
+    const int64_t layers = r.layers("n_layer", r.positive_int("n_layer", 12));
     const int64_t heads = r.positive_int("n_head", 6);
     // GPTConfig's own default is 6 (its default head count); nanochat's training scripts always
     // set n_kv_head = n_head, so a config without it means full multi-head attention.
@@ -669,7 +705,7 @@ ModelCount count_nanochat(const json& j, const std::string& src) {
     if (kv > heads || heads % kv != 0)
         r.fail("n_kv_head", "must divide n_head (" + fmt(heads) + "), got " + fmt(kv));
     set_embeddings(m, vocab, d, false);
-    FfnShape mlp{4 * d, false, false};
+    FfnShape mlp{mul(4, d), false, false};
     for (int64_t i = 0; i < layers; ++i) {
         BlockCount b = new_block("decoder");
         add_norms(b, 2, d, NormKind::Functional);
@@ -795,9 +831,9 @@ std::vector<LayerGroup> layer_groups(const ModelCount& m) {
 }
 
 std::string fmt_bytes(double b) {
-    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
     int u = 0;
-    while (b >= 1024 && u < 5) {
+    while (b >= 1024 && u < 8) {
         b /= 1024;
         ++u;
     }
@@ -895,7 +931,7 @@ const char* group_label(ParamGroup g) {
 
 int64_t BlockCount::total() const {
     int64_t t = 0;
-    for (int64_t v : params) t += v;
+    for (int64_t v : params) accumulate(t, v);
     return t;
 }
 
@@ -910,43 +946,88 @@ std::string with_thousands(int64_t v) {
 }
 
 ModelCount count_model(const json& cfg, const std::string& src) {
-    switch (detect_format(cfg, src)) {
-        case Format::Native:
-            return count_native(config_from_json(cfg, src));
-        case Format::Nanochat:
-            return count_nanochat(cfg, src);
-        case Format::HuggingFace:
-            break;
+    const Format format = detect_format(cfg, src);
+    // A native config is validated, bounds included, before it is counted.
+    if (format == Format::Native) return count_native(config_from_json(cfg, src));
+    try {
+        if (format == Format::Nanochat) return count_nanochat(cfg, src);
+        const std::string type = hf_model_type(cfg, src);
+        if (type == "llama" || type == "mistral" || type == "mixtral")
+            return count_llama_family(cfg, src, type);
+        if (type == "qwen2_moe") return count_qwen2_moe(cfg, src);
+        if (type == "olmoe") return count_olmoe(cfg, src);
+        if (type == "deepseek") return count_deepseek(cfg, src);
+        if (type == "gpt2") return count_gpt2(cfg, src);
+        return count_switch(cfg, src);
+    } catch (const OverflowError& e) {
+        throw Error(src + ": " + e.what());
     }
-    const std::string type = hf_model_type(cfg, src);
-    if (type == "llama" || type == "mistral" || type == "mixtral")
-        return count_llama_family(cfg, src, type);
-    if (type == "qwen2_moe") return count_qwen2_moe(cfg, src);
-    if (type == "olmoe") return count_olmoe(cfg, src);
-    if (type == "deepseek") return count_deepseek(cfg, src);
-    if (type == "gpt2") return count_gpt2(cfg, src);
-    return count_switch(cfg, src);
 }
 
-ParamReport build_param_report(const json& cfg, const std::string& src, const ReportOptions& opts) {
-    if (opts.batch < 0) throw UsageError("--batch must be positive");
-    if (opts.seq < 0) throw UsageError("--seq must be positive");
-    ParamReport r;
-    r.source = src;
-    r.options = opts;
-    r.model = count_model(cfg, src);
-    const ModelCount& m = r.model;
+namespace {
 
-    // Parameters.
+// Sums over the layers: per-layer counts fit, but their total may not.
+void sum_parameters(ParamReport& r) {
+    const ModelCount& m = r.model;
     r.group_totals = m.global;
     int64_t inactive = 0;
     for (const auto& b : m.blocks) {
-        for (int g = 0; g < kNumParamGroups; ++g) r.group_totals[g] += b.params[g];
-        inactive += b.inactive_params;
+        for (int g = 0; g < kNumParamGroups; ++g) accumulate(r.group_totals[g], b.params[g]);
+        accumulate(inactive, b.inactive_params);
     }
-    for (const auto& s : m.stacks) r.group_totals[idx(ParamGroup::Norms)] += s.final_norm_params;
-    for (int64_t v : r.group_totals) r.total_params += v;
+    for (const auto& s : m.stacks)
+        accumulate(r.group_totals[idx(ParamGroup::Norms)], s.final_norm_params);
+    for (int64_t v : r.group_totals) accumulate(r.total_params, v);
     r.active_params = r.total_params - inactive;
+}
+
+// A model beyond kMaxParams is no model anyone can build.
+void check_parameter_bound(const ParamReport& r) {
+    if (r.total_params > kMaxParams)
+        throw Error(r.source + ": the model would have " + with_thousands(r.total_params) +
+                    " parameters, more than the limit of " + with_thousands(kMaxParams) +
+                    " (2^48)");
+}
+
+// Memory beyond kMaxMemoryBytes is refused, and FLOPs beyond 2^62 per token, which also keeps
+// every figure the report prints as an integer inside int64_t. A figure that --batch or --seq
+// made too large is a usage error.
+void check_memory_bounds(const ParamReport& r) {
+    const ModelCount& m = r.model;
+    const std::string context =
+        "the context (" + m.context_origin + " " + with_thousands(m.context) + ")";
+    const std::string seq = "--seq " + with_thousands(r.options.seq);
+    auto refuse = [&](const std::string& what, bool from_flags) {
+        if (from_flags) throw UsageError(r.source + ": " + what);
+        throw Error(r.source + ": " + what);
+    };
+    auto bound_bytes = [&](double bytes, const std::string& what, bool from_flags) {
+        if (bytes > kMaxMemoryBytes)
+            refuse(what + " would take " + fmt_bytes(bytes) +
+                       ", more than the limit of 1 EiB (2^60 bytes)",
+                   from_flags);
+    };
+    const double kv_bytes_per_token = 4.0 * static_cast<double>(r.kv_values_per_token);
+    bound_bytes(kv_bytes_per_token * static_cast<double>(r.kv_cached_tokens),
+                "the fp32 KV cache at " + context, false);
+    if (r.kv_seq_tokens > 0)
+        bound_bytes(kv_bytes_per_token * static_cast<double>(r.kv_seq_tokens),
+                    "the fp32 KV cache at " + seq, true);
+    if (r.has_activations)
+        bound_bytes(r.activation_bytes,
+                    "the activations of " + with_thousands(r.act_batch) + " x " +
+                        with_thousands(r.act_seq) + " tokens (--batch x --seq)",
+                    true);
+    constexpr double kMaxFlopsPerToken = 4611686018427387904.0;  // 2^62
+    if (r.training_flops > kMaxFlopsPerToken)
+        refuse("a training step would take " + fmt_si(r.training_flops, "FLOP") + " per token at " +
+                   (r.options.seq > 0 ? seq : context) + ", more than the limit of 2^62",
+               r.options.seq > 0);
+}
+
+// Everything the report derives from the counts: stack totals, memory, KV cache, FLOPs.
+void derive_figures(ParamReport& r) {
+    const ModelCount& m = r.model;
     r.active_definition =
         "every parameter one token's forward pass touches, the embedding and LM head "
         "matrices counted whole: the total minus the routed experts not chosen";
@@ -957,8 +1038,8 @@ ParamReport build_param_report(const json& cfg, const std::string& src, const Re
         for (const auto& b : m.blocks) {
             if (b.stack != s.name) continue;
             ++st.layers;
-            st.params += b.total();
-            st.active += b.total() - b.inactive_params;
+            accumulate(st.params, b.total());
+            accumulate(st.active, b.total() - b.inactive_params);
         }
         r.stacks.push_back(st);
     }
@@ -970,23 +1051,23 @@ ParamReport build_param_report(const json& cfg, const std::string& src, const Re
     r.train_mixed_bytes = 16 * n;
 
     // Context, KV cache, FLOPs.
-    const int64_t T = opts.seq > 0 ? opts.seq : m.context;
+    const int64_t T = r.options.seq > 0 ? r.options.seq : m.context;
     const int64_t W = m.sliding_window;
     r.flops_context = T;
     r.keys_mean = causal_keys_mean(T, W);
     r.keys_last = static_cast<double>(causal_keys_last(T, W));
     r.kv_cached_tokens = causal_keys_last(m.context, W);
-    if (opts.seq > 0) r.kv_seq_tokens = causal_keys_last(opts.seq, W);
+    if (r.options.seq > 0) r.kv_seq_tokens = causal_keys_last(r.options.seq, W);
     r.matmul_params = m.lm_head_matmul;
-    int64_t act_elems = m.d_model * (1 + static_cast<int64_t>(m.stacks.size()));
+    int64_t act_elems = mul(m.d_model, 1 + static_cast<int64_t>(m.stacks.size()));
     for (const auto& b : m.blocks) {
-        r.matmul_params += b.matmul_params;
-        act_elems += b.activation_elems;
+        accumulate(r.matmul_params, b.matmul_params);
+        accumulate(act_elems, b.activation_elems);
         for (const auto& a : b.attention) {
             const double per_key = 4.0 * a.heads * a.head_dim;  // q.k and p.v, 2 FLOPs each
             switch (a.kind) {
                 case AttentionOp::Causal:
-                    r.kv_values_per_token += 2 * a.kv_heads * a.head_dim;
+                    accumulate(r.kv_values_per_token, mul(2, mul(a.kv_heads, a.head_dim)));
                     r.attention_flops_mean += per_key * r.keys_mean;
                     r.attention_flops_last += per_key * r.keys_last;
                     break;
@@ -995,7 +1076,7 @@ ParamReport build_param_report(const json& cfg, const std::string& src, const Re
                     r.attention_flops_last += per_key * static_cast<double>(T);
                     break;
                 case AttentionOp::Cross:
-                    r.kv_cross_values_per_token += 2 * a.kv_heads * a.head_dim;
+                    accumulate(r.kv_cross_values_per_token, mul(2, mul(a.kv_heads, a.head_dim)));
                     r.attention_flops_mean += per_key * static_cast<double>(T);
                     r.attention_flops_last += per_key * static_cast<double>(T);
                     break;
@@ -1007,14 +1088,33 @@ ParamReport build_param_report(const json& cfg, const std::string& src, const Re
     r.training_flops = 3 * r.forward_flops;
     r.decode_flops = r.matmul_flops + r.attention_flops_last;
 
-    if (opts.batch > 0 || opts.seq > 0) {
+    if (r.options.batch > 0 || r.options.seq > 0) {
         r.has_activations = true;
-        r.act_batch = opts.batch > 0 ? opts.batch : 1;
+        r.act_batch = r.options.batch > 0 ? r.options.batch : 1;
         r.act_seq = T;
         const double tokens = static_cast<double>(r.act_batch) * static_cast<double>(T);
         r.activation_bytes = tokens * (2.0 * static_cast<double>(act_elems) +
                                        4.0 * static_cast<double>(m.vocab_size));
     }
+}
+
+}  // namespace
+
+ParamReport build_param_report(const json& cfg, const std::string& src, const ReportOptions& opts) {
+    if (opts.batch < 0) throw UsageError("--batch must be positive");
+    if (opts.seq < 0) throw UsageError("--seq must be positive");
+    ParamReport r;
+    r.source = src;
+    r.options = opts;
+    r.model = count_model(cfg, src);
+    try {
+        sum_parameters(r);
+        check_parameter_bound(r);
+        derive_figures(r);
+    } catch (const OverflowError& e) {
+        throw Error(src + ": " + e.what());
+    }
+    check_memory_bounds(r);
     return r;
 }
 
@@ -1351,7 +1451,7 @@ std::optional<ModelConfig> engine_config_for(const json& cfg, const std::string&
                   " (it builds native configs and Hugging Face llama, mistral and mixtral "
                   "configs)");
     // Counting first validates every field the translation reads.
-    const ModelCount m = count_llama_family(cfg, src, type);
+    const ModelCount m = count_model(cfg, src);
     FieldReader r(cfg, src, type);
     if (r.string("hidden_act", "silu") != "silu")
         return no("hidden_act \"" + r.string("hidden_act", "silu") +

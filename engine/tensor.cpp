@@ -2,13 +2,19 @@
 
 #include <stdexcept>
 
+#include "engine/checked_math.h"
+
 namespace tmx {
 
 const char* to_string(DType t) { return t == DType::F32 ? "f32" : "i32"; }
 
 int64_t shape_numel(const Shape& s) {
+    // Checked inline rather than through checked_mul: this runs on every tensor op, and the
+    // context string is only worth building on failure.
     int64_t n = 1;
-    for (int64_t d : s) n *= d;
+    for (int64_t d : s)
+        if (__builtin_mul_overflow(n, d, &n))
+            throw_int64_overflow("tensor shape " + shape_string(s));
     return n;
 }
 
@@ -22,7 +28,10 @@ Tensor::Tensor(std::shared_ptr<DeviceBuffer> buffer, Shape shape, DType dtype, i
     : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype), offset_(offset) {
     for (int64_t d : shape_)
         if (d < 0) throw std::logic_error("negative tensor dimension " + shape_string(shape_));
-    if (buffer_ && static_cast<size_t>(offset_ + numel()) * dtype_size(dtype_) > buffer_->bytes())
+    if (buffer_ &&
+        (offset_ < 0 || checked_mul(checked_add(offset_, numel(), "tensor offset"),
+                                    static_cast<int64_t>(dtype_size(dtype_)),
+                                    "tensor bytes") > static_cast<int64_t>(buffer_->bytes())))
         throw std::logic_error("tensor " + shape_string(shape_) + " at offset " +
                                std::to_string(offset_) + " overruns its buffer");
 }
@@ -34,7 +43,7 @@ Tensor Tensor::reshape(Shape shape) const {
 }
 
 Tensor Tensor::slice(int64_t offset, Shape shape) const {
-    if (offset < 0 || offset + shape_numel(shape) > numel())
+    if (offset < 0 || checked_add(offset, shape_numel(shape), "tensor slice") > numel())
         throw std::logic_error("slice at " + std::to_string(offset) + " of " + shape_string(shape) +
                                " outside " + shape_string(shape_));
     return Tensor(buffer_, std::move(shape), dtype_, offset_ + offset);

@@ -14,8 +14,11 @@
 #include <exception>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <type_traits>
+#include <utility>
 
 #include "engine/errors.h"
 #include "engine/file_io.h"
@@ -199,6 +202,25 @@ ShardWriter::ShardWriter(std::string path, uint64_t vocab_size)
     buffer_.resize(kTokenShardHeaderBytes, 0);  // placeholder; close() writes the header
 }
 
+std::unique_ptr<ShardWriter> ShardWriter::reopen(std::string path, uint64_t vocab_size,
+                                                 uint64_t keep_tokens) {
+    // A fresh writer for the temporary name, then the closed shard's bytes put back under it.
+    auto w = std::make_unique<ShardWriter>(std::move(path), vocab_size);
+    const uint64_t tokens = TokenShard::open(w->path_).size();
+    if (keep_tokens > tokens)
+        throw Error(w->path_ + ": cannot keep " + std::to_string(keep_tokens) +
+                    " tokens of a shard of " + std::to_string(tokens));
+    if (std::rename(w->path_.c_str(), w->tmp_.c_str()) != 0)
+        throw Error(w->path_ + ": cannot reopen the shard: " + std::strerror(errno));
+    ::close(w->fd_);
+    w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (w->fd_ < 0) throw Error(w->tmp_ + ": cannot open: " + std::strerror(errno));
+    w->buffer_.clear();  // the header is there already; close() rewrites it
+    w->count_ = tokens;
+    w->truncate(keep_tokens);
+    return w;
+}
+
 ShardWriter::~ShardWriter() {
     if (fd_ >= 0) {
         ::close(fd_);
@@ -228,6 +250,18 @@ void ShardWriter::append(const int32_t* tokens, size_t n) {
         if (buffer_.size() >= (size_t{1} << 20)) flush_buffer();
     }
     count_ += n;
+}
+
+void ShardWriter::truncate(uint64_t count) {
+    if (fd_ < 0) throw Error(path_ + ": shard already closed");
+    if (count > count_)
+        throw Error(path_ + ": cannot truncate " + std::to_string(count_) + " tokens to " +
+                    std::to_string(count));
+    flush_buffer();
+    const auto bytes = static_cast<off_t>(file_bytes(count));
+    if (::ftruncate(fd_, bytes) != 0 || ::lseek(fd_, bytes, SEEK_SET) != bytes)
+        throw Error(tmp_ + ": cannot truncate: " + std::strerror(errno));
+    count_ = count;
 }
 
 void ShardWriter::close() {
@@ -264,8 +298,7 @@ void write_token_shard(const std::string& path, uint64_t vocab_size,
 TokenShard TokenShard::open(const std::string& path) {
     TokenShard s;
     s.path_ = path;
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(path + ": cannot open token shard: " + std::strerror(errno));
+    const int fd = open_regular_file(path);  // a FIFO or device: an error, never a hang
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
         int err = errno;
@@ -301,6 +334,7 @@ TokenShard TokenShard::open(const std::string& path) {
         throw Error(path + ": header says " + std::to_string(s.bytes_per_token_) +
                     " bytes per token, but vocab size " + std::to_string(s.vocab_size_) +
                     " needs " + std::to_string(bytes_per_token_for(s.vocab_size_)));
+    // The header's count is untrusted: its byte size is computed only when it cannot overflow.
     const uint64_t max_count = (UINT64_MAX - kTokenShardHeaderBytes) / s.bytes_per_token_;
     const uint64_t expected =
         s.count_ <= max_count ? kTokenShardHeaderBytes + s.count_ * s.bytes_per_token_ : UINT64_MAX;
@@ -379,10 +413,22 @@ template <class T>
 T meta_field(const nlohmann::json& j, const char* key, const std::string& file) {
     auto it = j.find(key);
     if (it == j.end()) throw Error(file + ": field '" + key + "' is missing");
-    try {
+    if constexpr (std::is_integral_v<T>) {
+        // nlohmann converts any number to any integer type, wrapping or truncating silently.
+        const bool fits = it->is_number_unsigned()  ? std::in_range<T>(it->get<uint64_t>())
+                          : it->is_number_integer() ? std::in_range<T>(it->get<int64_t>())
+                                                    : false;
+        if (!fits)
+            throw Error(file + ": field '" + key + "' must be an integer in [" +
+                        std::to_string(std::numeric_limits<T>::min()) + ", " +
+                        std::to_string(std::numeric_limits<T>::max()) + "], got " + it->dump());
         return it->get<T>();
-    } catch (const nlohmann::json::exception&) {
-        throw Error(file + ": field '" + key + "' has the wrong type");
+    } else {
+        try {
+            return it->get<T>();
+        } catch (const nlohmann::json::exception&) {
+            throw Error(file + ": field '" + key + "' has the wrong type");
+        }
     }
 }
 
@@ -393,6 +439,8 @@ DatasetSplitInfo split_from_json(const nlohmann::json& splits, const char* name,
     if (it == splits.end()) return info;
     if (!it->is_object()) throw Error(file + ": field 'splits." + name + "' is not an object");
     info.documents = meta_field<int64_t>(*it, "documents", file);
+    if (info.documents < 0)
+        throw Error(file + ": field 'splits." + name + ".documents' must not be negative");
     info.tokens = meta_field<uint64_t>(*it, "tokens", file);
     info.shards = meta_field<std::vector<std::string>>(*it, "shards", file);
     return info;
@@ -560,11 +608,26 @@ void DatasetWriter::close_shard(Part& p) {
 }
 
 void DatasetWriter::add_document(Split split, const int32_t* tokens, size_t n) {
+    begin_document(split);
+    append(tokens, n);
+    end_document();
+}
+
+void DatasetWriter::begin_document(Split split) {
+    if (document_) throw Error(dir_ + ": internal error: a document is already open");
     Part& p = part(split);
-    ++p.info->documents;
+    const size_t shards = p.info->shards.size();
+    // The first token goes to the open shard, or else to the next one.
+    document_ = p.writer ? OpenDocument{split, shards - 1, p.writer->token_count(), p.info->tokens}
+                         : OpenDocument{split, shards, 0, p.info->tokens};
+}
+
+void DatasetWriter::append(const int32_t* tokens, size_t n) {
+    if (!document_) throw Error(dir_ + ": internal error: no document is open");
+    Part& p = part(document_->split);
     while (n > 0) {
         if (!p.writer) {
-            std::string name = shard_name(split, p.info->shards.size());
+            std::string name = shard_name(document_->split, p.info->shards.size());
             p.writer = std::make_unique<ShardWriter>((fs::path(tmp_) / name).string(), vocab_size_);
             p.info->shards.push_back(name);
         }
@@ -578,12 +641,45 @@ void DatasetWriter::add_document(Split split, const int32_t* tokens, size_t n) {
     }
 }
 
+void DatasetWriter::end_document() {
+    if (!document_) throw Error(dir_ + ": internal error: no document is open");
+    ++part(document_->split).info->documents;
+    document_.reset();
+}
+
+void DatasetWriter::discard_document() {
+    if (!document_) throw Error(dir_ + ": internal error: no document is open");
+    const OpenDocument d = *document_;
+    document_.reset();
+    Part& p = part(d.split);
+    // Remove the shards the document began (the open one, if any, is the last), then cut the
+    // shard it started in back to where it started.
+    const size_t keep = d.shard_start > 0 ? d.shard + 1 : d.shard;
+    while (p.info->shards.size() > keep) {
+        const std::string path = (fs::path(tmp_) / p.info->shards.back()).string();
+        if (p.writer)
+            p.writer.reset();  // an unclosed writer removes its temporary file
+        else if (::unlink(path.c_str()) != 0)
+            throw Error(path + ": cannot remove: " + std::strerror(errno));
+        p.info->shards.pop_back();
+    }
+    if (d.shard_start > 0) {
+        if (p.writer)
+            p.writer->truncate(d.shard_start);
+        else
+            p.writer = ShardWriter::reopen((fs::path(tmp_) / p.info->shards.back()).string(),
+                                           vocab_size_, d.shard_start);
+    }
+    p.info->tokens = d.split_tokens;
+}
+
 void DatasetWriter::add_file(const std::string& name, std::string_view bytes) {
     write_file_atomic((fs::path(tmp_) / name).string(), bytes);
 }
 
 void DatasetWriter::commit(const nlohmann::json& meta) {
     if (committed_) throw Error(dir_ + ": dataset already committed");
+    if (document_) throw Error(dir_ + ": internal error: a document is still open");
     close_shard(train_part_);
     close_shard(val_part_);
     nlohmann::json j = meta.is_object() ? meta : nlohmann::json::object();
@@ -658,23 +754,30 @@ PrepareReport prepare_dataset(const PrepareOptions& options,
 
     PrepareProgress prog;
     prog.total_bytes = reader.total_bytes();
-    std::vector<std::string> docs, next_docs;
+    std::vector<DocumentPiece> pieces, next_pieces;
     std::vector<std::vector<int32_t>> encoded;
-    int64_t index = 0;
-    bool more = reader.next(docs);
+    int64_t index = 0;  // of the next document kept
+    bool more = reader.next(pieces);
     while (more) {
         // Read the next chunk while this one is tokenized.
-        auto next = std::async(std::launch::async, [&] { return reader.next(next_docs); });
-        encoded.resize(docs.size());
+        auto next = std::async(std::launch::async, [&] { return reader.next(next_pieces); });
+        encoded.clear();  // not only emptied: a long piece's capacity is not kept
+        encoded.resize(pieces.size());
         std::exception_ptr error;
         std::mutex error_mutex;
-        const auto n = static_cast<int64_t>(docs.size());
-#pragma omp parallel for schedule(dynamic, 16)
+        const auto n = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(dynamic, 1)
         for (int64_t i = 0; i < n; ++i) {
             try {
+                const DocumentPiece& piece = pieces[static_cast<size_t>(i)];
                 std::vector<int32_t>& out = encoded[static_cast<size_t>(i)];
-                tok.encode(docs[static_cast<size_t>(i)], out);
-                out.insert(out.begin(), bos);
+                if (piece.cancel) continue;
+                if (piece.first) {
+                    tok.encode(piece.text, out);
+                    out.insert(out.begin(), bos);
+                } else {
+                    tok.encode_continuation(piece.text, out);
+                }
             } catch (...) {
                 std::lock_guard<std::mutex> lock(error_mutex);
                 if (!error) error = std::current_exception();
@@ -684,15 +787,26 @@ PrepareReport prepare_dataset(const PrepareOptions& options,
             next.wait();
             std::rethrow_exception(error);
         }
-        for (size_t i = 0; i < docs.size(); ++i, ++index) {
-            const Split split =
-                is_validation_document(index, options.val_fraction) ? Split::Val : Split::Train;
-            writer.add_document(split, encoded[i].data(), encoded[i].size());
-            prog.tokens += encoded[i].size();
+        for (size_t i = 0; i < pieces.size(); ++i) {
+            const DocumentPiece& piece = pieces[i];
+            if (piece.cancel) {
+                writer.discard_document();
+                continue;
+            }
+            if (piece.first)
+                writer.begin_document(is_validation_document(index, options.val_fraction)
+                                          ? Split::Val
+                                          : Split::Train);
+            writer.append(encoded[i].data(), encoded[i].size());
+            if (piece.last) {
+                writer.end_document();
+                ++index;
+            }
         }
         prog.documents = index;
+        prog.tokens = writer.info(Split::Train).tokens + writer.info(Split::Val).tokens;
         more = next.get();
-        std::swap(docs, next_docs);
+        std::swap(pieces, next_pieces);
         if (progress) {
             prog.bytes_read = reader.bytes_read();
             prog.seconds = elapsed();

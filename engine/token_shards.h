@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,10 @@ std::string sha256_hex(std::string_view data);
 class ShardWriter {
   public:
     ShardWriter(std::string path, uint64_t vocab_size);
+    // Reopens the closed shard at `path` for appending, keeping its first `keep_tokens`
+    // tokens: it is moved back to a temporary file until close().
+    static std::unique_ptr<ShardWriter> reopen(std::string path, uint64_t vocab_size,
+                                               uint64_t keep_tokens);
     ~ShardWriter();
     ShardWriter(const ShardWriter&) = delete;
     ShardWriter& operator=(const ShardWriter&) = delete;
@@ -52,6 +57,8 @@ class ShardWriter {
     // Throws tmx::Error naming the shard for a token outside [0, vocab_size).
     void append(const int32_t* tokens, size_t n);
     void append(const std::vector<int32_t>& tokens) { append(tokens.data(), tokens.size()); }
+    // Drops every token after the first `count`.
+    void truncate(uint64_t count);
     void close();
 
     const std::string& path() const { return path_; }
@@ -59,6 +66,9 @@ class ShardWriter {
 
   private:
     void flush_buffer();
+    uint64_t file_bytes(uint64_t tokens) const {
+        return kTokenShardHeaderBytes + tokens * bytes_per_token_;
+    }
 
     std::string path_, tmp_;
     uint64_t vocab_size_;
@@ -190,6 +200,13 @@ class DatasetWriter {
     DatasetWriter& operator=(const DatasetWriter&) = delete;
 
     void add_document(Split split, const int32_t* tokens, size_t n);
+    // A document streamed in parts: begin_document, then append as its tokens come, then
+    // end_document, or discard_document to take back everything appended since begin (a
+    // document found invalid after some of it was written; shards it filled are reopened).
+    void begin_document(Split split);
+    void append(const int32_t* tokens, size_t n);
+    void end_document();
+    void discard_document();
     // Writes an extra file into the dataset (e.g. tokenizer.model).
     void add_file(const std::string& name, std::string_view bytes);
     // Writes meta.json (`meta` plus the fields the writer owns: format, version, vocab_size,
@@ -209,12 +226,20 @@ class DatasetWriter {
     };
     Part& part(Split split) { return split == Split::Train ? train_part_ : val_part_; }
     void close_shard(Part& p);
+    // The document being written: its split, and where its first token went.
+    struct OpenDocument {
+        Split split = Split::Train;
+        size_t shard = 0;          // index in the split's shards
+        uint64_t shard_start = 0;  // tokens of that shard before the document
+        uint64_t split_tokens = 0;
+    };
 
     std::string dir_, tmp_;
     uint64_t vocab_size_;
     DatasetWriterOptions options_;
     DatasetSplitInfo train_, val_;
     Part train_part_{&train_, nullptr}, val_part_{&val_, nullptr};
+    std::optional<OpenDocument> document_;
     bool committed_ = false;
 };
 
@@ -231,8 +256,21 @@ struct PrepareOptions {
     CorpusFormat format = CorpusFormat::Auto;
     bool overwrite = false;
     uint64_t max_shard_tokens = kDefaultShardTokens;
-    size_t chunk_bytes = size_t{8} << 20;  // corpus read size: one batch of documents
+    // Corpus read size: one batch of document pieces. Small, so that a batch of tiny
+    // documents (tens of bytes of bookkeeping each) stays small too.
+    size_t chunk_bytes = size_t{1} << 20;
 };
+
+// The memory prepare_dataset stays under (peak resident set), whatever the documents' sizes:
+// kPrepareMemoryBytes, plus kPrepareMemoryPerThreadBytes per tokenizing thread. The first
+// covers the program and the tokenizer (a few MB for a 32k vocabulary), two batches of pieces
+// (PrepareOptions::chunk_bytes of text each, plus about 40 bytes per piece: a batch of tiny
+// documents costs ~30x its text) and their ids, and two shard buffers; the second, one
+// SentencePiece encoding of a kMaxDocumentPieceBytes piece (~100 bytes per byte). Measured
+// peaks: 25-34 MB for a 20 MB document on 1-2 threads, 85 MB on 8; 80-88 MB for 20 MB of 1-byte
+// documents. tests/apps/prepare_cli_test.cpp checks it on a 4 MB document.
+inline constexpr uint64_t kPrepareMemoryBytes = uint64_t{128} << 20;
+inline constexpr uint64_t kPrepareMemoryPerThreadBytes = uint64_t{16} << 20;
 
 struct PrepareProgress {
     uint64_t bytes_read = 0, total_bytes = 0;
@@ -252,6 +290,9 @@ struct PrepareReport {
 // Reads the inputs, tokenizes the documents on all tmx::num_threads() threads (output order is
 // the input order whatever the thread count), prefixes each with BOS, assigns it to train or
 // val by is_validation_document, and writes the dataset. `progress` is called after each batch.
+// Streams: a document longer than kMaxDocumentPieceBytes is tokenized piece by piece
+// (Tokenizer::encode_continuation), so memory does not grow with the documents' sizes; the
+// bound is kPrepareMemoryBytes plus kPrepareMemoryPerThreadBytes per thread.
 PrepareReport prepare_dataset(const PrepareOptions& options,
                               const std::function<void(const PrepareProgress&)>& progress = {});
 

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <regex>
 #include <unordered_map>
 
@@ -27,33 +29,6 @@ int hex_value(char c) {
     return -1;
 }
 
-// True when `s` (non-empty) is the start of a valid UTF-8 character that is cut short.
-bool is_incomplete_utf8(std::string_view s) {
-    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-    const unsigned char c = p[0];
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else {
-        return false;
-    }
-    if (s.size() >= need) return false;
-    for (size_t i = 1; i < s.size(); ++i) {
-        const unsigned char l = i == 1 ? lo : 0x80, h = i == 1 ? hi : 0xBF;
-        if (p[i] < l || p[i] > h) return false;
-    }
-    return true;
-}
-
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
     std::string out;
     out.reserve(s.size());
@@ -69,12 +44,134 @@ std::string replace_all(std::string_view s, std::string_view from, std::string_v
     return out;
 }
 
+// Protobuf's wire format, just enough to switch off NormalizerSpec.add_dummy_prefix in a
+// serialized ModelProto (the Debian package installs no header for SentencePiece's model
+// proto). ModelProto field 3 is normalizer_spec; NormalizerSpec field 3 is add_dummy_prefix.
+constexpr uint64_t kNormalizerSpecField = 3, kAddDummyPrefixField = 3;
+constexpr uint64_t kWireVarint = 0, kWire64 = 1, kWireBytes = 2, kWire32 = 5;
+
+bool read_varint(std::string_view b, size_t& pos, uint64_t& value) {
+    value = 0;
+    for (int shift = 0; shift < 64 && pos < b.size(); shift += 7) {
+        const auto byte = static_cast<uint8_t>(b[pos++]);
+        value |= uint64_t{byte & 0x7Fu} << shift;
+        if (!(byte & 0x80)) return true;
+    }
+    return false;
+}
+
+void write_varint(uint64_t value, std::string& out) {
+    while (value >= 0x80) {
+        out.push_back(static_cast<char>(0x80 | (value & 0x7F)));
+        value >>= 7;
+    }
+    out.push_back(static_cast<char>(value));
+}
+
+struct ProtoField {
+    uint64_t number = 0, wire_type = 0, varint = 0;
+    std::string_view whole;    // tag and value, as serialized
+    std::string_view payload;  // kWireBytes: the bytes
+};
+
+// The fields of a serialized message, or nullopt when it is not valid wire format.
+std::optional<std::vector<ProtoField>> proto_fields(std::string_view msg) {
+    std::vector<ProtoField> fields;
+    size_t pos = 0;
+    while (pos < msg.size()) {
+        ProtoField f;
+        const size_t start = pos;
+        uint64_t tag = 0;
+        if (!read_varint(msg, pos, tag)) return std::nullopt;
+        f.number = tag >> 3;
+        f.wire_type = tag & 7;
+        uint64_t size = 0;
+        switch (f.wire_type) {
+            case kWireVarint:
+                if (!read_varint(msg, pos, f.varint)) return std::nullopt;
+                break;
+            case kWire64:
+            case kWire32:
+                size = f.wire_type == kWire64 ? 8 : 4;
+                if (msg.size() - pos < size) return std::nullopt;
+                pos += size;
+                break;
+            case kWireBytes:
+                if (!read_varint(msg, pos, size) || msg.size() - pos < size) return std::nullopt;
+                f.payload = msg.substr(pos, size);
+                pos += size;
+                break;
+            default:
+                return std::nullopt;  // groups: not in SentencePiece's model
+        }
+        f.whole = msg.substr(start, pos - start);
+        fields.push_back(f);
+    }
+    return fields;
+}
+
+// `model` with add_dummy_prefix false, and whether it was true; nullopt when it does not parse.
+std::optional<std::string> without_dummy_prefix(std::string_view model, bool& had_prefix) {
+    const auto fields = proto_fields(model);
+    if (!fields) return std::nullopt;
+    had_prefix = true;  // protobuf's default for the field
+    std::string out;
+    bool spec_seen = false;
+    auto append_spec = [&](std::string spec) {
+        write_varint(kAddDummyPrefixField << 3 | kWireVarint, spec);
+        write_varint(0, spec);
+        write_varint(kNormalizerSpecField << 3 | kWireBytes, out);
+        write_varint(spec.size(), out);
+        out += spec;
+    };
+    for (const ProtoField& f : *fields) {
+        if (f.number != kNormalizerSpecField || f.wire_type != kWireBytes) {
+            out.append(f.whole);
+            continue;
+        }
+        const auto spec_fields = proto_fields(f.payload);
+        if (!spec_fields) return std::nullopt;
+        std::string spec;
+        for (const ProtoField& g : *spec_fields) {
+            if (g.number == kAddDummyPrefixField && g.wire_type == kWireVarint)
+                had_prefix = g.varint != 0;
+            else
+                spec.append(g.whole);
+        }
+        append_spec(std::move(spec));
+        spec_seen = true;
+    }
+    if (!spec_seen) append_spec({});
+    return out;
+}
+
+void encode_with(const sentencepiece::SentencePieceProcessor& sp, std::string_view text,
+                 std::vector<int32_t>& out, const std::string& name) {
+    static_assert(sizeof(int) == sizeof(int32_t));
+    std::vector<int> ids;
+    auto status = sp.Encode(text, &ids);
+    if (!status.ok()) throw Error(name + ": cannot encode text: " + status.ToString());
+    out.assign(ids.begin(), ids.end());
+}
+
 }  // namespace
+
+// The processor for continuation pieces, made on first use.
+struct Tokenizer::Continuation {
+    std::once_flag once;
+    bool adds_dummy_prefix = true;
+    // The model without its dummy prefix; null when it has none, or when its bytes did not
+    // parse (then continuations get a dummy prefix: the text still decodes the same, but for
+    // a space at each such cut).
+    std::unique_ptr<sentencepiece::SentencePieceProcessor> no_prefix;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Tokenizer
 
-Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::Tokenizer()
+    : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()),
+      continuation_(std::make_unique<Continuation>()) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
@@ -148,11 +245,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
-    static_assert(sizeof(int) == sizeof(int32_t));
-    std::vector<int> ids;
-    auto status = sp_->Encode(text, &ids);
-    if (!status.ok()) throw Error(path_ + ": cannot encode text: " + status.ToString());
-    out.assign(ids.begin(), ids.end());
+    encode_with(*sp_, text, out, path_);
+}
+
+void Tokenizer::encode_continuation(std::string_view text, std::vector<int32_t>& out) const {
+    Continuation& c = *continuation_;
+    std::call_once(c.once, [&] {
+        const auto model = without_dummy_prefix(sp_->serialized_model_proto(), c.adds_dummy_prefix);
+        if (!model || !c.adds_dummy_prefix) return;
+        auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+        if (sp->LoadFromSerializedProto(*model).ok()) c.no_prefix = std::move(sp);
+    });
+    if (c.adds_dummy_prefix && !text.empty() && text.front() == ' ')
+        encode(text.substr(1), out);  // the dummy prefix stands for the piece's first space
+    else
+        encode_with(c.no_prefix ? *c.no_prefix : *sp_, text, out, path_);
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {

@@ -40,6 +40,12 @@ class Tokenizer {
     // Text to ids, without BOS/EOS. Thread-safe (const).
     std::vector<int32_t> encode(std::string_view text) const;
     void encode(std::string_view text, std::vector<int32_t>& out) const;  // replaces `out`
+    // Text that continues an earlier piece of the same document (a DocumentPiece that is not
+    // `first`): encoded without adding SentencePiece's dummy-prefix "▁" again, so that the
+    // pieces' ids decode to the whole text and are the whole text's ids but where a token
+    // would span a cut (none does when the cut is before a space, as the splitter prefers).
+    // Thread-safe; replaces `out`.
+    void encode_continuation(std::string_view text, std::vector<int32_t>& out) const;
     // Ids to text, exactly as SentencePiece decodes them (control ids vanish, invalid byte
     // sequences become U+FFFD). Throws tmx::Error for ids outside [0, vocab_size).
     std::string decode(const std::vector<int32_t>& ids) const;
@@ -65,7 +71,10 @@ class Tokenizer {
     Tokenizer();
     void check_id(int32_t id) const;
 
+    struct Continuation;
+
     std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+    std::unique_ptr<Continuation> continuation_;
     std::vector<PieceInfo> info_;
     std::string path_;
 };

@@ -32,8 +32,11 @@ inline float exp_fast(float x) {
     p = std::fma(p, r, 0.5f);
     p = std::fma(p, r, 1.0f);
     p = std::fma(p, r, 1.0f);
-    // times 2^n, built from its exponent bits (n is in [-126, 127]).
-    return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+    // times 2^n, built from its exponent bits (n is in [-126, 127]). A NaN argument passes the
+    // clamp as NaN: its n is taken as 0 (converting NaN to an integer is undefined), and p,
+    // already NaN, carries it to the result.
+    const float n_or_zero = n == n ? n : 0.0f;
+    return p * std::bit_cast<float>((static_cast<int32_t>(n_or_zero) + 127) << 23);
 }
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(u)) with u = k (x + 0.044715 x^3). Computed as

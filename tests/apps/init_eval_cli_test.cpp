@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
+#include "engine/file_io.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -62,10 +63,16 @@ TEST(InitEvalCli, BadInputsGiveClearErrorsAndExitCodes) {
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("at least 2"), std::string::npos) << r.err;
 
-    r = test::run_tmx("eval --model " + dir + " --tokens 1,2,500");
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find("500"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("vocabulary"), std::string::npos) << r.err;
+    // The last id is only a target, never embedded: it used to reach the loss unchecked and
+    // come back as an internal error.
+    for (const char* ids : {"1,2,500", "500,1,2", "1,2,97", "1,2,99999999999999999999"}) {
+        r = test::run_tmx("eval --model " + dir + " --tokens " + ids);
+        EXPECT_EQ(r.exit_code, 2) << ids;
+        EXPECT_NE(r.err.find("--tokens: token id "), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find(" is out of range (the vocabulary has 97 ids: 0 to 96)"),
+                  std::string::npos)
+            << r.err;
+    }
 
     r = test::run_tmx("eval --model " + (tmp / "missing") + " --tokens 1,2");
     EXPECT_EQ(r.exit_code, 1);
@@ -86,6 +93,70 @@ TEST(InitEvalCli, BadInputsGiveClearErrorsAndExitCodes) {
 
     r = test::run_tmx("frobnicate");
     EXPECT_EQ(r.exit_code, 2);
+}
+
+// Integer flags say their range in words, and a value outside it (too large for its type, or
+// negative for an unsigned one) is an error rather than saturated or wrapped.
+TEST(InitEvalCli, IntegerFlagsAreRangeCheckedReadably) {
+    test::TempDir tmp;
+    const std::string init = "init --config " + tiny_config() + " --out " + (tmp / "ckpt");
+    auto r = test::run_tmx(init + " --seed -1");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("tmx: --seed: expected an integer from 0 to 2^64 - 1, got -1"),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(std::filesystem::exists(tmp / "ckpt"));
+
+    r = test::run_tmx(init + " --threads -1");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("tmx: --threads: expected an integer from 0 to 4,096, got -1"),
+              std::string::npos)
+        << r.err;
+
+    // No per-flag range: still no silent saturation at 2^63 - 1.
+    r = test::run_tmx("generate --model " + test::source_dir() +
+                      "/assets/demo --prompt hi --max-new-tokens 99999999999999999999");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--max-new-tokens: expected an integer from -2^63 to 2^63 - 1, got "
+                         "99999999999999999999"),
+              std::string::npos)
+        << r.err;
+
+    r = test::run_tmx("tokenizer decode --tokenizer " + test::source_dir() +
+                      "/assets/demo --ids 1,2,2048");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--ids: token id 2048 is out of range (the vocabulary has 2048 ids"),
+              std::string::npos)
+        << r.err;
+
+    ASSERT_EQ(test::run_tmx(init + " --seed 010").exit_code, 0);  // decimal, not octal
+    EXPECT_EQ(test::run_tmx(init + "2 --seed 10").exit_code, 0);
+    EXPECT_EQ(read_file(tmp / "ckpt/model.safetensors"),
+              read_file(tmp / "ckpt2/model.safetensors"));
+}
+
+// Every command that loads weights refuses NaN or infinite ones, naming the tensor.
+TEST(InitEvalCli, NonFiniteWeightsAreRefusedByEveryCommand) {
+    test::TempDir tmp;
+    const std::string dir = tmp / "ckpt";
+    ASSERT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + dir).exit_code, 0);
+    {
+        auto be = make_backend("cpu");
+        auto m = load_model(dir, *be);
+        std::vector<float> host = m->params_to_host();
+        host[m->layout().find("model.norm.weight")->offset] = NAN;
+        m->params_from_host(host);
+        save_checkpoint(*m, dir, {.overwrite = true});
+    }
+    for (const std::string& command :
+         {"eval --model " + dir + " --tokens 1,2,3",
+          "convert --model " + dir + " --out " + (tmp / "converted") + " --dtype bf16"}) {
+        auto r = test::run_tmx(command);
+        EXPECT_EQ(r.exit_code, 1) << command;
+        EXPECT_NE(r.err.find("model.safetensors: tensor 'model.norm.weight' holds NaN"),
+                  std::string::npos)
+            << command << ": " << r.err;
+    }
 }
 
 TEST(InitEvalCli, Bf16CheckpointIsHalfTheSize) {

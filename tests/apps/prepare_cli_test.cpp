@@ -1,6 +1,12 @@
 // End-to-end: `tmx tokenizer train`, `tmx tokenizer encode/decode` and `tmx prepare` on a
 // corpus the test writes, checked through the engine's readers.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -199,6 +205,169 @@ TEST_F(PrepareCli, TokenizerTrainWithTooLargeAVocabSaysTheLargest) {
               std::string::npos)
         << r.err;
     EXPECT_FALSE(fs::exists(out / "t.model"));
+}
+
+// Exit code and peak resident set of one run of the built tmx.
+struct MeasuredRun {
+    int exit_code = -1;
+    uint64_t peak_rss_bytes = 0;
+};
+
+// Runs tmx with `args` (no shell; output discarded) and measures its peak memory: wait4 gives
+// the child's own rusage, whatever else this process runs.
+MeasuredRun run_tmx_measured(const std::vector<std::string>& args) {
+    std::vector<std::string> all = {TMX_BINARY};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    MeasuredRun run;
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) return run;
+    int status = 0;
+    struct rusage usage {};
+    if (::wait4(pid, &status, 0, &usage) != pid) return run;
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    run.peak_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux: kilobytes
+    return run;
+}
+
+// Under AddressSanitizer the resident set measures the sanitizer (shadow memory, quarantine).
+constexpr bool kAddressSanitizer =
+#if defined(__SANITIZE_ADDRESS__)
+    true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    true;
+#else
+    false;
+#endif
+#else
+    false;
+#endif
+
+// Story words with spaces and line breaks but no blank line: one long paragraph.
+std::string long_document(size_t bytes) {
+    static const char* words[] = {"Once", "upon", "a",   "time", "Lily", "found",  "a",
+                                  "big",  "tree", "and", "was",  "very", "happy.", "Tom"};
+    Rng rng(3);
+    std::string text;
+    while (text.size() < bytes) {
+        text += words[rng.below(14)];
+        text += rng.below(15) == 0 ? "\n" : " ";
+    }
+    return text + "The end.";
+}
+
+// The ids of each document of a split, cut at BOS (BOS removed).
+std::vector<std::vector<int32_t>> documents_of(const std::string& dataset, const char* split,
+                                               int32_t bos) {
+    const std::vector<int32_t> stream = open_dataset(dataset, split).to_vector();
+    std::vector<std::vector<int32_t>> docs;
+    for (int32_t id : stream) {
+        if (id == bos)
+            docs.emplace_back();
+        else
+            docs.back().push_back(id);
+    }
+    return docs;
+}
+
+// Issue 11, point 9: a long document without blank lines used to be tokenized whole, at about
+// 100 bytes of memory per byte of text (a 20 MB document: 1.7-2.9 GB). Now memory stays under
+// the stated bound whatever the document's size, and the document still decodes exactly.
+TEST_F(PrepareCli, ALongDocumentStaysUnderTheStatedMemoryBound) {
+    TempDir out;
+    const std::string doc = long_document(kAddressSanitizer ? 1'000'000 : 4'000'000);
+    write_text(out / "long.txt", "A short story first.\n\n" + doc + "\n");
+    const int threads = 2;
+    const MeasuredRun run =
+        run_tmx_measured({"prepare", "--input", out / "long.txt", "--tokenizer", tok(), "--out",
+                          out / "ds", "--val-fraction", "0", "--threads", std::to_string(threads)});
+    ASSERT_EQ(run.exit_code, 0);
+    const uint64_t bound = kPrepareMemoryBytes + threads * kPrepareMemoryPerThreadBytes;
+    RecordProperty("peak_rss_mib", std::to_string(run.peak_rss_bytes >> 20));
+    if (!kAddressSanitizer) {
+        EXPECT_LT(run.peak_rss_bytes, bound)
+            << "peak " << (run.peak_rss_bytes >> 20) << " MiB, bound " << (bound >> 20) << " MiB";
+    }
+    const Tokenizer t = Tokenizer::load(tok());
+    const auto docs = documents_of(out / "ds", "train", t.bos_id());
+    ASSERT_EQ(docs.size(), 2u);
+    EXPECT_EQ(t.decode(docs[0]), "A short story first.");
+    EXPECT_TRUE(t.decode(docs[1]) == doc) << "the long document does not decode to itself";
+    // Cut before words, the pieces give the very ids of the whole document.
+    const std::string head = doc.substr(0, 3 * kMaxDocumentPieceBytes);
+    const std::string whole = head.substr(0, head.rfind(' '));
+    const std::vector<int32_t> expected = t.encode(whole);
+    EXPECT_TRUE(std::equal(expected.begin(), expected.end() - 1, docs[1].begin()));
+}
+
+// The pieces of a long document, encoded the way prepare encodes them (the first whole, the
+// others as continuations), decode to the document exactly: a cut before a space and a cut
+// inside a run without spaces alike (no dummy-prefix space appears at either).
+TEST_F(PrepareCli, DocumentPiecesEncodeAndDecodeToTheWholeDocument) {
+    const Tokenizer t = Tokenizer::load(tok());
+    std::string unspaced;
+    while (unspaced.size() < 3 * kMaxDocumentPieceBytes) unspaced += "Lily\xC3\xA9tree,";
+    for (const std::string& doc : {long_document(3 * kMaxDocumentPieceBytes), unspaced}) {
+        DocumentSplitter splitter(CorpusFormat::Paragraphs, "doc.txt");
+        std::vector<DocumentPiece> pieces;
+        splitter.feed(doc, pieces);
+        splitter.finish(pieces);
+        ASSERT_GE(pieces.size(), 3u);
+        std::vector<int32_t> ids, piece_ids;
+        for (const DocumentPiece& p : pieces) {
+            if (p.first)
+                t.encode(p.text, piece_ids);
+            else
+                t.encode_continuation(p.text, piece_ids);
+            ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+        }
+        EXPECT_TRUE(t.decode(ids) == doc) << doc.substr(0, 40);
+    }
+}
+
+// A long document whose invalid UTF-8 shows only after some of it was written is taken back
+// whole, also from the shards it had filled: the dataset is the one without it.
+TEST_F(PrepareCli, ALongDocumentFoundInvalidLateIsLeftOutWhole) {
+    TempDir out;
+    const std::string bad = long_document(300'000) + " \xFF";
+    write_text(out / "with.txt", "First story.\n\n" + bad + "\n\nLast story.\n");
+    write_text(out / "without.txt", "First story.\n\nLast story.\n");
+    for (const char* name : {"with", "without"}) {
+        auto r = run_tmx("prepare --input " + out / (std::string(name) + ".txt") + " --tokenizer " +
+                         tok() + " --out " + out / name +
+                         " --val-fraction 0.5 --shard-tokens 1000 --quiet");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+    EXPECT_EQ(read_json_file(out / "with/meta.json")["skipped"]["invalid_utf8"], 1);
+    const DatasetMeta with = read_dataset_meta(out / "with");
+    const DatasetMeta without = read_dataset_meta(out / "without");
+    EXPECT_EQ(with.train.shards, without.train.shards);
+    EXPECT_EQ(with.val.shards, without.val.shards);  // the bad document was to go to val
+    for (const char* split : {"train", "val"})
+        EXPECT_EQ(open_dataset(out / "with", split).to_vector(),
+                  open_dataset(out / "without", split).to_vector())
+            << split;
+}
+
+TEST_F(PrepareCli, SpecialFileInputIsAnErrorNamingIt) {
+    TempDir out;
+    const std::string fifo = out / "in.fifo";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    for (const std::string& input : {fifo, out.path().string()}) {
+        auto r =
+            run_tmx("prepare --input " + input + " --tokenizer " + tok() + " --out " + out / "ds");
+        EXPECT_EQ(r.exit_code, 1);
+        EXPECT_NE(r.err.find(input + ": is a"), std::string::npos) << r.err;
+    }
 }
 
 TEST(PrepareCliShared, Llama32kTokenizerEncodesHelloWorld) {

@@ -3,7 +3,9 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "engine/checkpoint.h"
 #include "engine/file_io.h"
 #include "engine/token_shards.h"
 #include "tests/test_util.h"
@@ -92,6 +94,139 @@ TEST(TrainCli, BadFlagsAndVocabularyMismatchAreClearErrors) {
     r = test::run_tmx("plot " + (tmp / "data"));
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("metrics.jsonl"), std::string::npos) << r.err;
+}
+
+// Runs `train_args` in the background, sends `signals` (kill arguments, in order) after 1.5 s,
+// and gives the run 5 s more to end before SIGKILL (exit code 137). The log is in `log`.
+test::CommandResult signal_training(const std::string& train_args, const std::string& signals,
+                                    const std::string& log) {
+    std::string send;
+    for (size_t at = 0, next; at < signals.size(); at = next + 1) {
+        next = signals.find(' ', at);
+        if (next == std::string::npos) next = signals.size();
+        send += "kill -" + signals.substr(at, next - at) + " $pid; ";
+    }
+    return test::run_tmx(train_args + " 2>" + log + " & pid=$!; sleep 1.5; " + send +
+                         "for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.05; "
+                         "done; kill -KILL $pid 2>/dev/null; wait $pid");
+}
+
+TEST(TrainCli, ASignalStopsALongStepWithinAMicroBatchAndASecondExitsAtOnce) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    // One optimizer step of 10^8 micro-batches: hours, were it not interrupted.
+    const std::string train = "train --config " + tiny() + " --data " + (tmp / "data") +
+                              " --batch-size 2 --seq-len 16 --max-steps 1 --grad-accum 100000000" +
+                              " --threads 1 --out ";
+    auto r = signal_training(train + (tmp / "run1"), "INT", tmp / "log1");
+    std::string log = read_file(tmp / "log1");
+    EXPECT_EQ(r.exit_code, 130) << "(137: it did not stop within 5 s of SIGINT)\n" << log;
+    EXPECT_NE(log.find("stopped by SIGINT before the first step"), std::string::npos) << log;
+
+    // Two signals: the first asks for a checkpoint, the second exits at once, without one.
+    // (Two different ones, since a signal sent twice before delivery arrives once; the kernel
+    // delivers SIGINT first when both are pending, so the exit code is either's.)
+    r = signal_training(train + (tmp / "run2"), "TERM INT", tmp / "log2");
+    log = read_file(tmp / "log2");
+    EXPECT_TRUE(r.exit_code == 130 || r.exit_code == 143)
+        << "exit code " << r.exit_code << " (137: it did not exit on the second signal)\n"
+        << log;
+    EXPECT_NE(log.find("second signal: exiting without a checkpoint"), std::string::npos) << log;
+    EXPECT_EQ(log.find("stopped by"), std::string::npos) << log;
+}
+
+TEST(TrainCli, NonFiniteFlagsAreUsageErrorsAndADivergingRunStopsWithoutNaNCheckpoints) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string base = "train --config " + tiny() + " --data " + (tmp / "data") +
+                             " --batch-size 2 --seq-len 16 --threads 1 --out " + (tmp / "run");
+    for (const std::string flag : {"--lr inf", "--min-lr nan", "--grad-clip nan", "--eps inf",
+                                   "--weight-decay nan", "--beta2 -inf", "--lr 1e999"}) {
+        auto r = test::run_tmx(base + " --max-steps 3 " + flag);
+        EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+        EXPECT_NE(
+            r.err.find("tmx: " + flag.substr(0, flag.find(' ')) + ": must be a finite number"),
+            std::string::npos)
+            << r.err;
+    }
+    EXPECT_FALSE(fs::exists(tmp / "run"));
+
+    // 1e30 is finite; the weights it makes give NaN. Evaluating and checkpointing every step
+    // gives the NaN every chance to reach best/ and step_*/.
+    auto r = test::run_tmx(base + " --max-steps 5 --lr 1e30 --min-lr 1e30 --warmup-steps 0" +
+                           " --eval-every 1 --checkpoint-every 1 --log-every 1");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("tmx: error: step 1: the validation loss is NaN"), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("no checkpoint was written"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(tmp / "run/best"));
+    EXPECT_FALSE(fs::exists(tmp / "run/step_00000001"));
+    // The NaN is logged as JSON tmx plot reads; it marks the step.
+    r = test::run_tmx("plot " + (tmp / "run"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(read_file(tmp / "run/metrics.svg").find("non-finite (1)"), std::string::npos);
+}
+
+TEST(TrainCli, ASecondTrainOfARunningRunIsRefusedNamingTheHolder) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string run = tmp / "run";
+    ASSERT_EQ(test::run_tmx("train --config " + tiny() + " --data " + (tmp / "data") +
+                            " --batch-size 2 --seq-len 16 --max-steps 1 --threads 1 --out " + run)
+                  .exit_code,
+              0);
+    // The holder resumes with a long budget; once it says so, a second resume is refused.
+    auto r = test::run_tmx("train --resume " + run + " --max-steps 100000000 --threads 1 2>" +
+                           (tmp / "log") + " & pid=$!; for i in $(seq 200); do grep -q resuming " +
+                           (tmp / "log") + " && break; sleep 0.05; done; " + TMX_BINARY +
+                           " train --resume " + run + " 2>" + (tmp / "err") +
+                           "; echo \"$? $pid $(hostname)\" >" + (tmp / "said") +
+                           "; kill -INT $pid; wait $pid");
+    EXPECT_EQ(r.exit_code, 130) << read_file(tmp / "log");
+    std::istringstream said(read_file(tmp / "said"));
+    int second_exit = 0;
+    std::string pid, host;
+    said >> second_exit >> pid >> host;
+    const std::string err = read_file(tmp / "err");
+    EXPECT_EQ(second_exit, 1) << err;
+    EXPECT_NE(err.find("tmx: error: " + run + ": the run is in use by another tmx train (pid " +
+                       pid + " on host " + host + ")"),
+              std::string::npos)
+        << err;
+}
+
+TEST(TrainCli, FileSystemAndFileContentErrorsNameThePathAndField) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string base = "train --config " + tiny() + " --data " + (tmp / "data") +
+                             " --batch-size 2 --seq-len 16 --max-steps 1 --threads 1";
+    // --out below a file: the file system refuses (as it would a directory without permission).
+    test::write_text(tmp / "file", "");
+    auto r = test::run_tmx(base + " --out " + (tmp / "file/run"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("tmx: error: --out " + (tmp / "file/run") +
+                         ": cannot create the run directory: Not a directory"),
+              std::string::npos)
+        << r.err;
+
+    ASSERT_EQ(test::run_tmx(base + " --out " + (tmp / "run")).exit_code, 0);
+    const std::string state = tmp / "run/step_00000001/trainer_state.json";
+    nlohmann::json j = nlohmann::json::parse(read_file(state));
+    j.erase("step");
+    test::write_text(state, j.dump());
+    r = test::run_tmx("train --resume " + (tmp / "run"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("tmx: error: " + state + ": missing \"step\""), std::string::npos)
+        << r.err;
+
+    test::write_text(tmp / "run/metrics.jsonl",
+                     "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": [1]}\n");
+    r = test::run_tmx("plot " + (tmp / "run"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("tmx: error: " + (tmp / "run/metrics.jsonl") +
+                         ":2: field 'loss': expected a number"),
+              std::string::npos)
+        << r.err;
 }
 
 TEST(EvalCli, TextFileReportsBitsPerByteAndDataScoresASplit) {

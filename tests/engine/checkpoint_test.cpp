@@ -140,6 +140,37 @@ TEST_F(CheckpointTest, MisShapedTensorIsNamedWithBothShapes) {
     EXPECT_NE(e.find("[32, 32]"), std::string::npos) << e;
 }
 
+// Weights saved from a diverged run (or corrupted) load as an error naming the first tensor in
+// layout order that holds NaN or infinity, whatever the storage dtype.
+TEST_F(CheckpointTest, NonFiniteWeightsAreErrorsNamingTheFirstSuchTensor) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    auto be = make_backend("cpu");
+    const std::vector<float> clean = save_random(*be, dir, seed);
+    const ParamLayout layout = model_param_layout(tiny_config());
+    // Rewrites the checkpoint's weights with the given values set.
+    auto poison = [&](const std::vector<std::pair<std::string, float>>& values, StorageType dtype) {
+        std::vector<float> host = clean;
+        for (const auto& [name, value] : values) host[layout.find(name)->offset + 5] = value;
+        std::vector<HostTensorRef> refs;
+        for (const auto& s : layout.specs)
+            refs.push_back({s.name, s.shape, host.data() + s.offset});
+        write_file_atomic(dir + "/model.safetensors", encode_safetensors(refs, dtype));
+    };
+    const std::string attn = "model.layers.1.self_attn.o_proj.weight", head = "lm_head.weight";
+    poison({{head, NAN}, {attn, NAN}}, StorageType::F32);
+    std::string e = load_error(dir);
+    EXPECT_NE(e.find("model.safetensors: tensor '" + attn + "' holds NaN at element 5"),
+              std::string::npos)
+        << e;
+    poison({{head, -INFINITY}}, StorageType::BF16);
+    e = load_error(dir);
+    EXPECT_NE(e.find("model.safetensors: tensor '" + head + "' holds infinity at element 5"),
+              std::string::npos)
+        << e;
+    poison({}, StorageType::F32);
+    EXPECT_EQ(load_error(dir), "");
+}
+
 TEST_F(CheckpointTest, TruncatedFileIsReported) {
     save_random(*make_backend("cpu"), dir, seed);
     std::string bytes = read_file(dir + "/model.safetensors");

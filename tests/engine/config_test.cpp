@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/errors.h"
+#include "engine/model.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -101,6 +102,48 @@ TEST(Config, ImpossibleValuesNameTheField) {
         EXPECT_NE(e.find(c.field), std::string::npos) << c.j.dump() << " -> " << e;
         EXPECT_NE(e.find("cfg.json"), std::string::npos) << e;
     }
+}
+
+// Sizes that overflow, or that no machine could hold, are refused by the config itself, before
+// any command allocates (n_layers 10^12 used to grow memory until killed; d_model 2^62 counted 8
+// parameters).
+TEST(Config, HugeSizesAreRefusedNamingTheFieldOrTheCount) {
+    struct Case {
+        json j;
+        const char* expected;
+    };
+    const Case cases[] = {
+        {{{"d_model", int64_t{1} << 62}, {"n_heads", 1}, {"n_kv_heads", 1}, {"head_dim", 2}},
+         "cfg.json: parameter count: size overflows a 64-bit integer"},
+        {{{"n_layers", int64_t{1'000'000'000'000}}}, "field 'n_layers': must be at most 4096"},
+        {{{"n_experts", 65536}, {"top_k", 2}}, "field 'n_experts': n_layers x n_experts"},
+        {{{"vocab_size", 2'000'000'000}, {"d_model", 1'000'000}},
+         "parameters, more than the limit of 281474976710656"},
+        {{{"max_seq_len", int64_t{1} << 40}}, "field 'max_seq_len': must be below 2^31"},
+        {json::parse(R"({"n_layers": 18446744073709551615})"),
+         "field 'n_layers': expected an integer that fits in 64 bits"},
+        {json::parse(R"({"d_model": 1e300})"), "field 'd_model': expected an integer"},
+    };
+    for (const auto& c : cases) {
+        const std::string e = config_error(c.j);
+        EXPECT_NE(e.find(c.expected), std::string::npos) << c.j.dump() << " -> " << e;
+        EXPECT_EQ(e.find("cfg.json"), 0u) << e;
+    }
+}
+
+// param_count is the count the engine instantiates, for every switch that changes it.
+TEST(Config, ParamCountMatchesTheEnginesLayout) {
+    const json variants[] = {
+        json::object(),
+        {{"tie_embeddings", true}, {"ffn_type", "swiglu"}, {"ffn_bias", false}},
+        {{"n_experts", 0}, {"attn_bias", true}, {"norm_type", "rmsnorm"}},
+        {{"n_heads", 6}, {"n_kv_heads", 3}, {"head_dim", 10}, {"d_ff", 100}, {"n_layers", 3}},
+    };
+    for (const json& j : variants) {
+        const ModelConfig c = config_from_json(j, "cfg.json");
+        EXPECT_EQ(param_count(c, "cfg.json"), model_param_layout(c).total) << j.dump();
+    }
+    EXPECT_EQ(param_count(ModelConfig{}, "cfg.json"), 172'442'624);  // DESIGN.md
 }
 
 TEST(Config, DenseModelIgnoresTopK) {

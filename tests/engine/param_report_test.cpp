@@ -488,6 +488,82 @@ TEST(ParamReport, AnalyticCountsMatchTheEnginesInstantiatedParameters) {
     }
 }
 
+// Configs whose sizes overflow or pass any sane bound are refused, naming the file and the field
+// or the figure, before anything is counted per layer (10^12 layers used to grow memory until
+// killed; sizes near 2^62 wrapped into negative or tiny counts).
+TEST(ParamReport, HugeConfigsAreRefused) {
+    auto llama = [](json extra) {
+        json j = {{"model_type", "llama"},
+                  {"vocab_size", 32000},
+                  {"hidden_size", 4096},
+                  {"num_hidden_layers", 32},
+                  {"num_attention_heads", 32}};
+        j.update(extra);
+        return j;
+    };
+    std::string e = report_error(llama({{"hidden_size", int64_t{1} << 62}}));
+    ASSERT_NE(e.find("cfg.json: the parameter count: size overflows a 64-bit integer"),
+              std::string::npos)
+        << e;
+    struct Case {
+        json j;
+        const char* expected;
+    };
+    const Case cases[] = {
+        {llama({{"intermediate_size", int64_t{1} << 61}}), "the parameter count: size overflows"},
+        {llama({{"vocab_size", int64_t{1} << 40}}), "more than the limit of 281,474,976,710,656"},
+        {llama({{"num_hidden_layers", int64_t{1'000'000'000'000}}}),
+         "field 'num_hidden_layers': must be at most 4096"},
+        {llama({{"vocab_size", json::parse("18446744073709551615")}}),
+         "field 'vocab_size': expected an integer that fits in 64 bits"},
+        {llama({{"max_position_embeddings", int64_t{1} << 50}}),
+         "the fp32 KV cache at the context (max_position_embeddings"},
+        {{{"model_type", "switch_transformers"},
+          {"vocab_size", 100},
+          {"d_model", 64},
+          {"num_layers", 2},
+          {"num_heads", 4},
+          {"num_decoder_layers", 1'000'000}},
+         "field 'num_decoder_layers': must be at most 4096"},
+        {{{"n_layer", int64_t{1'000'000'000'000}}}, "field 'n_layer': must be at most 4096"},
+        {{{"n_embd", int64_t{1} << 62}, {"n_head", 1}}, "the parameter count: size overflows"},
+        {{{"model_type", "gpt2"},
+          {"vocab_size", 100},
+          {"n_embd", int64_t{1} << 61},
+          {"n_layer", 1},
+          {"n_head", 1}},
+         "the parameter count: size overflows"},
+        {{{"n_layers", int64_t{1'000'000'000'000}}}, "field 'n_layers': must be at most 4096"},
+    };
+    for (const auto& c : cases) {
+        e = report_error(c.j);
+        EXPECT_EQ(e.find("cfg.json: "), 0u) << c.j.dump() << " -> " << e;
+        EXPECT_NE(e.find(c.expected), std::string::npos) << c.j.dump() << " -> " << e;
+    }
+}
+
+// Memory at the requested batch that passes 1 EiB is a usage error naming the flags.
+TEST(ParamReport, HugeBatchOrSequenceIsAUsageError) {
+    const json cfg = json::object();  // the tiny-mixtral defaults
+    EXPECT_NO_THROW(build_param_report(cfg, "cfg.json", {.batch = 1024, .seq = 4096}));
+    auto usage_error = [&](ReportOptions opts) -> std::string {
+        try {
+            build_param_report(cfg, "cfg.json", opts);
+        } catch (const UsageError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    std::string e = usage_error({.batch = int64_t{1} << 50});
+    EXPECT_NE(e.find("the activations of 1,125,899,906,842,624 x 512 tokens (--batch x --seq)"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("more than the limit of 1 EiB"), std::string::npos) << e;
+    e = usage_error({.seq = int64_t{1} << 62});
+    EXPECT_NE(e.find("1 x 4,611,686,018,427,387,904 tokens (--batch x --seq)"), std::string::npos)
+        << e;
+}
+
 // ---------------------------------------------------------------------------------- CLI
 
 TEST(ParamsCli, PrintsTheReportAsTextAndJson) {
@@ -514,6 +590,34 @@ TEST(ParamsCli, VerifyMatchesTheEngineAndRefusesOtherArchitectures) {
     r = test::run_tmx("params --config " + fixture("qwen1.5-moe-a2.7b.json") + " --verify");
     EXPECT_EQ(r.exit_code, 2) << r.out;
     EXPECT_NE(r.err.find("qwen2_moe"), std::string::npos) << r.err;
+}
+
+TEST(ParamsCli, HugeOrOverflowingConfigsAndFlagsAreRefused) {
+    test::TempDir tmp;
+    const std::string path = tmp / "huge.json";
+    test::write_text(path, R"({"d_model": 4611686018427387904, "n_heads": 1, "n_kv_heads": 1,
+                               "head_dim": 2})");
+    auto r = test::run_tmx("params --config " + path);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.err.find(path + ": parameter count: size overflows"), std::string::npos) << r.err;
+
+    // A number beyond a double is a JSON error naming the file, not an internal error.
+    test::write_text(path, R"({"n_layers": 1e400})");
+    r = test::run_tmx("params --config " + path);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("tmx: error: " + path + ": not valid JSON"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("number overflow"), std::string::npos) << r.err;
+
+    r = test::run_tmx("params --config " + fixture("mixtral-8x7b.json") +
+                      " --batch 1000000000000000");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("the activations of 1,000,000,000,000,000 x"), std::string::npos) << r.err;
+    r = test::run_tmx("params --config " + fixture("mixtral-8x7b.json") +
+                      " --seq 99999999999999999999");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--seq: expected an integer from 1 to 2^63 - 1, got 99999999999999999999"),
+              std::string::npos)
+        << r.err;
 }
 
 TEST(ParamsCli, BadConfigExitsWithOneAndNamesTheField) {

@@ -1,13 +1,19 @@
 #include "engine/token_shards.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/errors.h"
@@ -294,6 +300,132 @@ TEST(TokenDataset, WriterRefusesToClobberAndReplacesOnlyWhenAsked) {
     }
     EXPECT_EQ(open_dataset(out, "train").size(), 2u);
     EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"ds"});
+}
+
+// A header whose token count times the bytes per token wraps around 64 bits must not pass for
+// the small file it then seems to describe.
+TEST(TokenShards, HeaderCountsThatOverflowAreErrors) {
+    TempDir dir;
+    write_token_shard(dir / "o.bin", 512, {1, 2, 3, 4});  // 32 + 4 x 2 bytes
+    const std::string raw = read_file(dir / "o.bin");
+    for (const uint64_t count : {(uint64_t{1} << 63) + 4, ~uint64_t{0}, ~uint64_t{0} / 2 + 1,
+                                 (~uint64_t{0} - 31) / 2 + 1}) {
+        SCOPED_TRACE(count);
+        std::string bad = raw;
+        for (int i = 0; i < 8; ++i) bad[24 + i] = static_cast<char>(count >> (8 * i));
+        write_file_atomic(dir / "o.bin", bad);
+        const std::string err = error_of([&] { TokenShard::open(dir / "o.bin"); });
+        EXPECT_NE(err.find("o.bin"), std::string::npos) << err;
+        EXPECT_NE(err.find(std::to_string(count)), std::string::npos) << err;
+    }
+}
+
+// Numbers in meta.json that do not fit the field (nlohmann would wrap or truncate them into
+// plausible values) are errors naming the field.
+TEST(TokenDataset, MetaNumbersOutOfRangeAreErrorsNamingTheField) {
+    TempDir dir;
+    const std::string out = dir / "ds";
+    {
+        DatasetWriter w(out, 1000);
+        std::vector<int32_t> doc = {1, 5, 6};
+        w.add_document(Split::Train, doc.data(), doc.size());
+        w.commit({{"bos_id", 1}, {"eos_id", 2}});
+    }
+    const nlohmann::json good = read_json_file(out + "/meta.json");
+    const std::pair<const char*, std::string> cases[] = {
+        {"vocab_size", "-1"},
+        {"vocab_size", "1e30"},
+        {"bytes_per_token", "4294967298"},   // 2^32 + 2: would truncate to 2
+        {"bos_id", "2147483648"},            // 2^31: would wrap to a negative id
+        {"tokens", "18446744073709551616"},  // 2^64
+        {"documents", "-3"},
+    };
+    for (const auto& [field, value] : cases) {
+        SCOPED_TRACE(std::string(field) + " = " + value);
+        std::string text = good.dump();
+        nlohmann::json j = good;
+        if (std::string(field) == "tokens" || std::string(field) == "documents")
+            j["splits"]["train"][field] = "@";
+        else
+            j[field] = "@";
+        text = j.dump();
+        text.replace(text.find("\"@\""), 3, value);
+        write_file_atomic(out + "/meta.json", text);
+        const std::string err = error_of([&] { open_dataset(out, "train"); });
+        EXPECT_NE(err.find("meta.json"), std::string::npos) << err;
+        EXPECT_NE(err.find(field), std::string::npos) << err;
+    }
+}
+
+// A dataset whose shard is a FIFO, a directory or a device: an error naming the path, never a
+// hang (opening a FIFO without a writer blocks) nor an endless read.
+TEST(TokenDataset, SpecialFileForAShardIsAnErrorNamingIt) {
+    TempDir dir;
+    const std::string out = dir / "ds";
+    {
+        DatasetWriter w(out, 1000);
+        std::vector<int32_t> doc = {1, 5, 6};
+        w.add_document(Split::Train, doc.data(), doc.size());
+        w.commit({{"bos_id", 1}, {"eos_id", 2}});
+    }
+    const std::string shard = out + "/train_000000.bin";
+    fs::remove(shard);
+    ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+    auto opening = std::async(std::launch::async,
+                              [&] { return error_of([&] { open_dataset(out, "train"); }); });
+    if (opening.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+        ADD_FAILURE() << "opening a dataset whose shard is a FIFO hangs";
+        ::close(::open(shard.c_str(), O_WRONLY | O_NONBLOCK));  // lets the blocked reader go
+    }
+    std::string err = opening.get();
+    EXPECT_NE(err.find(shard), std::string::npos) << err;
+    EXPECT_NE(err.find("FIFO"), std::string::npos) << err;
+
+    fs::remove(shard);
+    fs::create_directory(shard);
+    err = error_of([&] { open_dataset(out, "train"); });
+    EXPECT_NE(err.find(shard), std::string::npos) << err;
+    EXPECT_NE(err.find("directory"), std::string::npos) << err;
+
+    fs::remove(shard);
+    fs::create_symlink("/dev/zero", shard);
+    err = error_of([&] { open_dataset(out, "train"); });
+    EXPECT_NE(err.find(shard), std::string::npos) << err;
+    EXPECT_NE(err.find("character device"), std::string::npos) << err;
+}
+
+// A document taken back after some of it was written (it turned out invalid) leaves the
+// dataset byte for byte as if it had never been begun, wherever it started and ended: inside
+// one shard, across several, at a shard boundary.
+TEST(TokenDataset, DiscardedDocumentLeavesNoTrace) {
+    Rng rng(test::fresh_seed());
+    for (const size_t discarded_length : {size_t{3}, size_t{7}, size_t{30}}) {
+        for (const size_t before : {size_t{0}, size_t{5}, size_t{7}, size_t{13}}) {
+            SCOPED_TRACE(std::to_string(before) + " tokens, then " +
+                         std::to_string(discarded_length) + " discarded");
+            TempDir dir;
+            const std::vector<int32_t> first = test::random_ints(rng, before, 0, 1000);
+            const std::vector<int32_t> dropped = test::random_ints(rng, discarded_length, 0, 1000);
+            const std::vector<int32_t> last = test::random_ints(rng, 9, 0, 1000);
+            for (const bool with_discard : {false, true}) {
+                DatasetWriter w(dir / (with_discard ? "b" : "a"), 1000,
+                                DatasetWriterOptions{false, 7});
+                if (!first.empty()) w.add_document(Split::Train, first.data(), first.size());
+                w.add_document(Split::Val, last.data(), 2);
+                if (with_discard) {
+                    w.begin_document(Split::Train);
+                    w.append(dropped.data(), 2);  // in two parts, as prepare streams
+                    w.append(dropped.data() + 2, dropped.size() - 2);
+                    w.discard_document();
+                }
+                w.add_document(Split::Train, last.data(), last.size());
+                w.commit({{"bos_id", 1}, {"eos_id", 2}});
+            }
+            EXPECT_EQ(dir_entries(dir / "a"), dir_entries(dir / "b"));
+            for (const std::string& name : dir_entries(dir / "a"))
+                EXPECT_EQ(read_file(dir / ("a/" + name)), read_file(dir / ("b/" + name))) << name;
+        }
+    }
 }
 
 }  // namespace

@@ -2,12 +2,17 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/checkpoint.h"
 #include "engine/errors.h"
 #include "engine/file_io.h"
+#include "engine/metrics_plot.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -175,6 +180,302 @@ TEST(Trainer, BadOptionsAndMismatchedDataGiveClearErrors) {
     t->run([](const TrainReport&) {}, &stop);
     // No step was taken, so there is no checkpoint to resume from.
     EXPECT_THROW(Trainer::resume(tmp / "r8", *be, nlohmann::json::object()), Error);
+}
+
+// metrics.jsonl's lines without their timing, which differs between runs.
+std::vector<nlohmann::json> metrics_without_timing(const std::string& run) {
+    std::vector<nlohmann::json> lines;
+    std::istringstream in(read_file(run + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+        nlohmann::json j = nlohmann::json::parse(line);
+        j.erase("tokens_per_s");
+        j.erase("elapsed_s");
+        lines.push_back(std::move(j));
+    }
+    return lines;
+}
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+bool weights_are_finite(const std::string& checkpoint) {
+    auto be = make_backend("cpu");
+    for (float v : load_model(checkpoint, *be)->params_to_host())
+        if (!std::isfinite(v)) return false;
+    return true;
+}
+
+// Stops, as a signal does, in the middle of an optimizer step (its second micro-batch), in the
+// middle of an evaluation, and between two steps; each resumed run ends as the uninterrupted
+// one does: weights, optimizer state, best/ and every metrics line (the first after the resume
+// averages the same steps).
+TEST(Trainer, AStopInsideAStepOrAnEvaluationResumesExactlyAsTheUninterruptedRun) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", seed);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 10;
+    o.grad_accum = 2;
+    o.log_every = 4;
+    o.eval_every = 5;
+    o.eval_batches = 3;  // 3 evaluation batches, each a chance to stop
+    o.keep_last = 1;
+    o.seed = seed;
+    auto whole = Trainer::start(tiny_config(), o, tmp / "whole", seed, *be);
+    whole->run([](const TrainReport&) {});
+
+    struct Case {
+        int64_t at_step, at_poll;  // stop at this poll while step() == at_step
+        const char* where;
+    };
+    for (const Case c :
+         {Case{6, 2, "in step 7's second micro-batch"}, Case{5, 2, "in step 5's evaluation"},
+          Case{8, 1, "between steps 8 and 9"}}) {
+        SCOPED_TRACE(c.where);
+        const std::string run = tmp / ("stop" + std::to_string(c.at_step));
+        auto first = Trainer::start(tiny_config(), o, run, seed, *be);
+        int64_t polls = 0;
+        first->run([](const TrainReport&) {},
+                   [&] { return first->step() == c.at_step && ++polls == c.at_poll; });
+        ASSERT_EQ(first->step(), c.at_step);
+        EXPECT_EQ(first->last_checkpoint(), run + "/step_0000000" + std::to_string(c.at_step));
+        first.reset();
+        auto second = Trainer::resume(run, *be, nlohmann::json::object());
+        ASSERT_EQ(second->step(), c.at_step);
+        second->run([](const TrainReport&) {});
+        EXPECT_EQ(second->model().params_to_host(), whole->model().params_to_host());
+        for (const char* file : {"step_00000010/optimizer.safetensors", "best/model.safetensors",
+                                 "best/trainer_state.json"})
+            EXPECT_EQ(read_file(run + "/" + file), read_file(tmp / "whole" + "/" + file)) << file;
+        EXPECT_EQ(metrics_without_timing(run), metrics_without_timing(tmp / "whole"));
+    }
+}
+
+TEST(Trainer, NonFiniteOrOutOfRangeHyperparametersAreUsageErrorsNamingTheFlag) {
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 1);
+    auto be = make_backend("cpu");
+    const double nan = std::nan(""), inf = INFINITY;
+    struct Case {
+        const char* flag;
+        double TrainOptions::*field;
+        double value;
+    };
+    for (const Case c : {Case{"--lr", &TrainOptions::lr, inf},
+                         {"--lr", &TrainOptions::lr, nan},
+                         {"--min-lr", &TrainOptions::min_lr, nan},
+                         {"--min-lr", &TrainOptions::min_lr, -inf},
+                         {"--grad-clip", &TrainOptions::grad_clip, nan},
+                         {"--grad-clip", &TrainOptions::grad_clip, inf},
+                         {"--eps", &TrainOptions::eps, inf},
+                         {"--eps", &TrainOptions::eps, 0.0},
+                         {"--weight-decay", &TrainOptions::weight_decay, nan},
+                         {"--weight-decay", &TrainOptions::weight_decay, inf},
+                         {"--beta1", &TrainOptions::beta1, nan},
+                         {"--beta2", &TrainOptions::beta2, 1.0}}) {
+        TrainOptions o = small_options(tmp / "data");
+        o.*c.field = c.value;
+        SCOPED_TRACE(std::string(c.flag) + " " + std::to_string(c.value));
+        try {
+            Trainer::start(tiny_config(), o, tmp / "run", 0, *be);
+            ADD_FAILURE() << "accepted";
+        } catch (const UsageError& e) {
+            EXPECT_EQ(std::string(e.what()).rfind(std::string(c.flag) + ":", 0), 0u) << e.what();
+        }
+    }
+    // Token counts that overflow are refused too, naming the flags.
+    TrainOptions o = small_options(tmp / "data");
+    o.batch_size = int64_t{1} << 40;
+    o.grad_accum = int64_t{1} << 40;
+    EXPECT_NE(error_of([&] {
+                  Trainer::start(tiny_config(), o, tmp / "run", 0, *be);
+              }).find("--batch-size x --grad-accum x --seq-len"),
+              std::string::npos);
+}
+
+// A learning rate of 1e30 is finite but makes the weights explode after the first step: the run
+// stops with an error at the first non-finite value, and no checkpoint holds one.
+TEST(Trainer, ADivergingRunStopsAndNeverCheckpointsNonFiniteWeights) {
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 3);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.lr = o.min_lr = 1e30;
+    o.warmup_steps = 0;
+    o.max_steps = 6;
+    o.eval_every = 1;
+    o.checkpoint_every = 1;
+    o.log_every = 1;
+    auto t = Trainer::start(tiny_config(), o, tmp / "run", 3, *be);
+    const std::string e = error_of([&] { t->run([](const TrainReport&) {}); });
+    EXPECT_NE(e.find("NaN"), std::string::npos) << e;
+    EXPECT_NE(e.find("no checkpoint was written"), std::string::npos) << e;
+    EXPECT_LT(t->step(), 6);
+    for (const auto& entry : fs::directory_iterator(tmp / "run")) {
+        if (entry.is_directory()) {
+            EXPECT_TRUE(weights_are_finite(entry.path())) << entry.path();
+        }
+    }
+    // The non-finite value is logged as valid JSON that the plot reads.
+    const std::string metrics = read_file(tmp / "run/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"nonfinite\""), std::string::npos) << metrics;
+    EXPECT_NE(render_metrics_svg(metrics, "run", "metrics.jsonl").find("non-finite"),
+              std::string::npos);
+}
+
+TEST(Trainer, SkipNonfiniteSkipsUpToItsLimitWithoutTouchingTheWeights) {
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 4);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.lr = o.min_lr = 1e30;
+    o.warmup_steps = 0;
+    o.max_steps = 8;
+    o.eval_every = 0;
+    o.log_every = 1;
+    o.skip_nonfinite = 2;
+    auto t = Trainer::start(tiny_config(), o, tmp / "run", 4, *be);
+    std::vector<float> after_first_step;
+    const std::string e = error_of([&] {
+        t->run([&](const TrainReport& r) {
+            if (r.step == 1) after_first_step = t->model().params_to_host();
+        });
+    });
+    // Step 1 applies (its loss was computed before the update); steps 2 and 3 are skipped;
+    // step 4 is one too many.
+    EXPECT_NE(e.find("step 4:"), std::string::npos) << e;
+    EXPECT_NE(e.find("more than --skip-nonfinite 2"), std::string::npos) << e;
+    EXPECT_EQ(t->step(), 3);
+    EXPECT_EQ(t->model().params_to_host(), after_first_step);
+    int skipped = 0, fatal = 0;
+    for (const nlohmann::json& line : metrics_without_timing(tmp / "run")) {
+        if (!line.contains("nonfinite")) continue;
+        EXPECT_EQ(line["loss"], "NaN");
+        (line["skipped"].get<bool>() ? skipped : fatal)++;
+    }
+    EXPECT_EQ(skipped, 2);
+    EXPECT_EQ(fatal, 1);
+}
+
+// The file is a link to /dev/full, where every write fails with ENOSPC (a full disk).
+TEST(Trainer, AFailedMetricsWriteStopsTheRunAfterALastCheckpoint) {
+    if (!fs::exists("/dev/full")) GTEST_SKIP() << "needs /dev/full";
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", seed);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 12;
+    o.seed = seed;
+    auto whole = Trainer::start(tiny_config(), o, tmp / "whole", seed, *be);
+    whole->run([](const TrainReport&) {});
+
+    auto t = Trainer::start(tiny_config(), o, tmp / "run", seed, *be);
+    fs::remove(tmp / "run/metrics.jsonl");
+    fs::create_symlink("/dev/full", tmp / "run/metrics.jsonl");
+    const std::string e = error_of([&] { t->run([](const TrainReport&) {}); });
+    EXPECT_NE(e.find("metrics.jsonl: cannot append a line: No space left on device"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("step_00000005"), std::string::npos) << e;  // the first line, at step 5
+    EXPECT_EQ(t->step(), 5);
+    t.reset();
+    // Once the file can be written, the run resumes and logs step 5's line it could not.
+    fs::remove(tmp / "run/metrics.jsonl");
+    auto resumed = Trainer::resume(tmp / "run", *be, nlohmann::json::object());
+    resumed->run([](const TrainReport&) {});
+    EXPECT_EQ(metrics_without_timing(tmp / "run"), metrics_without_timing(tmp / "whole"));
+    EXPECT_EQ(resumed->model().params_to_host(), whole->model().params_to_host());
+}
+
+// What a checkpoint write killed part way leaves: the writer's temporary sibling directory
+// (here one of a later step, with a complete trainer_state.json), and write_file_atomic's
+// temporary file.
+TEST(Trainer, LeftoversOfAKilledCheckpointWriteAreNeverTakenForCheckpointsAndAreRemoved) {
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 5);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 4;
+    o.checkpoint_every = 1;
+    o.keep_last = 2;
+    Trainer::start(tiny_config(), o, tmp / "run", 5, *be)->run([](const TrainReport&) {});
+    const std::string leftover = tmp / "run/step_00000009.tmp-4242";
+    fs::copy(tmp / "run/step_00000004", leftover);
+    nlohmann::json state = read_json_file(leftover + "/trainer_state.json");
+    state["step"] = 9;
+    test::write_text(leftover + "/trainer_state.json", state.dump());
+    fs::create_directory(tmp / "run/best.tmp-4242");
+    test::write_text(tmp / "run/metrics.jsonl.tmp.4242", "{\"step\": 9");
+
+    EXPECT_NE(resolve_run_checkpoint(tmp / "run"), leftover);
+    EXPECT_NE(error_of([&] { resolve_run_checkpoint(leftover); }).find("unfinished checkpoint"),
+              std::string::npos);
+    auto t = Trainer::resume(tmp / "run", *be, {{"max_steps", 6}});
+    EXPECT_EQ(t->step(), 4);
+    t->run([](const TrainReport&) {});
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(tmp / "run"))
+        names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    // --keep-last 2 kept the two newest real checkpoints; the leftovers are gone.
+    EXPECT_EQ(names, (std::vector<std::string>{"best", "metrics.jsonl", "step_00000005",
+                                               "step_00000006", "train.lock"}));
+}
+
+TEST(Trainer, ASecondTrainerOfARunIsRefusedNamingTheHolder) {
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 6);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 2;
+    auto holder = Trainer::start(tiny_config(), o, tmp / "run", 6, *be);
+    holder->run([](const TrainReport&) {});
+    const std::string e = error_of([&] { Trainer::resume(tmp / "run", *be, {{"max_steps", 4}}); });
+    EXPECT_NE(
+        e.find("in use by another tmx train (pid " + std::to_string(::getpid()) + " on host "),
+        std::string::npos)
+        << e;
+    holder.reset();  // its lock goes with it
+    EXPECT_EQ(Trainer::resume(tmp / "run", *be, {{"max_steps", 4}})->step(), 2);
+}
+
+TEST(Trainer, AMissingOrMistypedTrainerStateFieldIsAnErrorNamingFileAndField) {
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 7);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 1;
+    Trainer::start(tiny_config(), o, tmp / "run", 7, *be)->run([](const TrainReport&) {});
+    const std::string path = tmp / "run/step_00000001/trainer_state.json";
+    const nlohmann::json good = read_json_file(path);
+    const auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+        nlohmann::json state = good;
+        edit(state);
+        test::write_text(path, state.dump());
+        return error_of([&] { Trainer::resume(tmp / "run", *be, nlohmann::json::object()); });
+    };
+    EXPECT_EQ(error_with([](nlohmann::json& s) { s.erase("step"); }),
+              path + ": missing \"step\" (an integer >= 0)");
+    EXPECT_EQ(error_with([](nlohmann::json& s) { s["step"] = -3; }),
+              path + ": \"step\" must be an integer >= 0, got -3");
+    EXPECT_EQ(error_with([](nlohmann::json& s) { s["options"].erase("lr"); }),
+              path + ": options: missing \"lr\" (a number)");
+    EXPECT_EQ(error_with([](nlohmann::json& s) { s["options"]["seq_len"] = "16"; }),
+              path + ": options: \"seq_len\" must be an integer, got \"16\"");
+    EXPECT_EQ(error_with([](nlohmann::json& s) { s["since_report"]["expert_slots"] = 3; }),
+              path +
+                  ": since_report: \"expert_slots\" must be an array (per layer) of arrays "
+                  "of integers >= 0, got 3");
 }
 
 }  // namespace
