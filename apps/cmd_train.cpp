@@ -170,7 +170,7 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
                              "resume with: tmx train --resume %s\n",
                              by, static_cast<long long>(last.step),
                              trainer->last_checkpoint().c_str(), trainer->run_dir().c_str());
-            throw Interrupted(128 + g_signal.load());
+            throw Interrupted{128 + g_signal.load()};
         }
         std::fprintf(stderr, "done: %lld steps; checkpoints in %s (best/ has the lowest validation loss)\n",
                      static_cast<long long>(last.step), trainer->run_dir().c_str());

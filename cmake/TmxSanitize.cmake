@@ -2,7 +2,7 @@
 # UndefinedBehaviorSanitizer. -fno-sanitize-recover makes every UBSan finding abort, so a test
 # that triggers one fails instead of printing a line nobody reads. -g1: line tables, for
 # readable stack traces at little build cost. Run the tests with
-# LSAN_OPTIONS=suppressions=<source>/tests/lsan.supp (scripts/sanitize.sh does).
+# LSAN_OPTIONS=suppressions=<source>/tests/sanitizers/lsan.supp (scripts/sanitize.sh does).
 #
 # With clang, the libFuzzer targets under tests/fuzz are built as well (GCC has no libFuzzer).
 function(tmx_enable_sanitizers)

@@ -42,11 +42,11 @@ cmake --build "$build_dir" --parallel "$(nproc)"
 built=$SECONDS
 
 # halt_on_error: every finding fails the process (and with it the test); the suppressions
-# cover exactly the third-party leak described in tests/lsan.supp, which the preloaded
+# cover exactly the third-party leak described in tests/sanitizers/lsan.supp, which the preloaded
 # library (tests/sanitizers) lets LeakSanitizer attribute.
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:strict_string_checks=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
+export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 (cd "$build_dir" &&
   LD_PRELOAD="$build_dir/tests/libtmx_keep_libraries_loaded.so" \
   ctest --output-on-failure --parallel "$(nproc)")

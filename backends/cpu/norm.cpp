@@ -45,7 +45,9 @@ void CpuBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight,
     for (int64_t n = 0; n < N; ++n) {
         const float* row = in + n * d;
         float* dst = o + n * d;
-        const auto [m, rstd] = row_stats(type, row, d, eps);
+        const RowStats stats = row_stats(type, row, d, eps);
+        // Not a structured binding: clang 14 cannot use one inside the OpenMP loop.
+        const float m = stats.mean, rstd = stats.rstd;
 #pragma omp simd
         for (int64_t i = 0; i < d; ++i) {
             float y = (row[i] - m) * rstd * w[i];
@@ -68,7 +70,9 @@ void CpuBackend::norm_backward_impl(NormType type, const Tensor& x, const Tensor
     for (int64_t n = 0; n < N; ++n) {
         const float* row = in + n * d;
         const float* g = dy + n * d;
-        const auto [m, rstd] = row_stats(type, row, d, eps);
+        const RowStats stats = row_stats(type, row, d, eps);
+        // Not a structured binding: clang 14 cannot use one inside the OpenMP loop.
+        const float m = stats.mean, rstd = stats.rstd;
         means[n] = m;
         rstds[n] = rstd;
         // dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)); the first mean only for
