@@ -135,36 +135,37 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
                     "Comma-separated backends (default: every backend present)");
     sub->add_option("--device", opts->device,
                     "GPU index for the cuda and vulkan backends, as `tmx devices` lists them")
-        ->check(CLI::NonNegativeNumber);
+        ->check(in_range<int>(0));
     sub->add_option("--train-batch", b.train_batch,
                     "Also time training steps of this many sequences (with --train-seq), on the "
                     "backends that train")
-        ->check(CLI::PositiveNumber);
+        ->check(in_range<int64_t>(1));
     sub->add_option("--train-seq", b.train_seq, "Tokens per sequence of the training step")
-        ->check(CLI::PositiveNumber);
+        ->check(in_range<int64_t>(1));
     sub->add_option("--peak-tflops", b.peak_tflops,
                     "The GPU's peak TFLOP/s (e.g. dense bf16: H100 SXM 989, L4 121), for the "
                     "training step's MFU")
         ->check(CLI::PositiveNumber);
     sub->add_option("--prompt", b.prompt_tokens, "Prompt tokens for prefill (and op shapes)")
-        ->check(CLI::PositiveNumber)
+        ->check(in_range<int64_t>(1))
         ->capture_default_str();
     sub->add_option("--decode", b.decode_tokens, "Decode steps timed")
-        ->check(CLI::PositiveNumber)
+        ->check(in_range<int64_t>(1))
         ->capture_default_str();
     sub->add_option("--batch", b.batch, "Sequences in the batch-N decode")
-        ->check(CLI::PositiveNumber)
+        ->check(in_range<int64_t>(1))
         ->capture_default_str();
     sub->add_option("--gemm", b.gemm,
                     "Also time an fp32 N x N x N matmul (e.g. 8192, against a GPU's fp32 peak)")
-        ->check(CLI::PositiveNumber);
+        ->check(in_range<int64_t>(1));
     sub->add_option("--repeats", b.repeats, "Timed repetitions (the median is reported)")
-        ->check(CLI::PositiveNumber)
+        ->check(in_range<int>(1))
         ->capture_default_str();
     sub->add_option("--warmup", b.warmup, "Untimed runs first")
-        ->check(CLI::NonNegativeNumber)
+        ->check(in_range<int>(0))
         ->capture_default_str();
     sub->add_option("--seed", b.seed, "Seed of the inputs (and of random weights)")
+        ->check(in_range<uint64_t>(0))
         ->capture_default_str();
     sub->add_flag("--json", opts->json, "Print one JSON object instead of the table");
     add_common_options(*sub, common);

@@ -61,11 +61,12 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
     prompt->excludes(file);
     sub->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most per prompt (generation also stops at the end "
                     "of a document: EOS, or BOS starting the next)")
-        ->check(CLI::NonNegativeNumber)
+        ->check(in_range<int64_t>(0))
         ->capture_default_str();
     sub->add_option("--temperature", s.temperature, "Sampling temperature (0 = greedy)")
         ->capture_default_str();
     sub->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 = off)")
+        ->check(in_range<int64_t>(0))
         ->capture_default_str();
     sub->add_option("--top-p", s.top_p,
                     "Keep the most likely tokens up to this cumulative probability (1 = off)")
@@ -79,6 +80,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--seed", g.seed,
                     "Random seed; a prompt samples the same in a batch as alone (repeats of a "
                     "prompt in one batch sample differently)")
+        ->check(in_range<uint64_t>(0))
         ->capture_default_str();
     sub->add_option("--stop", opts->stop,
                     "Stop when the continuation contains this text (repeatable); the text is cut "
@@ -86,7 +88,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--prefill-chunk", g.prefill_chunk,
                     "Prompt tokens per prefill step, 1 .. the attention window (default: the "
                     "window)")
-        ->check(CLI::PositiveNumber);
+        ->check(in_range<int64_t>(1));
     sub->add_option("--tokenizer", opts->tokenizer,
                     "SentencePiece model to use instead of the checkpoint's tokenizer.model")
         ->check(CLI::ExistingFile);

@@ -20,7 +20,9 @@ void add_init_command(CLI::App& app, CommonOptions& common) {
         ->required()
         ->check(CLI::ExistingFile);
     sub->add_option("--out", opts->out, "Checkpoint directory to write")->required();
-    sub->add_option("--seed", opts->seed, "Initialisation seed")->capture_default_str();
+    sub->add_option("--seed", opts->seed, "Initialisation seed")
+        ->check(in_range<uint64_t>(0))
+        ->capture_default_str();
     sub->add_option("--tokenizer", opts->tokenizer,
                     "SentencePiece model to copy into the checkpoint as tokenizer.model")
         ->check(CLI::ExistingFile);

@@ -102,28 +102,29 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
         CLI::Option* opt;
     };
     std::vector<Flag> flags = {
-        {"batch_size", sub->add_option("--batch-size", t.batch_size, "Sequences per micro-batch")->capture_default_str()},
-        {"seq_len", sub->add_option("--seq-len", t.seq_len, "Tokens per sequence (0: the config's max_seq_len)")->capture_default_str()},
-        {"grad_accum", sub->add_option("--grad-accum", t.grad_accum, "Micro-batches per optimizer step")->capture_default_str()},
-        {"max_steps", sub->add_option("--max-steps", t.max_steps, "Budget in optimizer steps")},
-        {"max_tokens", sub->add_option("--max-tokens", t.max_tokens, "Budget in training tokens")},
+        {"batch_size", sub->add_option("--batch-size", t.batch_size, "Sequences per micro-batch")->check(in_range<int64_t>(1))->capture_default_str()},
+        {"seq_len", sub->add_option("--seq-len", t.seq_len, "Tokens per sequence (0: the config's max_seq_len)")->check(in_range<int64_t>(0))->capture_default_str()},
+        {"grad_accum", sub->add_option("--grad-accum", t.grad_accum, "Micro-batches per optimizer step")->check(in_range<int64_t>(1))->capture_default_str()},
+        {"max_steps", sub->add_option("--max-steps", t.max_steps, "Budget in optimizer steps")->check(in_range<int64_t>(1))},
+        {"max_tokens", sub->add_option("--max-tokens", t.max_tokens, "Budget in training tokens")->check(in_range<int64_t>(1))},
         {"lr", sub->add_option("--lr", t.lr, "Peak learning rate")->capture_default_str()},
         {"min_lr", sub->add_option("--min-lr", t.min_lr, "Cosine decay floor")->capture_default_str()},
-        {"warmup_steps", sub->add_option("--warmup-steps", t.warmup_steps, "Linear warmup steps")->capture_default_str()},
+        {"warmup_steps", sub->add_option("--warmup-steps", t.warmup_steps, "Linear warmup steps")->check(in_range<int64_t>(0))->capture_default_str()},
         {"beta1", sub->add_option("--beta1", t.beta1, "AdamW beta1")->capture_default_str()},
         {"beta2", sub->add_option("--beta2", t.beta2, "AdamW beta2")->capture_default_str()},
         {"eps", sub->add_option("--eps", t.eps, "AdamW epsilon")->capture_default_str()},
         {"weight_decay", sub->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay (2-D weights except the embedding)")->capture_default_str()},
         {"grad_clip", sub->add_option("--grad-clip", t.grad_clip, "Global gradient-norm clip (0: off)")->capture_default_str()},
-        {"eval_every", sub->add_option("--eval-every", t.eval_every, "Steps between validations (0: only at the end)")->capture_default_str()},
-        {"eval_batches", sub->add_option("--eval-batches", t.eval_batches, "Batches of validation windows per evaluation")->capture_default_str()},
-        {"checkpoint_every", sub->add_option("--checkpoint-every", t.checkpoint_every, "Steps between checkpoints (0: only at the end)")->capture_default_str()},
-        {"keep_last", sub->add_option("--keep-last", t.keep_last, "Step checkpoints kept (best/ is kept besides)")->capture_default_str()},
-        {"log_every", sub->add_option("--log-every", t.log_every, "Steps between progress lines")->capture_default_str()},
-        {"seed", sub->add_option("--seed", t.seed, "Data-order seed")->capture_default_str()},
-        {"skip_nonfinite", sub->add_option("--skip-nonfinite", t.skip_nonfinite, "Non-finite steps (loss or gradient norm) skipped, not applied, before the run stops")->capture_default_str()},
+        {"eval_every", sub->add_option("--eval-every", t.eval_every, "Steps between validations (0: only at the end)")->check(in_range<int64_t>(0))->capture_default_str()},
+        {"eval_batches", sub->add_option("--eval-batches", t.eval_batches, "Batches of validation windows per evaluation")->check(in_range<int64_t>(1))->capture_default_str()},
+        {"checkpoint_every", sub->add_option("--checkpoint-every", t.checkpoint_every, "Steps between checkpoints (0: only at the end)")->check(in_range<int64_t>(0))->capture_default_str()},
+        {"keep_last", sub->add_option("--keep-last", t.keep_last, "Step checkpoints kept (best/ is kept besides)")->check(in_range<int64_t>(1))->capture_default_str()},
+        {"log_every", sub->add_option("--log-every", t.log_every, "Steps between progress lines")->check(in_range<int64_t>(1))->capture_default_str()},
+        {"seed", sub->add_option("--seed", t.seed, "Data-order seed")->check(in_range<uint64_t>(0))->capture_default_str()},
+        {"skip_nonfinite", sub->add_option("--skip-nonfinite", t.skip_nonfinite, "Non-finite steps (loss or gradient norm) skipped, not applied, before the run stops")->check(in_range<int64_t>(0))->capture_default_str()},
     };
     sub->add_option("--init-seed", o->init_seed, "Weight initialisation seed of a new run")
+        ->check(in_range<uint64_t>(0))
         ->capture_default_str();
     add_backend_options(*sub, o->backend, /*training=*/true);
     add_common_options(*sub, common);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "engine/checked_math.h"
 #include "engine/errors.h"
 
 namespace tmx {
@@ -42,7 +43,17 @@ struct OpCheck {
 }  // namespace
 
 Tensor Backend::alloc(Shape shape, DType dtype) {
-    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    // Shapes reach here from configs and flags: a negative dimension or a byte count past 64
+    // bits is an error naming the shape, never a wrapped size handed to the allocator. (The
+    // message is built only on failure: this runs for every tensor.)
+    auto what = [&] { return "tensor of shape " + shape_string(shape) + " (" + to_string(dtype) + ")"; };
+    for (int64_t d : shape)
+        if (d < 0) throw Error(what() + ": a dimension is negative");
+    int64_t signed_bytes = 0;
+    if (__builtin_mul_overflow(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)),
+                               &signed_bytes))
+        throw_int64_overflow(what() + " bytes");
+    const size_t bytes = static_cast<size_t>(signed_bytes);
     std::shared_ptr<DeviceBuffer> buffer = alloc_impl(bytes);
     MemoryStats& m = *memory_;
     m.live_bytes += bytes;

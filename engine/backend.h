@@ -37,6 +37,9 @@ public:
     // Whether the backward and optimizer ops exist (a training backend). Where they do not,
     // each throws tmx::Error saying so; Trainer checks this up front.
     virtual bool supports_training() const { return false; }
+    // The most memory the backend's tensors can take, in bytes (the CPU: the machine's physical
+    // memory), or 0 when unknown. Trainer refuses a run whose memory estimate exceeds it.
+    virtual uint64_t memory_capacity() const { return 0; }
 
     // ---- memory and transfers
     Tensor alloc(Shape shape, DType dtype = DType::F32);

@@ -61,18 +61,21 @@ int64_t first_non_finite(const float* data, int64_t n) {
 // only produce NaN: refuse it, naming the first such tensor in layout order.
 void check_finite_weights(const ParamLayout& layout, const std::vector<float>& host,
                           const std::string& path) {
-    for (const auto& s : layout.specs) {
-        const float* data = host.data() + s.offset;
-        const int64_t i = first_non_finite(data, s.numel());
-        if (i >= 0)
-            throw Error(path + ": tensor '" + s.name + "' holds " +
-                        (std::isnan(data[i]) ? "NaN" : "infinity") + " at element " +
-                        std::to_string(i) + " of " + shape_string(s.shape) +
-                        " (weights must be finite)");
-    }
+    for (const auto& s : layout.specs)
+        check_finite_tensor(path, s.name, s.shape, host.data() + s.offset, "weights");
 }
 
 }  // namespace
+
+void check_finite_tensor(const std::string& path, const std::string& name, const Shape& shape,
+                         const float* data, const char* what) {
+    const int64_t i = first_non_finite(data, shape_numel(shape));
+    if (i >= 0)
+        throw Error(path + ": tensor '" + name + "' holds " +
+                    (std::isnan(data[i]) ? "NaN" : "infinity") + " at element " +
+                    std::to_string(i) + " of " + shape_string(shape) + " (" + what +
+                    " must be finite)");
+}
 
 void save_checkpoint(const Model& model, const std::string& dir_str,
                      const CheckpointWriteOptions& options) {

@@ -31,6 +31,12 @@ ModelConfig load_checkpoint_config(const std::string& dir);
 // shape the config needs and that there are no others.
 void load_checkpoint_weights(Model& model, const std::string& dir);
 
+// A tmx::Error naming the file and tensor when data (shape's elements) holds NaN or infinity:
+// "PATH: tensor 'NAME' holds NaN at element I of [SHAPE] (WHAT must be finite)". One pass,
+// cheap next to reading the data.
+void check_finite_tensor(const std::string& path, const std::string& name, const Shape& shape,
+                         const float* data, const char* what);
+
 // Config + weights on `backend`.
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend);
 

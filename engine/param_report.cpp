@@ -830,21 +830,6 @@ std::vector<LayerGroup> layer_groups(const ModelCount& m) {
     return groups;
 }
 
-std::string fmt_bytes(double b) {
-    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
-    int u = 0;
-    while (b >= 1024 && u < 8) {
-        b /= 1024;
-        ++u;
-    }
-    char buf[64];
-    if (u == 0)
-        std::snprintf(buf, sizeof buf, "%.0f B", b);
-    else
-        std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
-    return buf;
-}
-
 std::string fmt_si(double v, const char* unit) {
     static const char* prefixes[] = {"", "K", "M", "G", "T", "P", "E"};
     int p = 0;
@@ -945,6 +930,21 @@ std::string with_thousands(int64_t v) {
     return v < 0 ? "-" + out : out;
 }
 
+std::string fmt_bytes(double b) {
+    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+    int u = 0;
+    while (b >= 1024 && u < 8) {
+        b /= 1024;
+        ++u;
+    }
+    char buf[64];
+    if (u == 0)
+        std::snprintf(buf, sizeof buf, "%.0f B", b);
+    else
+        std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
+    return buf;
+}
+
 ModelCount count_model(const json& cfg, const std::string& src) {
     const Format format = detect_format(cfg, src);
     // A native config is validated, bounds included, before it is counted.
@@ -996,7 +996,7 @@ void check_memory_bounds(const ParamReport& r) {
     const ModelCount& m = r.model;
     const std::string context =
         "the context (" + m.context_origin + " " + with_thousands(m.context) + ")";
-    const std::string seq = "--seq " + with_thousands(r.options.seq);
+    const std::string seq = std::string(r.options.seq_flag) + " " + with_thousands(r.options.seq);
     auto refuse = [&](const std::string& what, bool from_flags) {
         if (from_flags) throw UsageError(r.source + ": " + what);
         throw Error(r.source + ": " + what);
@@ -1016,7 +1016,8 @@ void check_memory_bounds(const ParamReport& r) {
     if (r.has_activations)
         bound_bytes(r.activation_bytes,
                     "the activations of " + with_thousands(r.act_batch) + " x " +
-                        with_thousands(r.act_seq) + " tokens (--batch x --seq)",
+                        with_thousands(r.act_seq) + " tokens (" + r.options.batch_flag + " x " +
+                        r.options.seq_flag + ")",
                     true);
     constexpr double kMaxFlopsPerToken = 4611686018427387904.0;  // 2^62
     if (r.training_flops > kMaxFlopsPerToken)
@@ -1101,8 +1102,8 @@ void derive_figures(ParamReport& r) {
 }  // namespace
 
 ParamReport build_param_report(const json& cfg, const std::string& src, const ReportOptions& opts) {
-    if (opts.batch < 0) throw UsageError("--batch must be positive");
-    if (opts.seq < 0) throw UsageError("--seq must be positive");
+    if (opts.batch < 0) throw UsageError(std::string(opts.batch_flag) + " must be positive");
+    if (opts.seq < 0) throw UsageError(std::string(opts.seq_flag) + " must be positive");
     ParamReport r;
     r.source = src;
     r.options = opts;

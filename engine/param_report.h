@@ -95,6 +95,9 @@ struct ModelCount {
 struct ReportOptions {
     int64_t batch = 0;  // for the activation estimate; 0: not given
     int64_t seq = 0;    // tokens per sequence; 0: the config's context
+    // The flags that gave them, named by the errors (tmx train's are --batch-size, --seq-len).
+    const char* batch_flag = "--batch";
+    const char* seq_flag = "--seq";
 };
 
 struct ParamReport {
@@ -163,5 +166,7 @@ std::optional<ModelConfig> engine_config_for(const nlohmann::json& cfg, const st
 
 // "1234567" -> "1,234,567".
 std::string with_thousands(int64_t v);
+// Bytes in binary units: "512 B", "1.50 GiB".
+std::string fmt_bytes(double bytes);
 
 }  // namespace tmx

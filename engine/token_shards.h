@@ -261,14 +261,16 @@ struct PrepareOptions {
     size_t chunk_bytes = size_t{1} << 20;
 };
 
-// The memory prepare_dataset stays under (peak resident set), whatever the documents' sizes:
-// kPrepareMemoryBytes, plus kPrepareMemoryPerThreadBytes per tokenizing thread. The first
-// covers the program and the tokenizer (a few MB for a 32k vocabulary), two batches of pieces
-// (PrepareOptions::chunk_bytes of text each, plus about 40 bytes per piece: a batch of tiny
-// documents costs ~30x its text) and their ids, and two shard buffers; the second, one
-// SentencePiece encoding of a kMaxDocumentPieceBytes piece (~100 bytes per byte). Measured
-// peaks: 25-34 MB for a 20 MB document on 1-2 threads, 85 MB on 8; 80-88 MB for 20 MB of 1-byte
-// documents. tests/apps/prepare_cli_test.cpp checks it on a 4 MB document.
+// The memory prepare_dataset adds to the program's own (peak resident set above what tmx takes
+// at start-up, doing nothing), whatever the documents' sizes: kPrepareMemoryBytes, plus
+// kPrepareMemoryPerThreadBytes per tokenizing thread. The first covers the tokenizer (a few MB
+// for a 32k vocabulary), two batches of pieces (PrepareOptions::chunk_bytes of text each, plus
+// about 40 bytes per piece: a batch of tiny documents costs ~30x its text) and their ids, and
+// two shard buffers; the second, one SentencePiece encoding of a kMaxDocumentPieceBytes piece
+// (~100 bytes per byte). Measured peaks (CPU-only build, start-up included): 25-34 MB for a 20 MB
+// document on 1-2 threads, 85 MB on 8; 80-88 MB for 20 MB of 1-byte documents. The start-up size
+// is not part of the bound: it depends on the build (a few MB, over 200 MB when the CUDA
+// backend's libraries are linked). tests/apps/prepare_cli_test.cpp checks it on a 4 MB document.
 inline constexpr uint64_t kPrepareMemoryBytes = uint64_t{128} << 20;
 inline constexpr uint64_t kPrepareMemoryPerThreadBytes = uint64_t{16} << 20;
 
@@ -291,8 +293,8 @@ struct PrepareReport {
 // the input order whatever the thread count), prefixes each with BOS, assigns it to train or
 // val by is_validation_document, and writes the dataset. `progress` is called after each batch.
 // Streams: a document longer than kMaxDocumentPieceBytes is tokenized piece by piece
-// (Tokenizer::encode_continuation), so memory does not grow with the documents' sizes; the
-// bound is kPrepareMemoryBytes plus kPrepareMemoryPerThreadBytes per thread.
+// (Tokenizer::encode_continuation), so memory does not grow with the documents' sizes; it adds
+// at most kPrepareMemoryBytes plus kPrepareMemoryPerThreadBytes per thread to the program's own.
 PrepareReport prepare_dataset(const PrepareOptions& options,
                               const std::function<void(const PrepareProgress&)>& progress = {});
 

@@ -19,6 +19,7 @@
 #include "engine/errors.h"
 #include "engine/file_io.h"
 #include "engine/metrics_plot.h"
+#include "engine/param_report.h"
 #include "engine/rng.h"
 #include "engine/safetensors.h"
 
@@ -187,6 +188,31 @@ void validate_options(const TrainOptions& o, const ModelConfig& c) {
                                                   "--batch-size x --grad-accum x --seq-len");
     checked_flag_product({o.max_steps, per_step}, "--max-steps x tokens per step");
     checked_flag_product({o.eval_batches, o.batch_size}, "--eval-batches x --batch-size");
+}
+
+// The parameter report's estimate of a run's memory at --batch-size x --seq-len (weights,
+// gradients and AdamW state, and the activations kept for the backward pass) must not overflow
+// or pass the report's 1 EiB bound, nor exceed the backend's memory: checked before anything is
+// allocated, so that an absurd batch is a usage error naming the flags rather than a run that
+// grows until the system kills it.
+void check_training_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
+    ReportOptions at;
+    at.batch = o.batch_size;
+    at.seq = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
+    at.batch_flag = "--batch-size";
+    at.seq_flag = "--seq-len";
+    const ParamReport r = build_param_report(config_to_json(c), "training memory", at);
+    const double need = r.train_fp32_bytes + r.activation_bytes;
+    const uint64_t capacity = backend.memory_capacity();
+    if (capacity > 0 && need > static_cast<double>(capacity))
+        throw UsageError(
+            "--batch-size " + with_thousands(at.batch) + " x --seq-len " + with_thousands(at.seq) +
+            ": training would need about " + fmt_bytes(need) + " (weights, gradients and AdamW "
+            "state " + fmt_bytes(r.train_fp32_bytes) + ", activations " +
+            fmt_bytes(r.activation_bytes) + "; tmx params --batch B --seq T shows the estimate), "
+            "more than the " + backend.name() + " backend's " +
+            fmt_bytes(static_cast<double>(capacity)) +
+            "; lower --batch-size or --seq-len (--grad-accum keeps the tokens per step)");
 }
 
 // Fields of trainer_state.json. A missing field or one of the wrong type is an error naming the
@@ -442,6 +468,7 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
                                         const std::string& run_dir, uint64_t init_seed,
                                         Backend& backend) {
     validate_options(options, config);
+    check_training_memory(config, options, backend);
     return filesystem_errors_as_errors([&] {
         const std::string refusal =
             run_dir + ": exists and is not empty (continue a run with --resume " + run_dir +
@@ -497,8 +524,11 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         if (overrides.contains("max_steps")) options_json["max_tokens"] = 0;
         if (overrides.contains("max_tokens")) options_json["max_steps"] = 0;
         TrainOptions options = train_options_from_json(options_json, state_path + ": options");
-        auto model = load_model(ckpt, backend);
-        validate_options(options, model->config());
+        const ModelConfig config = load_checkpoint_config(ckpt);
+        validate_options(options, config);
+        check_training_memory(config, options, backend);
+        auto model = std::make_unique<Model>(config, backend);
+        load_checkpoint_weights(*model, ckpt);
         std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend));
         t->lock_ = std::move(lock);
         t->open_data();
@@ -514,6 +544,8 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
                 throw Error(opt.path() + ": missing or mis-shaped optimizer tensor '" + name + "'");
             std::vector<float> host(static_cast<size_t>(P));
             opt.read_f32(name, host.data());
+            // NaN moments would turn the first step's update, and every weight, into NaN.
+            check_finite_tensor(opt.path(), name, {P}, host.data(), "optimizer moments");
             backend.upload(*tensor, host.data());
         }
         t->trim_metrics();

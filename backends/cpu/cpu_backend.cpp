@@ -2,6 +2,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_math.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -45,6 +47,11 @@ void add_derivative_times(const float* x, const float* dy, float* dx, int64_t n,
 std::byte* CpuBackend::host_ptr(const Tensor& t) {
     auto* buf = static_cast<CpuBuffer*>(t.buffer());
     return buf->data() + static_cast<size_t>(t.offset()) * dtype_size(t.dtype());
+}
+
+uint64_t CpuBackend::memory_capacity() const {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
 std::shared_ptr<DeviceBuffer> CpuBackend::alloc_impl(size_t bytes) {

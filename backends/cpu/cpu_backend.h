@@ -11,6 +11,7 @@ class CpuBackend final : public Backend {
 public:
     std::string name() const override { return "cpu"; }
     bool supports_training() const override { return true; }
+    uint64_t memory_capacity() const override;
     void synchronize() override {}
 
     // Host pointer to a CPU tensor's first element (for the CPU backend's own ops and tests).

@@ -79,6 +79,8 @@ public:
     // "cuda: <device name> (device N, sm_XY), fp32".
     std::string description() const override;
     bool supports_training() const override { return true; }
+    // The device's memory (Trainer refuses a run whose estimate exceeds it).
+    uint64_t memory_capacity() const override { return info_.memory_bytes; }
     void synchronize() override;
 
     const cuda::DeviceInfo& device() const { return info_; }

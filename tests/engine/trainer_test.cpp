@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -476,6 +477,92 @@ TEST(Trainer, AMissingOrMistypedTrainerStateFieldIsAnErrorNamingFileAndField) {
               path +
                   ": since_report: \"expert_slots\" must be an array (per layer) of arrays "
                   "of integers >= 0, got 3");
+}
+
+
+// Resuming from optimizer moments that hold NaN or infinity would make every weight NaN at the
+// first step: an error naming the file and the tensor, as for weights. The same checkpoint,
+// restored, resumes.
+TEST(Trainer, NonFiniteOptimizerMomentsOnResumeAreAnErrorNamingFileAndTensor) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 8);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 1;
+    Trainer::start(tiny_config(), o, tmp / "run", 8, *be)->run([](const TrainReport&) {});
+    const std::string path = tmp / "run/step_00000001/optimizer.safetensors";
+    const std::string good = read_file(path);
+    std::map<std::string, std::vector<float>> moments;
+    Shape shape;
+    {
+        const SafetensorsFile file(path);
+        for (const auto& [name, entry] : file.entries()) {
+            moments[name].resize(static_cast<size_t>(shape_numel(entry.shape)));
+            file.read_f32(name, moments[name].data());
+            shape = entry.shape;
+        }
+    }
+    ASSERT_EQ(moments.size(), 2u);
+    const float bad[] = {std::nanf(""), INFINITY, -INFINITY};
+    for (int round = 0; round < 4; ++round) {
+        const std::string name = rng.below(2) ? "exp_avg" : "exp_avg_sq";
+        const size_t at = static_cast<size_t>(rng.below(moments[name].size()));
+        const float value = bad[rng.below(3)];
+        auto edited = moments;
+        edited[name][at] = value;
+        std::vector<HostTensorRef> refs;
+        for (const auto& [n, values] : edited) refs.push_back({n, shape, values.data()});
+        test::write_text(path, encode_safetensors(refs, StorageType::F32));
+        EXPECT_EQ(error_of([&] { Trainer::resume(tmp / "run", *be, nlohmann::json::object()); }),
+                  path + ": tensor '" + name + "' holds " +
+                      (std::isnan(value) ? "NaN" : "infinity") + " at element " +
+                      std::to_string(at) + " of " + shape_string(shape) +
+                      " (optimizer moments must be finite)");
+    }
+    test::write_text(path, good);
+    EXPECT_EQ(Trainer::resume(tmp / "run", *be, nlohmann::json::object())->step(), 1);
+}
+
+// A batch whose memory estimate (the parameter report's, at --batch-size x --seq-len) passes the
+// report's 1 EiB bound, or exceeds the backend's memory, is a usage error naming the flags,
+// before the run directory or any tensor is made.
+TEST(Trainer, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocated) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", 9);
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 1;
+    // More than any machine's memory (2^30 x 16 tokens, ~1 KB each: > 16 TiB), and more than
+    // 1 EiB; both fit the token-count arithmetic.
+    for (const int64_t batch : {(int64_t{1} << 30) + static_cast<int64_t>(rng.below(1 << 30)),
+                                (int64_t{1} << 52) + static_cast<int64_t>(rng.below(1 << 30))}) {
+        SCOPED_TRACE("--batch-size " + std::to_string(batch));
+        auto be = make_backend("cpu");
+        ASSERT_GT(be->memory_capacity(), 0u);
+        o.batch_size = batch;
+        std::string e;
+        try {
+            Trainer::start(tiny_config(), o, tmp / "run", 9, *be);
+        } catch (const UsageError& u) {
+            e = u.what();
+        }
+        EXPECT_NE(e.find("--batch-size"), std::string::npos) << e;
+        EXPECT_NE(e.find("--seq-len"), std::string::npos) << e;
+        EXPECT_TRUE(e.find("more than the cpu backend's") != std::string::npos ||
+                    e.find("more than the limit of 1 EiB") != std::string::npos)
+            << e;
+        EXPECT_EQ(be->memory_stats().peak_bytes, 0u);
+        EXPECT_FALSE(fs::exists(tmp / "run"));
+    }
+    // The same model and sequence at a batch that fits trains.
+    o.batch_size = 1 + static_cast<int64_t>(rng.below(4));
+    auto be = make_backend("cpu");
+    EXPECT_EQ(Trainer::start(tiny_config(), o, tmp / "run", 9, *be)->run([](const TrainReport&) {}).step, 1);
 }
 
 }  // namespace
