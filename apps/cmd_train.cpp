@@ -4,6 +4,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 
 #include <nlohmann/json.hpp>
 
@@ -23,15 +24,32 @@ void write_from_handler(const char (&message)[N]) {
     (void)!::write(STDERR_FILENO, message, N - 1);
 }
 
+// Monotonic seconds; clock_gettime is async-signal-safe.
+double monotonic_seconds() {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// A repeat within this long of the first signal is the same request delivered twice: wrappers
+// such as `timeout` signal the command and then its process group, and losing the checkpoint
+// to that would lose the run.
+constexpr double kRepeatedSignalSeconds = 1.0;
+std::atomic<double> g_first_signal_at{0.0};
+static_assert(std::atomic<double>::is_always_lock_free, "read and written by a signal handler");
+
 // The first SIGINT/SIGTERM asks the trainer to stop (it checks before every micro-batch) and
-// write its checkpoint; a second one exits at once, writing nothing: a checkpoint write it cuts
-// short leaves a temporary directory that the next run removes.
+// write its checkpoint; a second one, a second or more later, exits at once, writing nothing:
+// a checkpoint write it cuts short leaves a temporary directory that the next run removes.
 // (Both signals are blocked while it runs, so two handlers never interleave.)
 extern "C" void on_stop_signal(int sig) {
+    const double now = monotonic_seconds();
     if (g_stop.load()) {
+        if (now - g_first_signal_at.load() < kRepeatedSignalSeconds) return;
         write_from_handler("tmx: second signal: exiting without a checkpoint\n");
         ::_exit(128 + sig);
     }
+    g_first_signal_at.store(now);
     g_signal.store(sig);
     g_stop.store(true);
     write_from_handler(

@@ -96,15 +96,17 @@ TEST(TrainCli, BadFlagsAndVocabularyMismatchAreClearErrors) {
     EXPECT_NE(r.err.find("metrics.jsonl"), std::string::npos) << r.err;
 }
 
-// Runs `train_args` in the background, sends `signals` (kill arguments, in order) after 1.5 s,
-// and gives the run 5 s more to end before SIGKILL (exit code 137). The log is in `log`.
+// Runs `train_args` in the background, sends `signals` (kill arguments, in order; "pause"
+// waits 1 s) after 1.5 s, and gives the run 5 s more to end before SIGKILL (exit code 137).
+// The log is in `log`.
 test::CommandResult signal_training(const std::string& train_args, const std::string& signals,
                                     const std::string& log) {
     std::string send;
     for (size_t at = 0, next; at < signals.size(); at = next + 1) {
         next = signals.find(' ', at);
         if (next == std::string::npos) next = signals.size();
-        send += "kill -" + signals.substr(at, next - at) + " $pid; ";
+        const std::string token = signals.substr(at, next - at);
+        send += token == "pause" ? "sleep 1; " : "kill -" + token + " $pid; ";
     }
     return test::run_tmx(train_args + " 2>" + log + " & pid=$!; sleep 1.5; " + send +
                          "for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.05; "
@@ -123,16 +125,27 @@ TEST(TrainCli, ASignalStopsALongStepWithinAMicroBatchAndASecondExitsAtOnce) {
     EXPECT_EQ(r.exit_code, 130) << "(137: it did not stop within 5 s of SIGINT)\n" << log;
     EXPECT_NE(log.find("stopped by SIGINT before the first step"), std::string::npos) << log;
 
-    // Two signals: the first asks for a checkpoint, the second exits at once, without one.
-    // (Two different ones, since a signal sent twice before delivery arrives once; the kernel
-    // delivers SIGINT first when both are pending, so the exit code is either's.)
-    r = signal_training(train + (tmp / "run2"), "TERM INT", tmp / "log2");
+    // Two signals a while apart: the first asks for a checkpoint, the second exits at once,
+    // without one. (Two different ones, since a signal sent twice before delivery arrives once.)
+    // Micro-batches of 16384 sequences (several seconds each), so the run is still inside one
+    // when the second signal comes.
+    const std::string slow = "train --config " + tiny() + " --data " + (tmp / "data") +
+                             " --batch-size 16384 --seq-len 16 --max-steps 1 --threads 1 --out ";
+    r = signal_training(slow + (tmp / "run2"), "TERM pause INT", tmp / "log2");
     log = read_file(tmp / "log2");
-    EXPECT_TRUE(r.exit_code == 130 || r.exit_code == 143)
-        << "exit code " << r.exit_code << " (137: it did not exit on the second signal)\n"
-        << log;
+    EXPECT_EQ(r.exit_code, 130) << "(137: it did not exit on the second signal)\n" << log;
     EXPECT_NE(log.find("second signal: exiting without a checkpoint"), std::string::npos) << log;
     EXPECT_EQ(log.find("stopped by"), std::string::npos) << log;
+
+    // Two signals at once, as `timeout` sends them (to the command, then to its process
+    // group): one request, so the run stops as after one signal. (The kernel delivers SIGINT
+    // first when both are pending, so the stop is either's.)
+    r = signal_training(train + (tmp / "run3"), "TERM INT", tmp / "log3");
+    log = read_file(tmp / "log3");
+    EXPECT_TRUE(r.exit_code == 130 || r.exit_code == 143)
+        << "exit code " << r.exit_code << " (137: it did not stop)\n" << log;
+    EXPECT_EQ(log.find("second signal"), std::string::npos) << log;
+    EXPECT_NE(log.find("before the first step"), std::string::npos) << log;
 }
 
 TEST(TrainCli, NonFiniteFlagsAreUsageErrorsAndADivergingRunStopsWithoutNaNCheckpoints) {
