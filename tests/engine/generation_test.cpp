@@ -8,93 +8,26 @@
 #include <cmath>
 
 #include "engine/kv_cache.h"
+#include "tests/model_scenarios.h"
 #include "tests/test_util.h"
 
 namespace tmx {
 namespace {
 
-ModelConfig test_config(const std::string& name) {
-    return load_config(test::source_dir() + "/assets/configs/" + name + ".json");
-}
-
-// A random model whose logits are spread out (weights 10x the usual init), so that greedy
-// choices are rarely near-ties.
-std::unique_ptr<Model> spread_model(const ModelConfig& c, Backend& be, uint64_t seed) {
-    auto model = std::make_unique<Model>(c, be);
-    model->init_random(seed);
-    std::vector<float> p = model->params_to_host();
-    for (const ParamSpec& s : model->layout().specs)
-        if (s.init == ParamInit::Normal)
-            for (int64_t i = 0; i < s.numel(); ++i) p[s.offset + i] *= 10.0f;
-    model->params_from_host(p);
-    return model;
-}
-
-std::vector<float> to_host(Backend& be, const Tensor& t) {
-    std::vector<float> out(static_cast<size_t>(t.numel()));
-    be.download(t, out.data());
-    return out;
-}
-
-// max |a - b| / max(1, max |b|).
-double relative_error(const float* a, const float* b, int64_t n) {
-    double scale = 1.0, worst = 0.0;
-    for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(double(b[i])));
-    for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-    return worst / scale;
-}
-
-// The logits of the last token of tokens[0, n), computed from scratch.
-std::vector<float> recomputed_last_logits(Model& m, const std::vector<int32_t>& tokens,
-                                          int64_t n) {
-    std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + n);
-    ForwardResult r = m.forward(prefix, 1, n);
-    std::vector<float> all = to_host(m.backend(), r.logits);
-    const int64_t V = m.config().vocab_size;
-    return std::vector<float>(all.end() - V, all.end());
-}
-
-struct CacheCase {
-    const char* config;
-    int64_t windows_total;  // total length in windows (1, 3, 5)
-    int64_t prompt;         // prompt length
-    int64_t chunk;          // prefill chunk (0 = the window)
-};
+using test::CacheCase;
+using test::relative_error;
+using test::spread_model;
+using test::test_config;
 
 class CachedDecoding : public ::testing::TestWithParam<CacheCase> {};
 
 // At every step, cached logits equal those of running the whole sequence again: through the
 // buffer wrapping (5 windows), with prompts longer than the window, for every chunk size.
 TEST_P(CachedDecoding, MatchesRecomputingTheWholeSequence) {
-    const CacheCase cc = GetParam();
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     auto be = make_backend("cpu");
-    const ModelConfig c = test_config(cc.config);
-    auto model = spread_model(c, *be, seed);
-    const int64_t W = kv_cache_slots(c);
-    const int64_t total = cc.windows_total * W, chunk = cc.chunk ? cc.chunk : W;
-    Rng rng(seed);
-    const std::vector<int32_t> tokens =
-        test::random_ints(rng, static_cast<size_t>(total), 0, static_cast<int32_t>(c.vocab_size));
-
-    KvCache cache(c, *be, 1);
-    Tensor logits;
-    for (int64_t start = 0; start < cc.prompt; start += chunk) {
-        const int64_t n = std::min(chunk, cc.prompt - start);
-        std::vector<int32_t> piece(tokens.begin() + start, tokens.begin() + start + n);
-        logits = model->forward_cached(piece, 1, n, {static_cast<int32_t>(start)}, cache);
-    }
-    const int64_t V = c.vocab_size;
-    for (int64_t n = cc.prompt; n <= total; ++n) {
-        if (n > cc.prompt)
-            logits = model->forward_cached({tokens[n - 1]}, 1, 1, {static_cast<int32_t>(n - 1)},
-                                           cache);
-        const std::vector<float> cached = to_host(*be, logits);
-        const std::vector<float> full = recomputed_last_logits(*model, tokens, n);
-        ASSERT_LT(relative_error(cached.data(), full.data(), V), 2e-5)
-            << "after " << n << " tokens";
-    }
+    test::expect_cached_decoding_matches_recompute(*be, GetParam(), seed, 2e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -109,14 +42,7 @@ INSTANTIATE_TEST_SUITE_P(
         CacheCase{"test-tiny-swiglu", 5, 17, 4}, CacheCase{"test-tiny-swiglu", 3, 9, 0},
         // Full attention: the cache holds max_seq_len positions.
         CacheCase{"test-tiny-dense", 1, 10, 4}, CacheCase{"test-tiny-dense", 1, 21, 1}),
-    [](const ::testing::TestParamInfo<CacheCase>& info) {
-        const CacheCase& c = info.param;
-        std::string name = std::string(c.config) + "_" + std::to_string(c.windows_total) +
-                           "W_prompt" + std::to_string(c.prompt) + "_chunk" +
-                           std::to_string(c.chunk);
-        std::replace(name.begin(), name.end(), '-', '_');
-        return name;
-    });
+    test::cache_case_name);
 
 // Per-step logits of each sequence, recorded through the token callback.
 struct Recorded {
@@ -158,9 +84,7 @@ void expect_batch_matches_alone(const GenerationOptions& o, uint64_t seed) {
         const std::vector<int32_t>& want = alone.results[0].ids;
         const size_t common = std::min(got.size(), want.size());
         for (size_t i = 0; i < common; ++i) {
-            ASSERT_LT(relative_error(batch.logits[b][i].data(), alone.logits[0][i].data(),
-                                     c.vocab_size),
-                      2e-5)
+            ASSERT_LT(relative_error(batch.logits[b][i], alone.logits[0][i]), 2e-5)
                 << "step " << i;
             if (got[i] != want[i]) {
                 // Only a near-tie may flip a choice; after it the sequences differ.

@@ -14,33 +14,17 @@
 #include "engine/errors.h"
 #include "engine/file_io.h"
 #include "engine/metrics_plot.h"
+#include "tests/model_scenarios.h"
 #include "tests/test_util.h"
 
 namespace tmx {
 namespace {
 
 namespace fs = std::filesystem;
+using test::write_counting_dataset;
 
 ModelConfig tiny_config() {
     return load_config(test::source_dir() + "/assets/configs/test-tiny.json");
-}
-
-// A dataset of learnable documents: BOS, then a random start and a random stride, counting
-// modulo the vocabulary, so that the next token follows from the previous two.
-void write_counting_dataset(const std::string& dir, uint64_t seed, int32_t vocab = 97) {
-    Rng rng(seed);
-    DatasetWriter w(dir, static_cast<uint64_t>(vocab));
-    for (int doc = 0; doc < 120; ++doc) {
-        std::vector<int32_t> tokens = {1};
-        int32_t x = 3 + static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab - 3)));
-        const int32_t stride = 1 + static_cast<int32_t>(rng.below(3));
-        for (int i = 0; i < 40; ++i) {
-            tokens.push_back(x);
-            x = 3 + (x - 3 + stride) % (vocab - 3);
-        }
-        w.add_document(doc % 10 == 9 ? Split::Val : Split::Train, tokens.data(), tokens.size());
-    }
-    w.commit({{"bos_id", 1}, {"eos_id", 2}});
 }
 
 TrainOptions small_options(const std::string& data) {

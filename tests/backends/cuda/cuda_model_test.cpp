@@ -29,14 +29,11 @@
 #include "engine/tokenizer.h"
 #include "engine/trainer.h"
 #include "tests/backends/backend_pair_fixture.h"
+#include "tests/model_scenarios.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {
 namespace {
-
-ModelConfig test_config(const std::string& name) {
-    return load_config(source_dir() + "/assets/configs/" + name + ".json");
-}
 
 // The CUDA backend, and the CPU as the oracle.
 class CudaTest : public BackendPair {
@@ -148,24 +145,6 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaModel,
                          param_name);
 
 // ---------------------------------------------------------------- training
-
-// A dataset of learnable documents (as tests/engine/trainer_test.cpp makes): BOS, then a random
-// start and a random stride, counting modulo the vocabulary.
-void write_counting_dataset(const std::string& dir, uint64_t seed, int32_t vocab = 97) {
-    Rng rng(seed);
-    DatasetWriter w(dir, static_cast<uint64_t>(vocab));
-    for (int doc = 0; doc < 120; ++doc) {
-        std::vector<int32_t> tokens = {1};
-        int32_t x = 3 + static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab - 3)));
-        const int32_t stride = 1 + static_cast<int32_t>(rng.below(3));
-        for (int i = 0; i < 40; ++i) {
-            tokens.push_back(x);
-            x = 3 + (x - 3 + stride) % (vocab - 3);
-        }
-        w.add_document(doc % 10 == 9 ? Split::Val : Split::Train, tokens.data(), tokens.size());
-    }
-    w.commit({{"bos_id", 1}, {"eos_id", 2}});
-}
 
 // 30 steps with a report (the step's loss and expert load) at every step, an evaluation and a
 // checkpoint only at the end.
@@ -281,26 +260,6 @@ TEST_F(CudaResume, StoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {
 
 // ---------------------------------------------------------------- generation
 
-// A random model whose logits are spread out (weights 10x the usual init), as
-// tests/engine/generation_test.cpp makes: attending to a wrong position changes them by a lot.
-std::unique_ptr<Model> spread_model(const ModelConfig& c, Backend& be, uint64_t seed) {
-    auto model = std::make_unique<Model>(c, be);
-    model->init_random(seed);
-    std::vector<float> p = model->params_to_host();
-    for (const ParamSpec& s : model->layout().specs)
-        if (s.init == ParamInit::Normal)
-            for (int64_t i = 0; i < s.numel(); ++i) p[s.offset + i] *= 10.0f;
-    model->params_from_host(p);
-    return model;
-}
-
-struct CacheCase {
-    const char* config;
-    int64_t windows_total;  // total length in windows
-    int64_t prompt;         // prompt length
-    int64_t chunk;          // prefill chunk (0 = the window)
-};
-
 class CudaCachedDecoding : public CudaTest, public ::testing::WithParamInterface<CacheCase> {};
 
 // At every step, the logits of cached decoding on CUDA equal those of running the whole
@@ -311,31 +270,7 @@ class CudaCachedDecoding : public CudaTest, public ::testing::WithParamInterface
 // position changes the spread model's logits by 1e-2 .. 1 of their scale.
 TEST_P(CudaCachedDecoding, MatchesRecomputingTheWholeSequence) {
     SCOPED_TRACE(trace());
-    const CacheCase cc = GetParam();
-    const ModelConfig c = test_config(cc.config);
-    auto model = spread_model(c, cuda(), seed_);
-    const int64_t W = kv_cache_slots(c);
-    const int64_t total = cc.windows_total * W, chunk = cc.chunk ? cc.chunk : W;
-    const int64_t V = c.vocab_size;
-    const std::vector<int32_t> tokens = ints(total, 0, static_cast<int32_t>(V));
-
-    KvCache cache(c, cuda(), 1);
-    Tensor logits;
-    for (int64_t start = 0; start < cc.prompt; start += chunk) {
-        const int64_t n = std::min(chunk, cc.prompt - start);
-        const std::vector<int32_t> piece(tokens.begin() + start, tokens.begin() + start + n);
-        logits = model->forward_cached(piece, 1, n, {static_cast<int32_t>(start)}, cache);
-    }
-    for (int64_t n = cc.prompt; n <= total; ++n) {
-        if (n > cc.prompt)
-            logits =
-                model->forward_cached({tokens[n - 1]}, 1, 1, {static_cast<int32_t>(n - 1)}, cache);
-        const std::vector<float> cached = down(cuda(), logits);
-        const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + n);
-        const std::vector<float> all = down(cuda(), model->forward(prefix, 1, n).logits);
-        const std::vector<float> full(all.end() - V, all.end());
-        ASSERT_TRUE(Close(cached, full, 1e-4)) << "after " << n << " tokens";
-    }
+    expect_cached_decoding_matches_recompute(cuda(), GetParam(), seed_, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -349,14 +284,7 @@ INSTANTIATE_TEST_SUITE_P(
         CacheCase{"test-tiny-swiglu", 5, 17, 4}, CacheCase{"test-tiny-swiglu", 3, 9, 0},
         // Full attention: the cache holds max_seq_len positions.
         CacheCase{"test-tiny-dense", 1, 10, 4}, CacheCase{"test-tiny-dense", 1, 21, 1}),
-    [](const ::testing::TestParamInfo<CacheCase>& info) {
-        const CacheCase& c = info.param;
-        std::string name = std::string(c.config) + "_" + std::to_string(c.windows_total) +
-                           "W_prompt" + std::to_string(c.prompt) + "_chunk" +
-                           std::to_string(c.chunk);
-        std::replace(name.begin(), name.end(), '-', '_');
-        return name;
-    });
+    cache_case_name);
 
 using CudaGreedy = CudaTest;
 
@@ -364,32 +292,7 @@ using CudaGreedy = CudaTest;
 // unless the CPU's top two logits are within a near-tie (1e-3) there, which fp32 rounding may
 // flip (the texts part ways after it, so the comparison ends there).
 TEST_F(CudaGreedy, DemoModelGenerationMatchesCpu) {
-    const std::string demo = source_dir() + "/assets/demo";
-    auto on_cpu = load_model(demo, cpu());
-    auto on_cuda = load_model(demo, cuda());
-    const Tokenizer tok = Tokenizer::load(demo + "/tokenizer.model");
-    std::vector<int32_t> prompt = {tok.bos_id()};
-    for (int32_t id : tok.encode("Once upon a time, a little dog")) prompt.push_back(id);
-    GenerationOptions o;
-    o.max_new_tokens = 200;
-    o.sampling.temperature = 0.0;  // greedy; no end ids: all 200 steps
-    std::vector<std::vector<float>> cpu_logits;
-    auto record = [&](size_t, int32_t, std::span<const float> l) {
-        cpu_logits.emplace_back(l.begin(), l.end());
-        return false;
-    };
-    const auto want = generate_tokens(*on_cpu, {prompt}, o, record)[0].ids;
-    const auto got = generate_tokens(*on_cuda, {prompt}, o)[0].ids;
-    ASSERT_EQ(want.size(), 200u);
-    ASSERT_EQ(got.size(), 200u);
-    for (size_t i = 0; i < want.size(); ++i) {
-        if (got[i] == want[i]) continue;
-        std::vector<float> l = cpu_logits[i];
-        std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<float>());
-        EXPECT_LE(l[0] - l[1], 1e-3) << "step " << i << ": CUDA chose " << got[i] << ", the CPU "
-                                     << want[i] << " without a near-tie";
-        break;
-    }
+    expect_greedy_demo_matches_cpu(cpu(), cuda(), [](const std::vector<float>&) { return 1e-3; });
 }
 
 // ---------------------------------------------------------------- errors

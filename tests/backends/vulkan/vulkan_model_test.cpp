@@ -12,6 +12,7 @@
 #include "engine/threads.h"
 #include "engine/tokenizer.h"
 #include "tests/backends/vulkan/vulkan_fixture.h"
+#include "tests/model_scenarios.h"
 
 namespace tmx::test {
 namespace {
@@ -78,35 +79,13 @@ TEST_P(VulkanGreedy, DemoModelGenerationMatchesCpu) {
     // One CPU thread: this small model's decode gains nothing from more, and under ctest's
     // parallel runs on a 2-core machine, threads waiting at barriers would only slow it.
     set_num_threads(1);
-    const std::string demo = source_dir() + "/assets/demo";
-    auto on_cpu = load_model(demo, cpu());
-    auto on_vk = load_model(demo, vk());
-    const Tokenizer tok = Tokenizer::load(demo + "/tokenizer.model");
-    std::vector<int32_t> prompt = {tok.bos_id()};
-    for (int32_t id : tok.encode("Once upon a time, a little dog")) prompt.push_back(id);
-    GenerationOptions o;
-    o.max_new_tokens = 200;
-    o.sampling.temperature = 0.0;  // greedy; no end ids: all 200 steps
-    std::vector<std::vector<float>> cpu_logits;
-    auto record = [&](size_t, int32_t, std::span<const float> l) {
-        cpu_logits.emplace_back(l.begin(), l.end());
-        return false;
-    };
-    const auto want = generate_tokens(*on_cpu, {prompt}, o, record)[0].ids;
-    const auto got = generate_tokens(*on_vk, {prompt}, o)[0].ids;
-    ASSERT_EQ(want.size(), 200u);
-    ASSERT_EQ(got.size(), 200u);
-    for (size_t i = 0; i < want.size(); ++i) {
-        if (got[i] == want[i]) continue;
-        std::vector<float> l = cpu_logits[i];
-        float scale = 1.0f;  // the fp16 tolerance's: max(1, max |logit|)
-        for (float v : l) scale = std::max(scale, std::abs(v));
-        std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<float>());
-        const double near_tie = GetParam() ? 2 * 10 * 0x1p-11 * scale : 1e-3;
-        EXPECT_LE(l[0] - l[1], near_tie) << "step " << i << ": vulkan chose " << got[i]
-                                         << ", cpu " << want[i] << " without a near-tie";
-        break;
-    }
+    const bool fp16 = GetParam();
+    expect_greedy_demo_matches_cpu(cpu(), vk(), [fp16](const std::vector<float>& cpu_logits) {
+        if (!fp16) return 1e-3;
+        double scale = 1.0;  // the fp16 tolerance's: max(1, max |logit|)
+        for (float v : cpu_logits) scale = std::max(scale, double(std::abs(v)));
+        return 2 * 10 * 0x1p-11 * scale;
+    });
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, VulkanGreedy, ::testing::Values(false, true),
