@@ -319,10 +319,16 @@ struct StageRegs {
 // the r in order. a [S, R], out [S, C]. kTransW: W_e(r, c) = w[e][c, r], w [E, C, R] (the
 // forward: x . w[e]^T); otherwise W_e(r, c) = w[e][r, c], w [E, R, C] (d_x = d_out . w[e]).
 // Grid: (row tiles, ceil(C / kTileN)).
-// Two blocks per multiprocessor (128 registers, no spills); d_w's kernel needs more registers
-// for its double bias sum and runs one.
+// Two blocks per multiprocessor on sm_90 (128 registers, no spills; as measured on the H100).
+// For sm_89 ptxas spills the d_x variant at 128 registers, so there it runs one (an L4 has not
+// run either yet). d_w's kernel needs more registers for its double bias sum and runs one.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kGemmMinBlocks = 1;
+#else
+constexpr int kGemmMinBlocks = 2;
+#endif
 template <bool kTransW>
-__global__ void __launch_bounds__(kTileThreads, 2)
+__global__ void __launch_bounds__(kTileThreads, kGemmMinBlocks)
     grouped_gemm_kernel(const float* a, const float* w, const float* bias, const int32_t* offsets,
                         int E, int S, int R, int C, bool accumulate, float* out) {
     int e = 0, row_begin = 0, row_end = 0;
