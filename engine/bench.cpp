@@ -11,6 +11,7 @@
 #include "engine/model.h"
 #include "engine/param_report.h"
 #include "engine/rng.h"
+#include "engine/trainer.h"
 
 namespace tmx {
 namespace {
@@ -428,6 +429,15 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
 
     // The CPU results everything is checked against.
     auto cpu = make_backend("cpu");
+    // A training batch that cannot fit (on a backend that trains, or on the CPU, which takes the
+    // reference step) is refused before anything is measured.
+    if (o.train_batch > 0) {
+        const TrainingMemoryFlags flags{"--train-batch", "--train-seq", ""};
+        check_training_memory(config, o.train_batch, o.train_seq, *cpu, flags);
+        for (const std::unique_ptr<Backend>& other : others)
+            if (other && other->supports_training())
+                check_training_memory(config, o.train_batch, o.train_seq, *other, flags);
+    }
     Model cpu_model(config, *cpu);
     if (weights.empty()) {
         cpu_model.init_random(o.seed);

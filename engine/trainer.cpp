@@ -190,29 +190,34 @@ void validate_options(const TrainOptions& o, const ModelConfig& c) {
     checked_flag_product({o.eval_batches, o.batch_size}, "--eval-batches x --batch-size");
 }
 
-// The parameter report's estimate of a run's memory at --batch-size x --seq-len (weights,
-// gradients and AdamW state, and the activations kept for the backward pass) must not overflow
-// or pass the report's 1 EiB bound, nor exceed the backend's memory: checked before anything is
-// allocated, so that an absurd batch is a usage error naming the flags rather than a run that
-// grows until the system kills it.
-void check_training_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
+}  // namespace
+
+void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
+                           const Backend& backend, const TrainingMemoryFlags& flags) {
     ReportOptions at;
-    at.batch = o.batch_size;
-    at.seq = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
-    at.batch_flag = "--batch-size";
-    at.seq_flag = "--seq-len";
+    at.batch = batch;
+    at.seq = seq;
+    at.batch_flag = flags.batch.c_str();
+    at.seq_flag = flags.seq.c_str();
     const ParamReport r = build_param_report(config_to_json(c), "training memory", at);
     const double need = r.train_fp32_bytes + r.activation_bytes;
     const uint64_t capacity = backend.memory_capacity();
     if (capacity > 0 && need > static_cast<double>(capacity))
         throw UsageError(
-            "--batch-size " + with_thousands(at.batch) + " x --seq-len " + with_thousands(at.seq) +
-            ": training would need about " + fmt_bytes(need) + " (weights, gradients and AdamW "
-            "state " + fmt_bytes(r.train_fp32_bytes) + ", activations " +
-            fmt_bytes(r.activation_bytes) + "; tmx params --batch B --seq T shows the estimate), "
-            "more than the " + backend.name() + " backend's " +
-            fmt_bytes(static_cast<double>(capacity)) +
-            "; lower --batch-size or --seq-len (--grad-accum keeps the tokens per step)");
+            flags.batch + " " + with_thousands(batch) + " x " + flags.seq + " " +
+            with_thousands(seq) + ": training would need about " + fmt_bytes(need) +
+            " (weights, gradients and AdamW state " + fmt_bytes(r.train_fp32_bytes) +
+            ", activations " + fmt_bytes(r.activation_bytes) +
+            "; tmx params --batch B --seq T shows the estimate), more than the " + backend.name() +
+            " backend's " + fmt_bytes(static_cast<double>(capacity)) + "; lower " + flags.batch +
+            " or " + flags.seq + flags.advice);
+}
+
+namespace {
+
+void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
+    check_training_memory(c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, backend,
+                          {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
 }
 
 // Fields of trainer_state.json. A missing field or one of the wrong type is an error naming the
@@ -468,7 +473,7 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
                                         const std::string& run_dir, uint64_t init_seed,
                                         Backend& backend) {
     validate_options(options, config);
-    check_training_memory(config, options, backend);
+    check_run_memory(config, options, backend);
     return filesystem_errors_as_errors([&] {
         const std::string refusal =
             run_dir + ": exists and is not empty (continue a run with --resume " + run_dir +
@@ -526,7 +531,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         TrainOptions options = train_options_from_json(options_json, state_path + ": options");
         const ModelConfig config = load_checkpoint_config(ckpt);
         validate_options(options, config);
-        check_training_memory(config, options, backend);
+        check_run_memory(config, options, backend);
         auto model = std::make_unique<Model>(config, backend);
         load_checkpoint_weights(*model, ckpt);
         std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend));

@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <new>
+#include <string>
 
 namespace tmx {
 namespace {
@@ -49,9 +51,31 @@ std::byte* CpuBackend::host_ptr(const Tensor& t) {
     return buf->data() + static_cast<size_t>(t.offset()) * dtype_size(t.dtype());
 }
 
+uint64_t parse_cgroup_memory_limit(std::string_view text) {
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+    if (text.empty() || text.size() > 20) return 0;
+    uint64_t value = 0;
+    for (char ch : text) {
+        if (ch < '0' || ch > '9') return 0;  // "max", a sign, anything else
+        if (__builtin_mul_overflow(value, uint64_t{10}, &value) ||
+            __builtin_add_overflow(value, static_cast<uint64_t>(ch - '0'), &value))
+            return 0;
+    }
+    return value;
+}
+
 uint64_t CpuBackend::memory_capacity() const {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+    uint64_t capacity =
+        pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+    for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+        std::ifstream in(path);
+        std::string text;
+        if (!in || !std::getline(in, text)) continue;
+        const uint64_t limit = parse_cgroup_memory_limit(text);
+        if (limit > 0 && (capacity == 0 || limit < capacity)) capacity = limit;
+    }
+    return capacity;
 }
 
 std::shared_ptr<DeviceBuffer> CpuBackend::alloc_impl(size_t bytes) {

@@ -3,14 +3,21 @@
 // Ops run at once when enqueued, so synchronize() has nothing to wait for.
 #pragma once
 
+#include <string_view>
+
 #include "engine/backend.h"
 
 namespace tmx {
+
+// The limit a cgroup memory file states (v2 memory.max, v1 memory.limit_in_bytes), in bytes:
+// its decimal number, or 0 for "max" and for anything that is not a whole number of bytes.
+uint64_t parse_cgroup_memory_limit(std::string_view text);
 
 class CpuBackend final : public Backend {
 public:
     std::string name() const override { return "cpu"; }
     bool supports_training() const override { return true; }
+    // Physical memory, or the cgroup's limit (a container's) when that is lower.
     uint64_t memory_capacity() const override;
     void synchronize() override {}
 

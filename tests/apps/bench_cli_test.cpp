@@ -48,6 +48,21 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
     EXPECT_EQ(j["backends"][0]["greedy_matching"], 6);
 }
 
+// A training batch past the estimate's bounds or the machine's memory is a usage error naming
+// the bench's own flags, before anything is measured (no table, no JSON).
+TEST(BenchCli, ATrainingBatchThatCannotFitIsRefusedFirst) {
+    const std::string config = test::source_dir() + "/assets/configs/test-tiny.json";
+    for (const char* batch : {"1000000000000", "4611686018427387904"}) {
+        SCOPED_TRACE(batch);
+        auto r = test::run_tmx("bench --config " + config + " --backends cpu --prompt 4 --decode 1" +
+                               " --train-seq 16 --json --train-batch " + batch);
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_NE(r.err.find("--train-batch"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("--train-seq"), std::string::npos) << r.err;
+        EXPECT_EQ(r.out, "");
+    }
+}
+
 TEST(BenchCli, UnknownBackendIsAUsageError) {
     auto r = test::run_tmx("bench --config " + test::source_dir() +
                            "/assets/configs/test-tiny.json --backends cpu,nosuch");
