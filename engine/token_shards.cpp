@@ -465,7 +465,9 @@ DatasetMeta read_dataset_meta(const std::string& dir) {
         throw Error(dir + ": not a token dataset (no meta.json; make one with 'tmx prepare')");
     nlohmann::json j = read_json_file(file);
     if (!j.is_object()) throw Error(file + ": expected a JSON object");
-    if (j.value("format", std::string()) != kDatasetFormat)
+    // (json::value would throw a JSON type error for a 'format' that is not a string.)
+    const auto format = j.find("format");
+    if (format == j.end() || !format->is_string() || *format != kDatasetFormat)
         throw Error(file + ": not a tmx token dataset (field 'format' is not \"" + kDatasetFormat +
                     "\")");
     const int version = meta_field<int>(j, "version", file);
@@ -477,8 +479,8 @@ DatasetMeta read_dataset_meta(const std::string& dir) {
     m.bos_id = meta_field<int32_t>(j, "bos_id", file);
     m.eos_id = meta_field<int32_t>(j, "eos_id", file);
     if (auto t = j.find("tokenizer"); t != j.end() && t->is_object()) {
-        m.tokenizer_file = t->value("file", std::string());
-        m.tokenizer_sha256 = t->value("sha256", std::string());
+        if (t->contains("file")) m.tokenizer_file = meta_field<std::string>(*t, "file", file);
+        if (t->contains("sha256")) m.tokenizer_sha256 = meta_field<std::string>(*t, "sha256", file);
     }
     auto splits = j.find("splits");
     if (splits == j.end() || !splits->is_object())

@@ -357,6 +357,38 @@ TEST(TokenDataset, MetaNumbersOutOfRangeAreErrorsNamingTheField) {
     }
 }
 
+// Fields of the wrong JSON type (found by the token_shard fuzz target: a second "format" key
+// holding a number) are errors naming the file and the field, never a JSON library exception.
+TEST(TokenDataset, MetaFieldsOfTheWrongTypeAreErrorsNamingTheField) {
+    TempDir dir;
+    const std::string out = dir / "ds";
+    {
+        DatasetWriter w(out, 1000);
+        std::vector<int32_t> doc = {1, 5, 6};
+        w.add_document(Split::Train, doc.data(), doc.size());
+        w.commit({{"bos_id", 1}, {"eos_id", 2}, {"tokenizer", {{"file", "t.model"}}}});
+    }
+    const nlohmann::json good = read_json_file(out + "/meta.json");
+    const std::pair<std::vector<std::string>, nlohmann::json> cases[] = {
+        {{"format"}, 1},
+        {{"format"}, nlohmann::json::array()},
+        {{"tokenizer", "file"}, 5},
+        {{"tokenizer", "sha256"}, nlohmann::json::object()},
+        {{"splits", "train", "shards"}, "train_000000.bin"},
+    };
+    for (const auto& [path, value] : cases) {
+        SCOPED_TRACE(path.back() + " = " + value.dump());
+        nlohmann::json j = good;
+        nlohmann::json* at = &j;
+        for (size_t i = 0; i + 1 < path.size(); ++i) at = &(*at)[path[i]];
+        (*at)[path.back()] = value;
+        write_file_atomic(out + "/meta.json", j.dump());
+        const std::string err = error_of([&] { open_dataset(out, "train"); });
+        EXPECT_NE(err.find("meta.json"), std::string::npos) << err;
+        EXPECT_NE(err.find(path.back()), std::string::npos) << err;
+    }
+}
+
 // A dataset whose shard is a FIFO, a directory or a device: an error naming the path, never a
 // hang (opening a FIFO without a writer blocks) nor an endless read.
 TEST(TokenDataset, SpecialFileForAShardIsAnErrorNamingIt) {
