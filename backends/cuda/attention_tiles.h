@@ -18,11 +18,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TMX_HOST_DEVICE __host__ __device__
-#else
-#define TMX_HOST_DEVICE
-#endif
+#include "backends/cuda/host_device.h"
 
 namespace tmx::cuda::attention_tiles {
 

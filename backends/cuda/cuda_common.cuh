@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -22,6 +23,20 @@ constexpr int kWarp = 32;
 inline unsigned blocks_for(int64_t n, int threads) {
     const int64_t b = (n + threads - 1) / threads;
     return static_cast<unsigned>(b < INT32_MAX ? b : INT32_MAX);
+}
+
+// Blocks of `threads` for a grid-stride loop over n elements: enough to fill the device (2048
+// resident threads per SM on sm_89 and sm_90, twice over), no more. n > 0.
+inline unsigned elementwise_blocks(int64_t n, int threads, int sm_count) {
+    const int64_t full = static_cast<int64_t>(sm_count) * (2 * 2048 / threads);
+    return static_cast<unsigned>(std::min<int64_t>(blocks_for(n, threads), full));
+}
+
+__device__ __forceinline__ int64_t grid_start() {
+    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() {
+    return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
 // A size that must fit in 32 bits for a kernel's index arithmetic: throws naming the op.

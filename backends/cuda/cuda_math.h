@@ -11,13 +11,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cuda/host_device.h"
 #include "engine/config.h"
-
-#if defined(__CUDACC__)
-#define TMX_HOST_DEVICE __host__ __device__
-#else
-#define TMX_HOST_DEVICE
-#endif
 
 namespace tmx::cuda {
 

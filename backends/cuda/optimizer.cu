@@ -22,19 +22,12 @@ constexpr int kSumBlocks = 1024;
 constexpr int kFinalThreads = 1024;
 static_assert(kSumBlocks <= kFinalThreads, "the final pass reads one partial per thread");
 
-// Blocks for a grid-stride loop over n elements: enough to fill the device (2048 resident
-// threads per SM on sm_89 and sm_90, twice over), no more. n > 0.
+// Elementwise launches: a grid-stride loop in blocks of kThreads.
 unsigned elementwise_blocks(int64_t n, int sm_count) {
-    const int64_t full = static_cast<int64_t>(sm_count) * (2 * 2048 / kThreads);
-    return static_cast<unsigned>(std::min<int64_t>(cuda::blocks_for(n, kThreads), full));
+    return cuda::elementwise_blocks(n, kThreads, sm_count);
 }
-
-__device__ __forceinline__ int64_t grid_start() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_stride() {
-    return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
+using cuda::grid_start;
+using cuda::grid_stride;
 
 // partial[block] = sum of x[i]^2 over the block's grid-stride elements, in double: each thread
 // sums its elements in index order, then the block adds the threads in a fixed tree order.
