@@ -22,7 +22,26 @@ void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
                    "GPU index of the chosen backend, as `tmx devices` lists them (default: "
                    "CUDA device 0; the first discrete Vulkan GPU)")
         ->check(in_range(0, INT32_MAX));
+    sub.add_option("--precision", choice.precision,
+                   training ? "Matmul precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, or "
+                              "bf16 (operands rounded to bf16, fp32 sums; weights, gradients "
+                              "and the optimizer stay fp32)"
+                            : "Matmul precision: auto (fp32), fp32, or bf16 (operands rounded "
+                              "to bf16, fp32 sums)")
+        ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+        ->capture_default_str();
     choice.training = training;
+}
+
+Precision BackendChoice::resolve_precision(const Backend& be) const {
+    if (precision != "auto") {
+        const Precision p = parse_precision(precision, "--precision");
+        if (!be.supports_precision(p))
+            throw UsageError("--precision " + precision + ": the " + be.name() +
+                             " backend has no " + to_string(p) + " matmuls; use fp32");
+        return p;
+    }
+    return training ? be.default_training_precision() : Precision::F32;
 }
 
 std::string with_device(const std::string& name, int device) {
@@ -39,6 +58,7 @@ std::unique_ptr<Backend> BackendChoice::open() const {
         throw UsageError("--backend " + backend + ": the " + be->name() +
                          " backend runs inference only; backends that train: " +
                          training_backend_list());
+    be->set_matmul_precision(resolve_precision(*be));
     std::fprintf(stderr, "backend: %s%s\n", be->description().c_str(),
                  backend == "auto" ? " (auto)" : "");
     return be;

@@ -61,9 +61,9 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
         if (t.measured) {
             char mfu[32] = "";
             if (t.mfu > 0) std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%", 100 * t.mfu);
-            std::printf("  training step: %.0f tokens/s, %.2f model TFLOP/s%s, peak memory %.2f "
-                        "GiB; loss %.6f (cpu %.6f)\n",
-                        t.tokens_per_s, t.model_tflops, mfu,
+            std::printf("  training step (%s matmuls): %.0f tokens/s, %.2f model TFLOP/s%s, peak "
+                        "memory %.2f GiB; loss %.6f (cpu %.6f)\n",
+                        to_string(t.precision), t.tokens_per_s, t.model_tflops, mfu,
                         static_cast<double>(t.peak_bytes) / (1ull << 30), t.loss, t.cpu_loss);
         }
     }
@@ -100,6 +100,7 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
         if (t.measured)
             j["backends"].back()["train"] = {{"batch", o.train_batch},
                                              {"seq", o.train_seq},
+                                             {"precision", to_string(t.precision)},
                                              {"tokens_per_s", t.tokens_per_s},
                                              {"model_tflops", t.model_tflops},
                                              {"mfu", t.mfu},
@@ -115,6 +116,7 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
 void add_bench_command(CLI::App& app, CommonOptions& common) {
     struct Options {
         std::string model, config, backends;
+        std::string precision = "auto";
         int device = -1;
         BenchOptions bench;
         bool json = false;
@@ -142,6 +144,11 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         ->check(in_range<int64_t>(1));
     sub->add_option("--train-seq", b.train_seq, "Tokens per sequence of the training step")
         ->check(in_range<int64_t>(1));
+    sub->add_option("--precision", opts->precision,
+                    "Matmul precision of the training step: auto (bf16 on CUDA, fp32 on the "
+                    "CPU), fp32 or bf16; everything else is timed in fp32")
+        ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+        ->capture_default_str();
     sub->add_option("--peak-tflops", b.peak_tflops,
                     "The GPU's peak TFLOP/s (e.g. dense bf16: H100 SXM 989, L4 121), for the "
                     "training step's MFU")
@@ -172,6 +179,8 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
 
     sub->callback([opts]() {
         BenchOptions o = opts->bench;
+        if (opts->precision != "auto")
+            o.train_precision = parse_precision(opts->precision, "--precision");
         o.backends = opts->backends.empty() ? present_backends() : split_names(opts->backends);
         if (opts->device >= 0)
             for (std::string& name : o.backends)

@@ -156,17 +156,24 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
             const nlohmann::json given = train_options_to_json(o->train);
             for (const Flag& f : flags)
                 if (f.opt->count() > 0) overrides[f.key] = given[f.key];
+            // The run keeps the precision it started with unless --precision says otherwise
+            // (which Trainer::resume refuses: it would change the run's math).
+            if (o->backend.precision_given())
+                overrides["precision"] = to_string(backend->matmul_precision());
             trainer = Trainer::resume(o->resume, *backend, overrides);
-            std::fprintf(stderr, "resuming %s at step %lld of %lld\n", trainer->run_dir().c_str(),
-                         static_cast<long long>(trainer->step()),
-                         static_cast<long long>(trainer->max_steps()));
+            std::fprintf(stderr, "resuming %s at step %lld of %lld (%s matmuls)\n",
+                         trainer->run_dir().c_str(), static_cast<long long>(trainer->step()),
+                         static_cast<long long>(trainer->max_steps()),
+                         to_string(backend->matmul_precision()));
         } else {
             if (o->config.empty()) throw UsageError("give --config CFG for a new run, or --resume RUN");
             if (o->out.empty()) throw UsageError("--out: the run directory is required");
+            o->train.precision = backend->matmul_precision();  // --precision, resolved
             trainer = Trainer::start(load_config(o->config), o->train, o->out, o->init_seed, *backend);
-            std::fprintf(stderr, "training %lld parameters for %lld steps into %s\n",
+            std::fprintf(stderr, "training %lld parameters for %lld steps into %s (%s matmuls)\n",
                          static_cast<long long>(trainer->model().num_params()),
-                         static_cast<long long>(trainer->max_steps()), o->out.c_str());
+                         static_cast<long long>(trainer->max_steps()), o->out.c_str(),
+                         to_string(backend->matmul_precision()));
         }
         struct sigaction sa {};
         sa.sa_handler = on_stop_signal;

@@ -41,8 +41,14 @@ struct BackendChoice {
     std::string backend = "auto";
     int device = -1;
     bool training = false;
-    // Creates the backend and says on stderr which one runs.
+    std::string precision = "auto";  // --precision: auto, fp32 or bf16
+    // Creates the backend with its matmul precision set and says on stderr which one runs.
     std::unique_ptr<Backend> open() const;
+    // --precision for `backend`: fp32 or bf16 as given; auto is the backend's
+    // default_training_precision() for training (bf16 on CUDA), fp32 for inference (whose
+    // matmuls read fp32 weights either way, so bf16 would only lose precision).
+    Precision resolve_precision(const Backend& backend) const;
+    bool precision_given() const { return precision != "auto"; }
 };
 void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training = false);
 // `name` with --device applied: "vulkan" becomes "vulkan:N", "cuda" "cuda:N"; a UsageError for

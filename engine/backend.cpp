@@ -42,6 +42,13 @@ struct OpCheck {
 
 }  // namespace
 
+void Backend::set_matmul_precision(Precision p) {
+    if (!supports_precision(p))
+        throw Error("the " + name() + " backend has no " + to_string(p) +
+                    " matmuls (use --precision fp32)");
+    matmul_precision_ = p;
+}
+
 Tensor Backend::alloc(Shape shape, DType dtype) {
     // Shapes reach here from configs and flags: a negative dimension or a byte count past 64
     // bits is an error naming the shape, never a wrapped size handed to the allocator. (The

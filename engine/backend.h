@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/precision.h"
 #include "engine/tensor.h"
 
 namespace tmx {
@@ -40,6 +41,19 @@ public:
     // The most memory the backend's tensors can take, in bytes (the CPU: the machine's physical
     // memory), or 0 when unknown. Trainer refuses a run whose memory estimate exceeds it.
     virtual uint64_t memory_capacity() const { return 0; }
+
+    // ---- precision
+    // The precision of matmul(), grouped_matmul() and grouped_matmul_backward()'s d_x and d_w
+    // products: F32 (the default), or BF16: every operand element is rounded to bfloat16
+    // (round_to_bf16) before it is multiplied, products are summed in fp32 and results are fp32
+    // (biases, d_bias and accumulated outputs are fp32 and not rounded). Every other op is fp32
+    // either way. BF16 where a backend lacks it is a tmx::Error naming the backend.
+    virtual bool supports_precision(Precision p) const { return p == Precision::F32; }
+    // What training uses unless told otherwise: BF16 where the hardware multiplies bf16 faster
+    // (tensor cores), F32 elsewhere (the CPU only emulates bf16's rounding).
+    virtual Precision default_training_precision() const { return Precision::F32; }
+    void set_matmul_precision(Precision p);
+    Precision matmul_precision() const { return matmul_precision_; }
 
     // ---- memory and transfers
     Tensor alloc(Shape shape, DType dtype = DType::F32);
@@ -288,6 +302,7 @@ protected:
 
 private:
     [[noreturn]] void training_op_unavailable(const char* op) const;
+    Precision matmul_precision_ = Precision::F32;
     // Shared with every buffer's release hook, so buffers may outlive the backend object.
     std::shared_ptr<MemoryStats> memory_ = std::make_shared<MemoryStats>();
 };

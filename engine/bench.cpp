@@ -370,6 +370,13 @@ private:
 TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weights, Backend& be,
                             const BenchOptions& o) {
     TrainBench r;
+    r.precision = o.train_precision.value_or(be.default_training_precision());
+    // The other measurements run fp32: restored however this returns.
+    struct PrecisionScope {
+        Backend& be;
+        ~PrecisionScope() { be.set_matmul_precision(Precision::F32); }
+    } scope{be};
+    be.set_matmul_precision(r.precision);
     const int64_t B = o.train_batch, T = o.train_seq, N = B * T;
     Rng rng(o.seed ^ 0x7a1d);
     std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
@@ -512,6 +519,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             r.train.cpu_loss = r.train.loss;
             if (&be != cpu.get()) {  // the CPU's loss on the same batch, one untimed step
                 BenchOptions once = o;
+                once.train_precision = r.train.precision;
                 once.warmup = 0;
                 once.repeats = 1;
                 once.progress = {};

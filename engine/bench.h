@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/precision.h"
 
 namespace tmx {
 
@@ -25,6 +27,9 @@ struct BenchOptions {
     // sequences of train_seq tokens, on the backends that train.
     int64_t train_batch = 0, train_seq = 0;
     double peak_tflops = 0;       // > 0: the device's peak, for the training step's MFU
+    // The training step's matmul precision (the CPU's loss on the same batch uses it too); unset:
+    // each backend's default_training_precision(). Every other measurement runs fp32.
+    std::optional<Precision> train_precision;
     uint64_t seed = 0;            // inputs and, with no weights given, the model's init
     // Called before each measurement with a short description (progress on stderr).
     std::function<void(const std::string&)> progress;
@@ -52,6 +57,7 @@ struct TrainBench {
     double tokens_per_s = 0;
     double model_tflops = 0;        // training FLOPs of the model (3x forward) per second
     double mfu = 0;                 // model_tflops / peak_tflops (0 when no peak was given)
+    Precision precision = Precision::F32;  // of the step's matmuls
     size_t peak_bytes = 0;          // the backend's peak allocation during the step
     double loss = 0;                // the step's cross-entropy, and the CPU's on the same batch
     double cpu_loss = 0;

@@ -354,7 +354,8 @@ json train_options_to_json(const TrainOptions& o) {
             {"keep_last", o.keep_last},
             {"log_every", o.log_every},
             {"seed", o.seed},
-            {"skip_nonfinite", o.skip_nonfinite}};
+            {"skip_nonfinite", o.skip_nonfinite},
+            {"precision", to_string(o.precision)}};
 }
 
 TrainOptions train_options_from_json(const json& j, const std::string& source) {
@@ -383,6 +384,9 @@ TrainOptions train_options_from_json(const json& j, const std::string& source) {
     o.seed = uint_field(j, "seed", source);
     // Absent from the checkpoints of versions before it existed: those runs skip nothing.
     if (j.contains("skip_nonfinite")) o.skip_nonfinite = int_field(j, "skip_nonfinite", source);
+    // Absent before bf16 existed: those runs were fp32.
+    if (j.contains("precision"))
+        o.precision = parse_precision(string_field(j, "precision", source), source + ": precision");
     return o;
 }
 
@@ -428,6 +432,7 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
     if (!backend_.supports_training())
         throw Error("the " + backend_.name() + " backend runs inference only; backends that train: " +
                     training_backend_list());
+    backend_.set_matmul_precision(options_.precision);
     const ModelConfig& c = model_->config();
     seq_len_ = options_.seq_len > 0 ? options_.seq_len : c.max_seq_len;
     const int64_t per_step = options_.tokens_per_step(seq_len_);
@@ -518,12 +523,15 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         if (!options_json.is_object())
             wrong_type(options_json, "options", state_path, "an object of training options");
         for (const auto& [key, value] : overrides.items()) {
+            // The run's own value is no change (a run from before "precision" existed is fp32).
+            const json current = key == "precision" ? options_json.value(key, json("fp32"))
+                                                    : options_json.value(key, json());
+            if (value == current) continue;
             if (std::find(std::begin(kResumeOverridable), std::end(kResumeOverridable), key) ==
                 std::end(kResumeOverridable))
                 throw UsageError(flag_of(key) +
                                  " cannot change when resuming (it would change the run's math); "
-                                 "the run uses " +
-                                 options_json.value(key, json()).dump());
+                                 "the run uses " + current.dump());
             options_json[key] = value;
         }
         if (overrides.contains("max_steps")) options_json["max_tokens"] = 0;

@@ -16,7 +16,11 @@ uint64_t parse_cgroup_memory_limit(std::string_view text);
 class CpuBackend final : public Backend {
 public:
     std::string name() const override { return "cpu"; }
+    std::string description() const override {
+        return std::string("cpu, ") + to_string(matmul_precision()) + " matmuls";
+    }
     bool supports_training() const override { return true; }
+    bool supports_precision(Precision) const override { return true; }
     // Physical memory, or the cgroup's limit (a container's) when that is lower.
     uint64_t memory_capacity() const override;
     void synchronize() override {}

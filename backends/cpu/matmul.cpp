@@ -1,8 +1,11 @@
 // CPU matmuls: dense (OpenBLAS sgemm) and grouped over experts (one sgemm per expert's rows).
+// In bf16 precision each operand is first copied rounded to bf16 (the values a GPU's tensor
+// cores multiply); the sgemm then sums the exact products of those values in fp32.
 #include <cblas.h>
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 
@@ -56,6 +59,18 @@ void add_rows(const float* bias, int64_t M, int64_t N, float* out) {
         for (int64_t n = 0; n < N; ++n) out[m * N + n] += bias[n];
 }
 
+// The values a matmul multiplies for the operand t: its own in fp32; in bf16, a copy rounded
+// to bf16 held in `rounded`.
+const float* operand(Precision p, const Tensor& t, std::vector<float>& rounded) {
+    const float* x = CpuBackend::data<float>(t);
+    if (p == Precision::F32) return x;
+    const int64_t n = t.numel();
+    rounded.resize(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) rounded[i] = round_to_bf16(x[i]);
+    return rounded.data();
+}
+
 }  // namespace
 
 void CpuBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
@@ -72,15 +87,18 @@ void CpuBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out
             beta = 1.0f;
         }
     }
-    cpu_sgemm(opts.trans_a, opts.trans_b, M, N, K, 1.0f, data<float>(a), data<float>(b), beta, o);
+    std::vector<float> a_rounded, b_rounded;
+    cpu_sgemm(opts.trans_a, opts.trans_b, M, N, K, 1.0f, operand(matmul_precision(), a, a_rounded),
+              operand(matmul_precision(), b, b_rounded), beta, o);
 }
 
 void CpuBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
                                      const Tensor& offsets, const Tensor& out) {
     int64_t E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
     const int32_t* off = data<int32_t>(offsets);
-    const float* xs = data<float>(x);
-    const float* ws = data<float>(w);
+    std::vector<float> x_rounded, w_rounded;
+    const float* xs = operand(matmul_precision(), x, x_rounded);
+    const float* ws = operand(matmul_precision(), w, w_rounded);
     float* o = data<float>(out);
     for (int64_t e = 0; e < E; ++e) {
         int64_t begin = off[e], rows = off[e + 1] - off[e];
@@ -106,9 +124,11 @@ void CpuBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
                                               const Tensor& d_bias) {
     const int64_t E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
     const int32_t* off = data<int32_t>(offsets);
-    const float* xs = data<float>(x);
-    const float* ws = data<float>(w);
-    const float* dy = data<float>(d_out);
+    std::vector<float> x_rounded, w_rounded, dy_rounded;
+    const float* xs = operand(matmul_precision(), x, x_rounded);
+    const float* ws = operand(matmul_precision(), w, w_rounded);
+    const float* dy = operand(matmul_precision(), d_out, dy_rounded);
+    const float* dy_fp32 = data<float>(d_out);  // d_bias sums the unrounded gradient
     float* dx = data<float>(d_x);
     float* dw = data<float>(d_w);
     for (int64_t e = 0; e < E; ++e) {
@@ -119,7 +139,8 @@ void CpuBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
         cpu_sgemm(false, false, rows, K, Nout, 1.0f, dye, ws + e * Nout * K, 1.0f, dx + begin * K);
         // d_w[e] [Nout, K] += d_out^T . x
         cpu_sgemm(true, false, Nout, K, rows, 1.0f, dye, xs + begin * K, 1.0f, dw + e * Nout * K);
-        if (d_bias.defined()) column_sums_add(dye, rows, Nout, data<float>(d_bias) + e * Nout);
+        if (d_bias.defined())
+            column_sums_add(dy_fp32 + begin * Nout, rows, Nout, data<float>(d_bias) + e * Nout);
     }
 }
 

@@ -96,6 +96,41 @@ TEST(TrainCli, BadFlagsAndVocabularyMismatchAreClearErrors) {
     EXPECT_NE(r.err.find("metrics.jsonl"), std::string::npos) << r.err;
 }
 
+// --precision: bf16 trains on the CPU too (emulated rounding) and the run keeps it on resume;
+// a precision a backend lacks, or an unknown one, is a usage error naming the flag.
+TEST(TrainCli, PrecisionFlagTrainsInBf16AndTheRunKeepsIt) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string base = "train --config " + tiny() + " --data " + (tmp / "data") +
+                             " --batch-size 2 --seq-len 16 --eval-every 0";
+    auto r = test::run_tmx(base + " --out " + (tmp / "run") + " --max-steps 3 --precision bf16");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("(bf16 matmuls)"), std::string::npos) << r.err;
+    r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps 5");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("(bf16 matmuls)"), std::string::npos) << r.err;
+    r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps 7 --precision fp32");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--precision cannot change"), std::string::npos) << r.err;
+    // The default on the CPU is fp32.
+    r = test::run_tmx(base + " --out " + (tmp / "run32") + " --max-steps 1");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("(fp32 matmuls)"), std::string::npos) << r.err;
+    r = test::run_tmx(base + " --out " + (tmp / "bad") + " --max-steps 1 --precision fp16");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--precision"), std::string::npos) << r.err;
+    // Vulkan has no bf16 matmuls (where a Vulkan device exists; otherwise opening it fails).
+    r = test::run_tmx("generate --backend vulkan --precision bf16 --model " + test::source_dir() +
+                      "/assets/demo --prompt x --max-new-tokens 1");
+    EXPECT_NE(r.exit_code, 0);
+    if (r.err.find("unavailable") == std::string::npos &&
+        r.err.find("not compiled") == std::string::npos &&
+        r.err.find("no Vulkan") == std::string::npos) {
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_NE(r.err.find("--precision bf16"), std::string::npos) << r.err;
+    }
+}
+
 // Runs `train_args` in the background, sends `signals` (kill arguments, in order; "pause"
 // waits 1 s) after 1.5 s, and gives the run 5 s more to end before SIGKILL (exit code 137).
 // The log is in `log`.

@@ -108,6 +108,58 @@ TEST(Trainer, StoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {
     EXPECT_FALSE(fs::exists(tmp / "parts/step_00000005"));
 }
 
+// bf16 matmuls on the CPU (its emulation of the GPU's mixed precision): the run learns, its
+// checkpoint records the precision, and a resume on a fresh backend (fp32 until told) picks it
+// up from there and ends bit-identical to the uninterrupted run.
+TEST(Trainer, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", seed);
+    TrainOptions o = small_options(tmp / "data");
+    o.precision = Precision::BF16;
+    o.max_steps = 40;
+    o.eval_every = 40;
+    o.log_every = 1;
+    o.keep_last = 1;
+    o.seed = seed;
+
+    auto be = make_backend("cpu");
+    auto whole = Trainer::start(tiny_config(), o, tmp / "whole", seed, *be);
+    EXPECT_EQ(be->matmul_precision(), Precision::BF16);
+    const double before = whole->evaluate();
+    std::vector<TrainReport> reports;
+    whole->run([&](const TrainReport& r) { reports.push_back(r); });
+    ASSERT_TRUE(reports.back().val_loss.has_value());
+    EXPECT_LT(*reports.back().val_loss, before - 1.0) << "validation loss barely moved in bf16";
+    const auto state =
+        nlohmann::json::parse(read_file(tmp / "whole/step_00000040/trainer_state.json"));
+    EXPECT_EQ(state["options"]["precision"], "bf16");
+
+    std::atomic<bool> stop{false};
+    auto first = Trainer::start(tiny_config(), o, tmp / "parts", seed, *be);
+    first->run([&](const TrainReport& r) { stop = r.step >= 7; }, &stop);
+    ASSERT_EQ(first->step(), 7);
+    first.reset();
+    auto fresh = make_backend("cpu");
+    ASSERT_EQ(fresh->matmul_precision(), Precision::F32);
+    auto second = Trainer::resume(tmp / "parts", *fresh, nlohmann::json::object());
+    EXPECT_EQ(fresh->matmul_precision(), Precision::BF16);
+    second->run([](const TrainReport&) {});
+    EXPECT_EQ(second->model().params_to_host(), whole->model().params_to_host());
+    second.reset();  // releases the run
+
+    // Resuming in the other precision is refused, naming the flag and the run's precision.
+    try {
+        Trainer::resume(tmp / "parts", *fresh, nlohmann::json{{"precision", "fp32"}});
+        ADD_FAILURE() << "a resume in fp32 of a bf16 run was accepted";
+    } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find("--precision cannot change"), std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Trainer, LearningRateWarmsUpThenDecaysToTheFloor) {
     TrainOptions o;
     o.lr = 1e-3;

@@ -1,0 +1,36 @@
+// The precision of the matmuls (DESIGN.md section 5): fp32, or bf16 operands with fp32
+// accumulation, the mixed precision GPU training uses (tensor cores take bf16). Only the
+// matmuls change: every other op, the weights, their gradients and the optimizer stay fp32.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace tmx {
+
+enum class Precision : uint8_t { F32, BF16 };
+
+const char* to_string(Precision p);
+// "fp32" or "bf16"; anything else throws tmx::Error naming `what` (a flag or field).
+Precision parse_precision(const std::string& text, const std::string& what);
+
+// x rounded to the nearest bfloat16 (ties to even), returned as the fp32 it widens to: the
+// upper 16 bits of x's representation after rounding. Infinities stay, overflow rounds to
+// infinity, subnormals round like any other value, NaN stays NaN (made quiet, sign kept).
+// The same rounding as CUDA's __float2bfloat16_rn, so the CPU and the GPU see the same operands.
+inline float round_to_bf16(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        u = (u | 0x00400000u) & 0xffff0000u;  // quiet NaN: the payload's top bit set survives
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u);  // half an ulp of bf16, +1 when that ulp is odd
+        u &= 0xffff0000u;
+    }
+    float r;
+    std::memcpy(&r, &u, sizeof r);
+    return r;
+}
+
+}  // namespace tmx
