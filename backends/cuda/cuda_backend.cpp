@@ -154,7 +154,8 @@ CudaBackend::~CudaBackend() = default;
 
 std::string CudaBackend::description() const {
     return "cuda: " + info_.name + " (device " + std::to_string(info_.index) + ", sm_" +
-           std::to_string(info_.cc_major) + std::to_string(info_.cc_minor) + "), fp32";
+           std::to_string(info_.cc_major) + std::to_string(info_.cc_minor) + "), " +
+           to_string(matmul_precision()) + " matmuls";
 }
 
 cudaStream_t CudaBackend::stream() const { return state_->stream; }

@@ -1,5 +1,6 @@
 // The CUDA backend: the training path on NVIDIA GPUs (DESIGN.md section 5). fp32 tensors,
-// cuBLASLt for dense matmuls (TF32 off: fp32 results), own kernels for everything else.
+// cuBLASLt for dense matmuls (TF32 off: fp32 results; bf16 operands in bf16 precision), own
+// kernels for everything else, tensor-core ones for the grouped expert matmuls in bf16.
 //
 // One stream: ops launch on it and return; the host waits only in download() and
 // synchronize(). Device memory comes from CUDA's stream-ordered pool (cudaMallocAsync /
@@ -79,6 +80,13 @@ public:
     // "cuda: <device name> (device N, sm_XY), fp32".
     std::string description() const override;
     bool supports_training() const override { return true; }
+    // bf16 matmuls need tensor cores that take bf16: compute capability 8.0 (Ampere) or newer.
+    bool supports_precision(Precision p) const override {
+        return p == Precision::F32 || info_.cc_major >= 8;
+    }
+    Precision default_training_precision() const override {
+        return supports_precision(Precision::BF16) ? Precision::BF16 : Precision::F32;
+    }
     // The device's memory (Trainer refuses a run whose estimate exceeds it).
     uint64_t memory_capacity() const override { return info_.memory_bytes; }
     void synchronize() override;
@@ -170,6 +178,9 @@ protected:
                     const Tensor& decay_mask, const AdamWParams& hp) override;
 
 private:
+    void grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w, const int32_t* offsets,
+                                      int E, int S, int Nout, int K, const Tensor& d_out,
+                                      const Tensor& d_x, const Tensor& d_w, const Tensor& d_bias);
     static std::byte* device_ptr(const Tensor& t);
     // Reads and clears the status word; throws tmx::Error describing a recorded error.
     void check_status();

@@ -11,6 +11,13 @@
 // in shared memory, 256 threads computing 4x4 outputs each; row tiles are cut per expert, so a
 // tile never straddles two experts. Decode (a few slots) takes a matrix-vector kernel instead.
 // Every output element is summed by one thread in a fixed order: deterministic, no atomics.
+//
+// In bf16 precision (Backend::matmul_precision()) the dense matmul rounds both operands into
+// bf16 copies and runs cuBLASLt on bf16 with fp32 accumulation and output; the grouped products
+// run on tensor cores (matmul_bf16.cuh), rounding as they load; the decode matrix-vector kernel
+// rounds as it reads.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -21,12 +28,14 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/matmul_bf16.cuh"
 #include "engine/errors.h"
 
 namespace tmx {
 namespace {
 
 using cuda::kWarp;
+namespace bf16_gemm = cuda::bf16_gemm;
 
 // ---- dense matmul: cuBLASLt
 
@@ -59,6 +68,7 @@ uint32_t pointer_alignment(const void* p) {
 // heuristic reads the pointer from the descriptor to decide which algorithms may load it.
 struct LtKey {
     int device;
+    cudaDataType_t operand_type;  // CUDA_R_32F or CUDA_R_16BF
     int64_t M, N, K;
     bool trans_a, trans_b, bias_epilogue;
     uint32_t align_a, align_b, align_out, align_bias;
@@ -69,7 +79,8 @@ struct LtKey {
 std::mutex lt_cache_mutex;
 std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_cache;
 
-// out [M, N] = op(a) . op(b) (+ bias[N] through the BIAS epilogue) + beta * out, on cuBLASLt.
+// out [M, N] = op(a) . op(b) (+ bias[N] through the BIAS epilogue) + beta * out, on cuBLASLt;
+// a and b hold operand_type elements (fp32, or bf16 with fp32 accumulation), out and bias fp32.
 // Returns false, having launched nothing, when the heuristic has no algorithm for it.
 //
 // cuBLASLt is column-major: the row-major out [M, N] is the column-major out^T [N, M], so it
@@ -78,8 +89,9 @@ std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_cache;
 // (ld K), op T. Its B operand is our a: stored [M, K] = column-major K x M (ld K), op N; with
 // trans_a stored [K, M] = column-major M x K (ld M), op T. C = D = out, column-major N x M
 // (ld N). The epilogue's bias runs along D's rows, i.e. along our N: bias[n] for out[:, n].
-bool lt_matmul(const CudaBackend& be, const float* a, const float* b, float* out, const float* bias,
-               int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, float beta) {
+bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a, const void* b,
+               float* out, const float* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+               bool trans_b, float beta) {
     const char* op = "matmul";
     LtMatmulDesc desc;
     TMX_CUDA_CHECK(op, cublasLtMatmulDescCreate(&desc.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -95,20 +107,25 @@ bool lt_matmul(const CudaBackend& be, const float* a, const float* b, float* out
                                                           &epilogue, sizeof(epilogue)));
         TMX_CUDA_CHECK(op, cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                           &bias, sizeof(bias)));
+        const cudaDataType_t bias_type = CUDA_R_32F;  // fp32 whatever the operands
+        TMX_CUDA_CHECK(op,
+                       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                      &bias_type, sizeof(bias_type)));
     }
     // Column-major layouts, each with ld = its row count (the tensors are contiguous).
-    const auto make_layout = [op](LtLayout& layout, int64_t rows, int64_t cols) {
-        TMX_CUDA_CHECK(
-            op, cublasLtMatrixLayoutCreate(&layout.h, CUDA_R_32F, static_cast<uint64_t>(rows),
-                                           static_cast<uint64_t>(cols), rows));
+    const auto make_layout = [op](LtLayout& layout, cudaDataType_t type, int64_t rows,
+                                  int64_t cols) {
+        TMX_CUDA_CHECK(op, cublasLtMatrixLayoutCreate(&layout.h, type, static_cast<uint64_t>(rows),
+                                                      static_cast<uint64_t>(cols), rows));
     };
     LtLayout layout_b, layout_a, layout_out;  // cuBLASLt's A (our b), B (our a), C = D (out)
-    make_layout(layout_b, trans_b ? K : N, trans_b ? N : K);
-    make_layout(layout_a, trans_a ? M : K, trans_a ? K : M);
-    make_layout(layout_out, N, M);
+    make_layout(layout_b, operand_type, trans_b ? K : N, trans_b ? N : K);
+    make_layout(layout_a, operand_type, trans_a ? M : K, trans_a ? K : M);
+    make_layout(layout_out, CUDA_R_32F, N, M);
 
     const LtKey key{
         .device = be.device().index,
+        .operand_type = operand_type,
         .M = M,
         .N = N,
         .K = K,
@@ -264,8 +281,7 @@ __device__ __forceinline__ int tile_index(int t, int i) {
 
 // acc[i][j] += sum over the staged k of a[k][row i] * b[k][column j], in k order. Within a
 // warp ty takes 2 values (broadcast reads of a) and tx 16 (adjacent float4s of b).
-__device__ __forceinline__ void tile_fma(const TileStage& st, int tx, int ty,
-                                         float (&acc)[8][8]) {
+__device__ __forceinline__ void tile_fma(const TileStage& st, int tx, int ty, float (&acc)[8][8]) {
 #pragma unroll
     for (int k = 0; k < kTileK; ++k) {
         const float4 a0 = *reinterpret_cast<const float4*>(&st.a[k][4 * ty]);
@@ -469,6 +485,145 @@ __global__ void __launch_bounds__(kTileThreads)
         d_bias[static_cast<int64_t>(e) * Nout + n0 + tid] += static_cast<float>(bias_acc);
 }
 
+// ---- grouped matmul in bf16: tensor cores (matmul_bf16.cuh)
+
+// dst [rows, ld] = src [rows, cols] rounded to bf16 (nearest even), each row padded with zeros
+// from cols to ld.
+__global__ void pad_to_bf16_rows_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                                        __nv_bfloat16* dst) {
+    const int64_t total = rows * ld;
+    for (int64_t i = cuda::grid_start(); i < total; i += cuda::grid_stride()) {
+        const int64_t r = i / ld, c = i - r * ld;
+        dst[i] = c < cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
+    }
+}
+
+// A tensor-core operand: t's elements as [rows, cols] (cols its last dimension), rounded to
+// bf16 into pool memory with rows padded to a multiple of 8. `storage` keeps the memory.
+struct Bf16Rows {
+    Tensor storage;
+    bf16_gemm::Operand op;
+};
+Bf16Rows pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t cols, const char* op) {
+    const int64_t rows = cols > 0 ? t.numel() / cols : 0, ld = (cols + 7) / 8 * 8;
+    Bf16Rows r;
+    r.storage = be.alloc({std::max<int64_t>(1, (rows * ld + 1) / 2)});  // 2 bf16 per float
+    auto* dst = reinterpret_cast<__nv_bfloat16*>(CudaBackend::data<float>(r.storage));
+    r.op = {dst, ld};
+    if (rows * ld > 0) {
+        pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld, kThreads,
+                                                           be.device().sm_count),
+                                  kThreads, 0, be.stream()>>>(CudaBackend::data<float>(t), rows,
+                                                              cols, ld, dst);
+        be.check_launch(op);
+    }
+    return r;
+}
+
+// The shared memory a tensor-core kernel uses (bf16_gemm::kSharedBytes) is above the default
+// 48 KiB limit: raised for the kernel before each launch (a cheap host call).
+template <typename Kernel>
+void allow_tile_shared_memory(Kernel kernel, const char* op) {
+    TMX_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            bf16_gemm::kSharedBytes));
+}
+
+// What the forward and d_x kernels need: A [S, R] (the slots' rows), B the stacked expert
+// weights (expert e's at b.p + e * b_expert_stride), bias [E, C] or null, out [S, C].
+struct GroupedBf16Args {
+    bf16_gemm::Operand a, b;
+    int64_t b_expert_stride;
+    const float* bias;
+    const int32_t* offsets;
+    int E, S, R, C;
+    bool accumulate;
+    float* out;
+};
+
+// The forward (kTransW: out[s, c] = sum_r x[s, r] w[e][c, r]) and d_x (d_x[s, c] += sum_r
+// d_out[s, r] w[e][r, c]) products of grouped_gemm_kernel, on tensor cores. Grid: (row tiles,
+// ceil(C / 128)), as grouped_grid gives; bf16_gemm::kSharedBytes of dynamic shared memory.
+// Capped at 128 registers for two blocks per multiprocessor (no spills on sm_89 or sm_90; an
+// L4's 100 KiB of shared memory holds one block anyway).
+template <bool kTransW>
+__global__ void __launch_bounds__(bf16_gemm::kThreads, 2)
+    grouped_gemm_bf16_kernel(GroupedBf16Args p) {
+    using namespace bf16_gemm;
+    int e = 0, row_begin = 0, row_end = 0;
+    if (!find_row_tile(p.offsets, p.E, p.S, static_cast<int>(blockIdx.x), e, row_begin, row_end))
+        return;  // the whole block: past the last tile
+    const int c0 = static_cast<int>(blockIdx.y) * kTile;
+    const Operand we{p.b.p + static_cast<int64_t>(e) * p.b_expert_stride, p.b.ld};
+    extern __shared__ __align__(128) unsigned char shared_raw[];
+    auto* smem = reinterpret_cast<__nv_bfloat16*>(shared_raw);
+    Accum acc[kFragRows][kFragCols];
+    const auto load_a = [&](int d0, __nv_bfloat16* s) {
+        load_stage_async<false>(s, p.a, row_begin, row_end, d0);
+    };
+    const auto load_b = [&](int d0, __nv_bfloat16* s) {
+        if constexpr (kTransW)
+            load_stage_async<false>(s, we, c0, p.C, d0);  // w[e] [C, R]: rows c
+        else
+            load_stage_async<true>(s, we, d0, p.R, c0);  // w[e] [R, C]: rows r
+    };
+    multiply<kTransW ? Product::Forward : Product::DataGrad>(smem, 0, p.R, load_a, load_b, acc);
+    emit_tile(smem, acc, [&](int m, int n, float v) {
+        const int row = row_begin + m, c = c0 + n;
+        if (row >= row_end || c >= p.C) return;
+        if (p.bias) v += p.bias[static_cast<int64_t>(e) * p.C + c];
+        float* o = p.out + static_cast<int64_t>(row) * p.C + c;
+        *o = p.accumulate ? *o + v : v;
+    });
+}
+
+// d_w[e][n, k] += sum over e's slots s of d_out[s, n] * x[s, k], on tensor cores. Grid:
+// (ceil(K / 128), ceil(Nout / 128), E); dynamic shared memory as above. d_bias is
+// expert_bias_grad_kernel's, from the fp32 d_out.
+__global__ void __launch_bounds__(bf16_gemm::kThreads, 2)
+    grouped_dw_bf16_kernel(bf16_gemm::Operand d_out, bf16_gemm::Operand x, const int32_t* offsets,
+                           int S, int Nout, int K, float* d_w) {
+    using namespace bf16_gemm;
+    const int e = static_cast<int>(blockIdx.z);
+    const int begin = slot_bound(offsets, e, S);
+    const int end = max(begin, slot_bound(offsets, e + 1, S));
+    if (begin == end) return;  // no slots: nothing to add (as the CPU skips the expert)
+    const int n0 = static_cast<int>(blockIdx.y) * kTile, k0 = static_cast<int>(blockIdx.x) * kTile;
+    extern __shared__ __align__(128) unsigned char shared_raw[];
+    auto* smem = reinterpret_cast<__nv_bfloat16*>(shared_raw);
+    Accum acc[kFragRows][kFragCols];
+    const auto load_a = [&](int s0, __nv_bfloat16* s) {
+        load_stage_async<true>(s, d_out, s0, end, n0);
+    };
+    const auto load_b = [&](int s0, __nv_bfloat16* s) {
+        load_stage_async<true>(s, x, s0, end, k0);
+    };
+    multiply<Product::WeightGrad>(smem, begin, end, load_a, load_b, acc);
+    emit_tile(smem, acc, [&](int m, int c, float v) {
+        const int n = n0 + m, k = k0 + c;
+        if (n < Nout && k < K) d_w[(static_cast<int64_t>(e) * Nout + n) * K + k] += v;
+    });
+}
+
+// d_bias[e][n] += sum over e's slots s, in order, of d_out[s, n], summed in double (as the
+// CPU). Grid: (ceil(Nout / 32), E) of 32 x 8 blocks.
+__global__ void expert_bias_grad_kernel(const float* d_out, const int32_t* offsets, int S, int Nout,
+                                        float* d_bias) {
+    const int e = static_cast<int>(blockIdx.y);
+    const int begin = slot_bound(offsets, e, S);
+    const int end = max(begin, slot_bound(offsets, e + 1, S));
+    if (begin == end) return;  // the whole block
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
+    const double sum = block_column_sum(d_out, Nout, begin, end, col);
+    if (threadIdx.y == 0 && col < Nout)
+        d_bias[static_cast<int64_t>(e) * Nout + col] += static_cast<float>(sum);
+}
+
+// dst[i] = src[i] rounded to bf16 (nearest even), for cuBLASLt's bf16 operands.
+__global__ void round_to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+    for (int64_t i = cuda::grid_start(); i < n; i += cuda::grid_stride())
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
 // ---- grouped matmul: matrix-vector path for decode
 
 constexpr int64_t kMatvecMaxSlots = 8;  // up to this many slots, one warp per output element
@@ -482,9 +637,14 @@ __device__ int expert_of_slot(const int32_t* offsets, int E, int s) {
 
 // out[s, n] = x[s, :] . w[e][n, :] (+ bias[e][n]), one warp per (s, n): the lanes stride along
 // the weight row (each weight read once, coalesced) and a butterfly (fixed order) adds them.
+// With round_bf16 the operands are rounded to bf16 as they are read (bf16 precision).
+__device__ __forceinline__ float maybe_bf16(float v, bool round_bf16) {
+    return round_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
 __global__ void grouped_matvec_kernel(const float* x, const float* w, const float* bias,
                                       const int32_t* offsets, int E, int S, int Nout, int K,
-                                      float* out) {
+                                      bool round_bf16, float* out) {
     const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
     const int lane = static_cast<int>(threadIdx.x % kWarp);
     if (warp >= static_cast<int64_t>(S) * Nout) return;  // whole warps
@@ -495,7 +655,8 @@ __global__ void grouped_matvec_kernel(const float* x, const float* w, const floa
     const float* wn = w + (static_cast<int64_t>(e) * Nout + n) * K;
     float acc = 0.0f;
 #pragma unroll 4
-    for (int k = lane; k < K; k += kWarp) acc = fmaf(xs[k], wn[k], acc);
+    for (int k = lane; k < K; k += kWarp)
+        acc = fmaf(maybe_bf16(xs[k], round_bf16), maybe_bf16(wn[k], round_bf16), acc);
     acc = cuda::warp_sum(acc);
     if (lane == 0) {
         if (bias) acc += bias[static_cast<int64_t>(e) * Nout + n];
@@ -512,6 +673,19 @@ dim3 grouped_grid(int S, int E, int C, const char* op) {
         throw Error(std::string("cuda: ") + op + ": " + std::to_string(S) + " slots x " +
                     std::to_string(C) + " columns exceed the kernel's grid");
     return dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(col_tiles));
+}
+
+// Grid of the d_w kernels (fp32 and bf16 tiles are both 128 x 128): (ceil(K / 128),
+// ceil(Nout / 128), E).
+dim3 weight_grad_grid(int E, int Nout, int K, const char* op) {
+    static_assert(kTileM == bf16_gemm::kTile && kTileN == bf16_gemm::kTile);
+    const int64_t n_tiles = (static_cast<int64_t>(Nout) + kTileM - 1) / kTileM;
+    const int64_t k_tiles = (static_cast<int64_t>(K) + kTileN - 1) / kTileN;
+    if (n_tiles > kMaxGridY || E > kMaxGridY)
+        throw Error(std::string("cuda: ") + op + ": " + std::to_string(E) + " experts x " +
+                    std::to_string(Nout) + " outputs exceed the kernel's grid");
+    return dim3(static_cast<unsigned>(k_tiles), static_cast<unsigned>(n_tiles),
+                static_cast<unsigned>(E));
 }
 
 }  // namespace
@@ -534,22 +708,36 @@ void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& ou
         if (!opts.accumulate || bias_p) bias_rows(opts.accumulate);
         return;
     }
+    // In bf16, both operands as rounded copies in pool memory (freed in stream order).
+    const bool bf16 = matmul_precision() == Precision::BF16;
+    const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    Tensor a_bf16, b_bf16;
+    const auto operand = [&](const Tensor& t, Tensor& copy) -> const void* {
+        if (!bf16) return data<float>(t);
+        copy = alloc({(t.numel() + 1) / 2});  // two bf16 per fp32 element
+        round_to_bf16_kernel<<<cuda::elementwise_blocks(t.numel(), kThreads, device().sm_count),
+                               kThreads, 0, stream()>>>(
+            data<float>(t), reinterpret_cast<__nv_bfloat16*>(data<float>(copy)), t.numel());
+        check_launch(op);
+        return data<float>(copy);
+    };
+    const void* a_p = operand(a, a_bf16);
+    const void* b_p = operand(b, b_bf16);
     // The bias through cuBLASLt's epilogue only when overwriting (D = A B + bias, beta = 0): with
     // accumulate it is added to out first, so it is added exactly once whatever cuBLASLt's
     // order of beta * C and the epilogue; likewise where the epilogue has no algorithm.
     if (bias_p && !opts.accumulate &&
-        lt_matmul(*this, data<float>(a), data<float>(b), o, bias_p, M, N, K, opts.trans_a,
-                  opts.trans_b, 0.0f))
+        lt_matmul(*this, type, a_p, b_p, o, bias_p, M, N, K, opts.trans_a, opts.trans_b, 0.0f))
         return;
     float beta = opts.accumulate ? 1.0f : 0.0f;
     if (bias_p) {
         bias_rows(opts.accumulate);
         beta = 1.0f;
     }
-    if (!lt_matmul(*this, data<float>(a), data<float>(b), o, nullptr, M, N, K, opts.trans_a,
-                   opts.trans_b, beta))
-        throw Error("cuda: matmul: cuBLASLt has no fp32 algorithm for M=" + std::to_string(M) +
-                    ", N=" + std::to_string(N) + ", K=" + std::to_string(K));
+    if (!lt_matmul(*this, type, a_p, b_p, o, nullptr, M, N, K, opts.trans_a, opts.trans_b, beta))
+        throw Error(std::string("cuda: matmul: cuBLASLt has no ") + to_string(matmul_precision()) +
+                    " algorithm for M=" + std::to_string(M) + ", N=" + std::to_string(N) +
+                    ", K=" + std::to_string(K));
 }
 
 // Two passes when the rows span several chunks (per-chunk partial sums in double, then their
@@ -587,11 +775,29 @@ void CudaBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Te
     const int S = cuda::to_int(x.dim(0), op);
     if (S == 0 || Nout == 0 || E == 0) return;  // E = 0 leaves no slot to any expert
     const float* bias_p = bias.defined() ? data<float>(bias) : nullptr;
+    const bool bf16 = matmul_precision() == Precision::BF16;
     if (S <= kMatvecMaxSlots) {
         const int64_t warps = static_cast<int64_t>(S) * Nout;
         grouped_matvec_kernel<<<cuda::blocks_for(warps * kWarp, kThreads), kThreads, 0, stream()>>>(
-            data<float>(x), data<float>(w), bias_p, data<int32_t>(offsets), E, S, Nout, K,
+            data<float>(x), data<float>(w), bias_p, data<int32_t>(offsets), E, S, Nout, K, bf16,
             data<float>(out));
+    } else if (bf16) {
+        const Bf16Rows xa = pad_to_bf16_rows(*this, x, K, op),
+                       wa = pad_to_bf16_rows(*this, w, K, op);
+        const GroupedBf16Args args{.a = xa.op,
+                                   .b = wa.op,
+                                   .b_expert_stride = static_cast<int64_t>(Nout) * wa.op.ld,
+                                   .bias = bias_p,
+                                   .offsets = data<int32_t>(offsets),
+                                   .E = E,
+                                   .S = S,
+                                   .R = K,
+                                   .C = Nout,
+                                   .accumulate = false,
+                                   .out = data<float>(out)};
+        allow_tile_shared_memory(grouped_gemm_bf16_kernel<true>, op);
+        grouped_gemm_bf16_kernel<true><<<grouped_grid(S, E, Nout, op), bf16_gemm::kThreads,
+                                         bf16_gemm::kSharedBytes, stream()>>>(args);
     } else {
         grouped_gemm_kernel<true><<<grouped_grid(S, E, Nout, op), kTileThreads, 0, stream()>>>(
             data<float>(x), data<float>(w), bias_p, data<int32_t>(offsets), E, S, K, Nout, false,
@@ -611,6 +817,10 @@ void CudaBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
     // Nothing to add without slots, experts or outputs (d_w and d_bias are then empty too).
     if (S == 0 || E == 0 || Nout == 0) return;
     const int32_t* off = data<int32_t>(offsets);
+    if (matmul_precision() == Precision::BF16) {
+        grouped_matmul_backward_bf16(x, w, off, E, S, Nout, K, d_out, d_x, d_w, d_bias);
+        return;
+    }
     if (K > 0) {
         // d_x[s, :] += d_out[s, :] . w[e]: the forward's kernel with w not transposed
         // (a = d_out [S, Nout], reduction over Nout, output columns K).
@@ -620,17 +830,56 @@ void CudaBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
         check_launch(op);
     }
     // d_w (and d_bias); one k tile even when K = 0, whose blocks still sum d_bias.
-    const int64_t n_tiles = (static_cast<int64_t>(Nout) + kTileM - 1) / kTileM;
-    const int64_t k_tiles = std::max<int64_t>(1, (static_cast<int64_t>(K) + kTileN - 1) / kTileN);
-    if (n_tiles > kMaxGridY || E > kMaxGridY)
-        throw Error(std::string("cuda: ") + op + ": " + std::to_string(E) + " experts x " +
-                    std::to_string(Nout) + " outputs exceed the kernel's grid");
-    const dim3 grid(static_cast<unsigned>(k_tiles), static_cast<unsigned>(n_tiles),
-                    static_cast<unsigned>(E));
+    const dim3 grid = weight_grad_grid(E, Nout, std::max(K, 1), op);
     grouped_dw_kernel<<<grid, kTileThreads, 0, stream()>>>(
         data<float>(d_out), data<float>(x), off, S, Nout, K, data<float>(d_w),
         d_bias.defined() ? data<float>(d_bias) : nullptr);
     check_launch(op);
+}
+
+// grouped_matmul_backward in bf16 precision: the d_x and d_w products on tensor cores, d_bias
+// from the fp32 d_out.
+void CudaBackend::grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w,
+                                               const int32_t* offsets, int E, int S, int Nout,
+                                               int K, const Tensor& d_out, const Tensor& d_x,
+                                               const Tensor& d_w, const Tensor& d_bias) {
+    const char* op = "grouped_matmul_backward";
+    if (K > 0) {
+        const Bf16Rows dy = pad_to_bf16_rows(*this, d_out, Nout, op);
+        {
+            const Bf16Rows wa = pad_to_bf16_rows(*this, w, K, op);
+            const GroupedBf16Args args{.a = dy.op,
+                                       .b = wa.op,
+                                       .b_expert_stride = static_cast<int64_t>(Nout) * wa.op.ld,
+                                       .bias = nullptr,
+                                       .offsets = offsets,
+                                       .E = E,
+                                       .S = S,
+                                       .R = Nout,
+                                       .C = K,
+                                       .accumulate = true,
+                                       .out = data<float>(d_x)};
+            allow_tile_shared_memory(grouped_gemm_bf16_kernel<false>, op);
+            grouped_gemm_bf16_kernel<false><<<grouped_grid(S, E, K, op), bf16_gemm::kThreads,
+                                              bf16_gemm::kSharedBytes, stream()>>>(args);
+            check_launch(op);
+        }
+        const Bf16Rows xa = pad_to_bf16_rows(*this, x, K, op);
+        const dim3 grid = weight_grad_grid(E, Nout, K, op);
+        allow_tile_shared_memory(grouped_dw_bf16_kernel, op);
+        grouped_dw_bf16_kernel<<<grid, bf16_gemm::kThreads, bf16_gemm::kSharedBytes, stream()>>>(
+            dy.op, xa.op, offsets, S, Nout, K, data<float>(d_w));
+        check_launch(op);
+    }
+    if (d_bias.defined()) {
+        if (E > kMaxGridY)
+            throw Error(std::string("cuda: ") + op + ": " + std::to_string(E) +
+                        " experts exceed the kernel's grid");
+        const dim3 grid(cuda::blocks_for(Nout, kSumCols), static_cast<unsigned>(E));
+        expert_bias_grad_kernel<<<grid, dim3(kSumCols, kSumLanes), 0, stream()>>>(
+            data<float>(d_out), offsets, S, Nout, data<float>(d_bias));
+        check_launch(op);
+    }
 }
 
 }  // namespace tmx
