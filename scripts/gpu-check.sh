@@ -5,7 +5,7 @@
 # racecheck, synccheck, side by side), times `tmx bench` on the GPU backends, and, when
 # ../shared/tools/torch_reference.py and PyTorch are there, times PyTorch on the same model and
 # GPU. Every step has a time limit, so a hung kernel fails its step instead of the whole run;
-# with --quick the whole check takes about 8 minutes on an H100.
+# with --quick the whole check takes about 4 minutes on an H100, plus the PyTorch steps.
 #
 # Usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--build-dir DIR] [--quick] [--all-tests]
 #   REPORT_DIR  gets report.txt, report.json and one log per step
@@ -112,9 +112,11 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
     failed=1
   fi
   if [ $quick -eq 1 ]; then
-    bench_args=(--prompt 128 --decode 32 --batch 8 --repeats 3 --train-batch 8 --train-seq 512)
+    bench_args=(--prompt 128 --decode 32 --batch 8 --repeats 3)
+    train_args=(--train-batch 8 --train-seq 512)
   else
-    bench_args=(--prompt 512 --decode 128 --batch 8 --repeats 5 --train-batch 32 --train-seq 512)
+    bench_args=(--prompt 512 --decode 128 --batch 8 --repeats 5)
+    train_args=(--train-batch 32 --train-seq 512)
   fi
   gpu_backends=cuda
   "$tmx" devices --json 2> /dev/null | python3 -c \
@@ -125,8 +127,12 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
       *H100*PCIe*) peak=756 ;; *H100*) peak=989 ;; *L4*) peak=121 ;;
     esac
   fi
-  [ -n "$peak" ] && bench_args+=(--peak-tflops "$peak")
-  step bench 400 "$tmx" bench --backends "$gpu_backends" "${bench_args[@]}" --json
+  [ -n "$peak" ] && train_args+=(--peak-tflops "$peak")
+  # The training step runs in each backend's default precision (bf16 matmuls on CUDA); the
+  # second run times CUDA's step in fp32 for comparison.
+  step bench 400 "$tmx" bench --backends "$gpu_backends" "${bench_args[@]}" "${train_args[@]}" --json
+  step bench-train-fp32 240 "$tmx" bench --backends cuda --prompt 16 --decode 4 --batch 1 \
+       --repeats 3 "${train_args[@]}" --precision fp32
   step bench-gemm 120 "$tmx" bench --backends "$gpu_backends" --prompt 16 --decode 4 --batch 1 --gemm 8192 --repeats 3
 fi
 

@@ -488,13 +488,28 @@ __global__ void __launch_bounds__(kTileThreads)
 // ---- grouped matmul in bf16: tensor cores (matmul_bf16.cuh)
 
 // dst [rows, ld] = src [rows, cols] rounded to bf16 (nearest even), each row padded with zeros
-// from cols to ld.
+// from cols to ld (a multiple of 8). A thread writes 8 bf16 (16 bytes) at a time, reading
+// them as two float4 where src's rows allow (vec: src 16-byte aligned, cols a multiple of 4).
 __global__ void pad_to_bf16_rows_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld,
-                                        __nv_bfloat16* dst) {
-    const int64_t total = rows * ld;
+                                        bool vec, __nv_bfloat16* dst) {
+    const int64_t chunks_per_row = ld / 8, total = rows * chunks_per_row;
     for (int64_t i = cuda::grid_start(); i < total; i += cuda::grid_stride()) {
-        const int64_t r = i / ld, c = i - r * ld;
-        dst[i] = c < cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
+        const int64_t r = i / chunks_per_row, c0 = (i - r * chunks_per_row) * 8;
+        const float* row = src + r * cols;
+        float f[8];
+        if (vec && c0 + 8 <= cols) {
+            const float4 lo = *reinterpret_cast<const float4*>(row + c0);
+            const float4 hi = *reinterpret_cast<const float4*>(row + c0 + 4);
+            f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w;
+            f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
+        } else {
+#pragma unroll
+            for (int c = 0; c < 8; ++c) f[c] = c0 + c < cols ? row[c0 + c] : 0.0f;
+        }
+        __nv_bfloat162 packed[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) packed[c] = __floats2bfloat162_rn(f[2 * c], f[2 * c + 1]);
+        *reinterpret_cast<uint4*>(dst + r * ld + c0) = *reinterpret_cast<const uint4*>(packed);
     }
 }
 
@@ -511,10 +526,11 @@ Bf16Rows pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t cols, const 
     auto* dst = reinterpret_cast<__nv_bfloat16*>(CudaBackend::data<float>(r.storage));
     r.op = {dst, ld};
     if (rows * ld > 0) {
-        pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld, kThreads,
+        const float* src = CudaBackend::data<float>(t);
+        const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && cols % 4 == 0;
+        pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld / 8, kThreads,
                                                            be.device().sm_count),
-                                  kThreads, 0, be.stream()>>>(CudaBackend::data<float>(t), rows,
-                                                              cols, ld, dst);
+                                  kThreads, 0, be.stream()>>>(src, rows, cols, ld, vec, dst);
         be.check_launch(op);
     }
     return r;
