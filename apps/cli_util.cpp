@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "backends/registry.h"
 #include "engine/errors.h"
 #include "engine/param_report.h"
 

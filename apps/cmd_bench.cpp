@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/bench.h"
 #include "engine/checkpoint.h"
@@ -185,6 +186,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         if (opts->device >= 0)
             for (std::string& name : o.backends)
                 if (name == "vulkan" || name == "cuda") name = with_device(name, opts->device);
+        o.open_backend = [](const std::string& name) { return make_backend(name); };
         o.progress = [](const std::string& what) {
             std::fprintf(stderr, "bench: %s\n", what.c_str());
         };

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "apps/commands.h"
+#include "backends/registry.h"
 #include "engine/checkpoint.h"
 
 namespace tmx::cli {

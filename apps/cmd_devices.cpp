@@ -7,6 +7,7 @@
 #include <string>
 
 #include "apps/commands.h"
+#include "backends/registry.h"
 #include "engine/errors.h"
 #ifdef TMX_HAS_VULKAN
 #include "backends/vulkan/vulkan_context.h"

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "apps/commands.h"
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/checkpoint.h"
 #include "engine/model.h"

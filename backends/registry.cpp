@@ -1,4 +1,6 @@
 // The backends compiled into this build.
+#include "backends/registry.h"
+
 #include <cstdlib>
 
 #include "backends/cpu/cpu_backend.h"

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "backends/registry.h"
 #include "engine/model.h"
 #include "engine/rng.h"
 

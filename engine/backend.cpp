@@ -445,7 +445,7 @@ void Backend::adamw(const Tensor& params, const Tensor& grads, const Tensor& m, 
 
 void Backend::training_op_unavailable(const char* op) const {
     throw Error(std::string(op) + " is not available on the " + name() +
-                " backend (it runs inference; backends that train: " + training_backend_list() + ")");
+                " backend (it runs inference only)");
 }
 
 void Backend::embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
@@ -419,6 +420,7 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
 std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float> weights,
                                     const BenchOptions& o) {
     if (o.backends.empty()) throw UsageError("--backends: no backend to run");
+    if (!o.open_backend) throw std::logic_error("run_bench: BenchOptions::open_backend is not set");
     if (o.prompt_tokens < 1 || o.decode_tokens < 1 || o.batch < 1 || o.repeats < 1 || o.warmup < 0)
         throw UsageError("tmx bench: --prompt, --decode, --batch and --repeats must be positive");
     if ((o.train_batch > 0) != (o.train_seq > 0) || o.train_batch < 0 || o.train_seq < 0)
@@ -432,10 +434,10 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     // Every backend first, so that a bad name fails before any measuring.
     std::vector<std::unique_ptr<Backend>> others;
     for (const std::string& name : o.backends)
-        others.push_back(name == "cpu" ? nullptr : make_backend(name));
+        others.push_back(name == "cpu" ? nullptr : o.open_backend(name));
 
     // The CPU results everything is checked against.
-    auto cpu = make_backend("cpu");
+    auto cpu = o.open_backend("cpu");
     // A training batch that cannot fit (on a backend that trains, or on the CPU, which takes the
     // reference step) is refused before anything is measured.
     if (o.train_batch > 0) {

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/config.h"
 #include "engine/precision.h"
 
@@ -31,6 +33,9 @@ struct BenchOptions {
     // each backend's default_training_precision(). Every other measurement runs fp32.
     std::optional<Precision> train_precision;
     uint64_t seed = 0;            // inputs and, with no weights given, the model's init
+    // Opens a backend by name (the front end passes make_backend from backends/registry.h;
+    // the engine knows no backend). "cpu" must open the CPU backend, the reference.
+    std::function<std::unique_ptr<Backend>(const std::string&)> open_backend;
     // Called before each measurement with a short description (progress on stderr).
     std::function<void(const std::string&)> progress;
 };

@@ -430,8 +430,8 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
     : model_(std::move(model)), options_(std::move(options)), run_dir_(std::move(run_dir)),
       backend_(backend) {
     if (!backend_.supports_training())
-        throw Error("the " + backend_.name() + " backend runs inference only; backends that train: " +
-                    training_backend_list());
+        throw Error("the " + backend_.name() + " backend runs inference only (it has no "
+                    "backward ops)");
     backend_.set_matmul_precision(options_.precision);
     const ModelConfig& c = model_->config();
     seq_len_ = options_.seq_len > 0 ? options_.seq_len : c.max_seq_len;

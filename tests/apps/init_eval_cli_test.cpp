@@ -4,6 +4,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "backends/registry.h"
 #include "engine/checkpoint.h"
 #include "engine/file_io.h"
 #include "tests/test_util.h"

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backends/registry.h"
 #include "engine/checkpoint.h"
 #include "engine/tokenizer.h"
 #include "tests/test_util.h"

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/errors.h"
 #include "tests/test_util.h"

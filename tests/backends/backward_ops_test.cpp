@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/backends/reference_ops.h"

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/precision.h"
 #include "tests/backends/backend_pair_fixture.h"

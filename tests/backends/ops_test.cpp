@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/errors.h"
 #include "tests/backends/reference_ops.h"

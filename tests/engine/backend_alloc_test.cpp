@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/errors.h"
 #include "tests/test_util.h"

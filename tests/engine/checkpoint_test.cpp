@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backends/registry.h"
 #include "engine/errors.h"
 #include "engine/file_io.h"
 #include "tests/test_util.h"

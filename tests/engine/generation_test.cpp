@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backends/registry.h"
 #include "engine/kv_cache.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"

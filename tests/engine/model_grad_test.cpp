@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "backends/registry.h"
 #include "engine/checkpoint.h"
 #include "engine/file_io.h"
 #include "engine/safetensors.h"

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backends/registry.h"
 #include "engine/checkpoint.h"
 #include "engine/errors.h"
 #include "engine/file_io.h"

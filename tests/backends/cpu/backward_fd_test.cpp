@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/threads.h"
 #include "tests/backends/reference_ops.h"

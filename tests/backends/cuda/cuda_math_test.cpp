@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_math.h"
+#include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/rng.h"
 #include "tests/test_util.h"

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/registry.h"
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
 namespace tmx::test {

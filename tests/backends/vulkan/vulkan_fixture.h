@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/errors.h"
 #include "tests/test_util.h"
