@@ -3,19 +3,20 @@
 // backends/cpu/matmul.cpp.
 //
 // Dense: cuBLASLt in fp32 with CUBLAS_COMPUTE_32F (not TF32: results must match the CPU at fp32
-// tolerances). The heuristic's algorithm is cached per problem (shape, options, pointer
-// alignments, device); descriptors are cheap host objects made per call.
+// tolerances). The heuristic's algorithm is cached per problem (shape, precision, options,
+// pointer alignments, device); descriptors are cheap host objects made per call.
 //
 // Grouped: the expert offsets live on the device and are never read by the host (no sync), so
-// the kernels find their expert themselves. 64x64 output tiles, 16-deep reduction steps staged
-// in shared memory, 256 threads computing 4x4 outputs each; row tiles are cut per expert, so a
-// tile never straddles two experts. Decode (a few slots) takes a matrix-vector kernel instead.
-// Every output element is summed by one thread in a fixed order: deterministic, no atomics.
+// the kernels find their expert themselves. In fp32: 128x128 output tiles, 8-deep reduction
+// steps staged in shared memory, 256 threads computing 8x8 outputs each; row tiles are cut per
+// expert, so a tile never straddles two experts. Decode (a few slots) takes a matrix-vector
+// kernel instead. Every output element is summed by one thread in a fixed order:
+// deterministic, no atomics.
 //
 // In bf16 precision (Backend::matmul_precision()) the dense matmul rounds both operands into
 // bf16 copies and runs cuBLASLt on bf16 with fp32 accumulation and output; the grouped products
-// run on tensor cores (matmul_bf16.cuh), rounding as they load; the decode matrix-vector kernel
-// rounds as it reads.
+// round their operands into bf16 copies with padded rows and run on tensor cores
+// (matmul_bf16.cuh); the decode matrix-vector kernel rounds as it reads.
 #include <cuda_bf16.h>
 
 #include <algorithm>

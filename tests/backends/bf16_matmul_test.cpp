@@ -19,6 +19,7 @@
 #include "engine/backend.h"
 #include "engine/precision.h"
 #include "tests/backends/backend_pair_fixture.h"
+#include "tests/backends/matmul_cases.h"
 #include "tests/backends/reference_ops.h"
 
 namespace tmx::test {
@@ -78,33 +79,22 @@ class Bf16Matmuls : public BackendPairTest {
 
 TEST_P(Bf16Matmuls, DenseMultipliesTheRoundedOperandsInFp32) {
     SCOPED_TRACE(trace());
-    struct Case {
-        int64_t M, N, K;
-    };
-    const Case cases[] = {{1, 1, 1},    {3, 17, 33},   {33, 65, 17},
-                          {64, 64, 64}, {130, 7, 257}, {2, 300, 129}};
-    for (Case c : cases)
-        for (bool ta : {false, true})
-            for (bool tb : {false, true})
-                for (bool with_bias : {false, true})
-                    for (bool acc : {false, true}) {
-                        SCOPED_TRACE("M,N,K = " + dims({c.M, c.N, c.K}) + " trans_a=" +
-                                     std::to_string(ta) + " trans_b=" + std::to_string(tb) +
-                                     " bias=" + std::to_string(with_bias) +
-                                     " accumulate=" + std::to_string(acc));
-                        const auto a = normal(c.M * c.K), b = normal(c.K * c.N);
-                        const auto bias = normal(c.N), init = normal(c.M * c.N);
-                        Tensor out = acc ? up(be(), init, {c.M, c.N}) : poisoned(be(), {c.M, c.N});
-                        be().matmul(up(be(), a, ta ? Shape{c.K, c.M} : Shape{c.M, c.K}),
-                                    up(be(), b, tb ? Shape{c.N, c.K} : Shape{c.K, c.N}), out,
-                                    {.trans_a = ta, .trans_b = tb, .accumulate = acc},
-                                    with_bias ? up(be(), bias, {c.N}) : Tensor{});
-                        const Vec bias_d = ref::to_double(bias), init_d = ref::to_double(init);
-                        const Vec want =
-                            ref::matmul(rounded_d(a), rounded_d(b), c.M, c.N, c.K, ta, tb,
-                                        with_bias ? &bias_d : nullptr, acc ? &init_d : nullptr);
-                        EXPECT_TRUE(Close(down(be(), out), as_float(want), reduction_tol(c.K)));
-                    }
+    for_each_matmul_variant(
+        {{1, 1, 1}, {3, 17, 33}, {33, 65, 17}, {64, 64, 64}, {130, 7, 257}, {2, 300, 129}},
+        [&](const MatmulVariant& v) {
+            const auto a = normal(v.M * v.K), b = normal(v.K * v.N);
+            const auto bias = normal(v.N), init = normal(v.M * v.N);
+            Tensor out = v.accumulate ? up(be(), init, {v.M, v.N}) : poisoned(be(), {v.M, v.N});
+            be().matmul(up(be(), a, v.trans_a ? Shape{v.K, v.M} : Shape{v.M, v.K}),
+                        up(be(), b, v.trans_b ? Shape{v.N, v.K} : Shape{v.K, v.N}), out,
+                        {.trans_a = v.trans_a, .trans_b = v.trans_b, .accumulate = v.accumulate},
+                        v.bias ? up(be(), bias, {v.N}) : Tensor{});
+            const Vec bias_d = ref::to_double(bias), init_d = ref::to_double(init);
+            const Vec want =
+                ref::matmul(rounded_d(a), rounded_d(b), v.M, v.N, v.K, v.trans_a, v.trans_b,
+                            v.bias ? &bias_d : nullptr, v.accumulate ? &init_d : nullptr);
+            EXPECT_TRUE(Close(down(be(), out), as_float(want), reduction_tol(v.K)));
+        });
 }
 
 // Against both references at a depth where bf16's rounding (relative 2^-9 per operand) is far

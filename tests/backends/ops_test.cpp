@@ -34,6 +34,7 @@
 #include "backends/registry.h"
 #include "engine/backend.h"
 #include "engine/errors.h"
+#include "tests/backends/matmul_cases.h"
 #include "tests/backends/reference_ops.h"
 #include "tests/test_util.h"
 #ifdef TMX_HAS_VULKAN
@@ -45,6 +46,8 @@ namespace {
 
 using ref::Ids;
 using ref::Vec;
+using test::for_each_matmul_variant;
+using test::MatmulVariant;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int32_t kPoisonId = -777777;
@@ -292,33 +295,31 @@ TEST_P(OpTest, NormsAreStableUnderLargeMean) {
 
 TEST_P(OpTest, Matmul) {
     SCOPED_TRACE(trace());
-    struct Case {
-        int64_t M, N, K;
-    };
-    const Case cases[] = {{1, 1, 1},   {1, 65, 33},  {3, 17, 33},   {17, 3, 65},  {33, 65, 17},
-                          {65, 33, 3}, {64, 64, 64}, {130, 7, 257}, {2, 300, 129}};
-    for (Case c : cases)
-        for (bool ta : {false, true})
-            for (bool tb : {false, true})
-                for (bool with_bias : {false, true})
-                    for (bool acc : {false, true}) {
-                        SCOPED_TRACE("M,N,K = " + dims({c.M, c.N, c.K}) + " trans_a=" +
-                                     std::to_string(ta) + " trans_b=" + std::to_string(tb) +
-                                     " bias=" + std::to_string(with_bias) +
-                                     " accumulate=" + std::to_string(acc));
-                        auto a = normal(c.M * c.K), b = normal(c.K * c.N);
-                        auto bias = normal(c.N), init = normal(c.M * c.N);
-                        Tensor at = up(a, ta ? Shape{c.K, c.M} : Shape{c.M, c.K});
-                        Tensor bt = up(b, tb ? Shape{c.N, c.K} : Shape{c.K, c.N});
-                        Tensor out = acc ? up(init, {c.M, c.N}) : poisoned({c.M, c.N});
-                        be().matmul(at, bt, out, {.trans_a = ta, .trans_b = tb, .accumulate = acc},
-                                    with_bias ? up(bias, {c.N}) : Tensor{});
-                        Vec bias_d = ref::to_double(bias), init_d = ref::to_double(init);
-                        auto want =
-                            ref::matmul(ref::to_double(a), ref::to_double(b), c.M, c.N, c.K, ta, tb,
-                                        with_bias ? &bias_d : nullptr, acc ? &init_d : nullptr);
-                        EXPECT_TRUE(Close(down(out), want, reduction_tol(c.K)));
-                    }
+    for_each_matmul_variant(
+        {{1, 1, 1},
+         {1, 65, 33},
+         {3, 17, 33},
+         {17, 3, 65},
+         {33, 65, 17},
+         {65, 33, 3},
+         {64, 64, 64},
+         {130, 7, 257},
+         {2, 300, 129}},
+        [&](const MatmulVariant& v) {
+            auto a = normal(v.M * v.K), b = normal(v.K * v.N);
+            auto bias = normal(v.N), init = normal(v.M * v.N);
+            Tensor at = up(a, v.trans_a ? Shape{v.K, v.M} : Shape{v.M, v.K});
+            Tensor bt = up(b, v.trans_b ? Shape{v.N, v.K} : Shape{v.K, v.N});
+            Tensor out = v.accumulate ? up(init, {v.M, v.N}) : poisoned({v.M, v.N});
+            be().matmul(at, bt, out,
+                        {.trans_a = v.trans_a, .trans_b = v.trans_b, .accumulate = v.accumulate},
+                        v.bias ? up(bias, {v.N}) : Tensor{});
+            Vec bias_d = ref::to_double(bias), init_d = ref::to_double(init);
+            auto want = ref::matmul(ref::to_double(a), ref::to_double(b), v.M, v.N, v.K, v.trans_a,
+                                    v.trans_b, v.bias ? &bias_d : nullptr,
+                                    v.accumulate ? &init_d : nullptr);
+            EXPECT_TRUE(Close(down(out), want, reduction_tol(v.K)));
+        });
 }
 
 // Ops read and write through views (tensor offsets into a shared buffer), as the engine's
