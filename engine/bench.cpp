@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <stdexcept>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "engine/backend.h"
 #include "engine/errors.h"
