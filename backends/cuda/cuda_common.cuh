@@ -1,6 +1,7 @@
 // Helpers shared by the CUDA backend's kernels (.cu files only).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -96,5 +97,17 @@ __device__ __forceinline__ void report_error(int* status, int code, int value, i
         status[2] = limit;
     }
 }
+
+// t's elements as rows of `cols` (its last dimension), rounded to bf16 (nearest even) into pool
+// memory, each row padded with zeros to ld (a multiple of 8, at least cols) so that every
+// 16-byte chunk is aligned: the operands of the tensor-core kernels (defined in matmul.cu).
+// `storage` keeps the memory.
+struct Bf16Rows {
+    Tensor storage;
+    const __nv_bfloat16* data = nullptr;
+    int64_t ld = 0;
+};
+Bf16Rows pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t cols, int64_t ld,
+                          const char* op);
 
 }  // namespace tmx::cuda

@@ -514,27 +514,13 @@ __global__ void pad_to_bf16_rows_kernel(const float* src, int64_t rows, int64_t 
     }
 }
 
-// A tensor-core operand: t's elements as [rows, cols] (cols its last dimension), rounded to
-// bf16 into pool memory with rows padded to a multiple of 8. `storage` keeps the memory.
-struct Bf16Rows {
-    Tensor storage;
-    bf16_gemm::Operand op;
-};
-Bf16Rows pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t cols, const char* op) {
-    const int64_t rows = cols > 0 ? t.numel() / cols : 0, ld = (cols + 7) / 8 * 8;
-    Bf16Rows r;
-    r.storage = be.alloc({std::max<int64_t>(1, (rows * ld + 1) / 2)});  // 2 bf16 per float
-    auto* dst = reinterpret_cast<__nv_bfloat16*>(CudaBackend::data<float>(r.storage));
-    r.op = {dst, ld};
-    if (rows * ld > 0) {
-        const float* src = CudaBackend::data<float>(t);
-        const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && cols % 4 == 0;
-        pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld / 8, kThreads,
-                                                           be.device().sm_count),
-                                  kThreads, 0, be.stream()>>>(src, rows, cols, ld, vec, dst);
-        be.check_launch(op);
-    }
-    return r;
+// A grouped-matmul operand: t's elements as [rows, cols] (cols its last dimension), rounded to
+// bf16 with rows padded to a multiple of 8.
+cuda::Bf16Rows gemm_rows(CudaBackend& be, const Tensor& t, int64_t cols, const char* op) {
+    return cuda::pad_to_bf16_rows(be, t, cols, (cols + 7) / 8 * 8, op);
+}
+bf16_gemm::Operand as_operand(const cuda::Bf16Rows& r) {
+    return {r.data, r.ld};
 }
 
 // The shared memory a tensor-core kernel uses (bf16_gemm::kSharedBytes) is above the default
@@ -707,6 +693,25 @@ dim3 weight_grad_grid(int E, int Nout, int K, const char* op) {
 
 }  // namespace
 
+cuda::Bf16Rows cuda::pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t cols, int64_t ld,
+                                      const char* op) {
+    const int64_t rows = cols > 0 ? t.numel() / cols : 0;
+    Bf16Rows r;
+    r.storage = be.alloc({std::max<int64_t>(1, (rows * ld + 1) / 2)});  // 2 bf16 per float
+    auto* dst = reinterpret_cast<__nv_bfloat16*>(CudaBackend::data<float>(r.storage));
+    r.data = dst;
+    r.ld = ld;
+    if (rows * ld > 0) {
+        const float* src = CudaBackend::data<float>(t);
+        const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && cols % 4 == 0;
+        pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld / 8, kThreads,
+                                                           be.device().sm_count),
+                                  kThreads, 0, be.stream()>>>(src, rows, cols, ld, vec, dst);
+        be.check_launch(op);
+    }
+    return r;
+}
+
 void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
                               MatmulOptions opts, const Tensor& bias) {
     const char* op = "matmul";
@@ -799,11 +804,10 @@ void CudaBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Te
             data<float>(x), data<float>(w), bias_p, data<int32_t>(offsets), E, S, Nout, K, bf16,
             data<float>(out));
     } else if (bf16) {
-        const Bf16Rows xa = pad_to_bf16_rows(*this, x, K, op),
-                       wa = pad_to_bf16_rows(*this, w, K, op);
-        const GroupedBf16Args args{.a = xa.op,
-                                   .b = wa.op,
-                                   .b_expert_stride = static_cast<int64_t>(Nout) * wa.op.ld,
+        const cuda::Bf16Rows xa = gemm_rows(*this, x, K, op), wa = gemm_rows(*this, w, K, op);
+        const GroupedBf16Args args{.a = as_operand(xa),
+                                   .b = as_operand(wa),
+                                   .b_expert_stride = static_cast<int64_t>(Nout) * wa.ld,
                                    .bias = bias_p,
                                    .offsets = data<int32_t>(offsets),
                                    .E = E,
@@ -862,12 +866,12 @@ void CudaBackend::grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w,
                                                const Tensor& d_w, const Tensor& d_bias) {
     const char* op = "grouped_matmul_backward";
     if (K > 0) {
-        const Bf16Rows dy = pad_to_bf16_rows(*this, d_out, Nout, op);
+        const cuda::Bf16Rows dy = gemm_rows(*this, d_out, Nout, op);
         {
-            const Bf16Rows wa = pad_to_bf16_rows(*this, w, K, op);
-            const GroupedBf16Args args{.a = dy.op,
-                                       .b = wa.op,
-                                       .b_expert_stride = static_cast<int64_t>(Nout) * wa.op.ld,
+            const cuda::Bf16Rows wa = gemm_rows(*this, w, K, op);
+            const GroupedBf16Args args{.a = as_operand(dy),
+                                       .b = as_operand(wa),
+                                       .b_expert_stride = static_cast<int64_t>(Nout) * wa.ld,
                                        .bias = nullptr,
                                        .offsets = offsets,
                                        .E = E,
@@ -881,11 +885,11 @@ void CudaBackend::grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w,
                                               bf16_gemm::kSharedBytes, stream()>>>(args);
             check_launch(op);
         }
-        const Bf16Rows xa = pad_to_bf16_rows(*this, x, K, op);
+        const cuda::Bf16Rows xa = gemm_rows(*this, x, K, op);
         const dim3 grid = weight_grad_grid(E, Nout, K, op);
         allow_tile_shared_memory(grouped_dw_bf16_kernel, op);
         grouped_dw_bf16_kernel<<<grid, bf16_gemm::kThreads, bf16_gemm::kSharedBytes, stream()>>>(
-            dy.op, xa.op, offsets, S, Nout, K, data<float>(d_w));
+            as_operand(dy), as_operand(xa), offsets, S, Nout, K, data<float>(d_w));
         check_launch(op);
     }
     if (d_bias.defined()) {

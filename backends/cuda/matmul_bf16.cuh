@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/async_copy.cuh"
+
 namespace tmx::cuda::bf16_gemm {
 
 namespace wmma = nvcuda::wmma;
@@ -60,22 +62,6 @@ constexpr int kStages = 3;  // reduction steps in flight: two loading while one 
 // kernel gets by default, so the launcher raises its limit (cudaFuncSetAttribute).
 constexpr int kSharedBytes = 2 * kStages * kStageElems * 2;
 static_assert(kSharedBytes >= kThreads / 32 * kFrag * kFrag * 4);
-
-// 16 bytes from global to shared memory without passing through registers; with in_range
-// false, 16 zero bytes (cp.async's zero fill: nothing is read, src need only be a valid
-// address).
-__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool in_range) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-                 "r"(in_range ? 16 : 0));
-}
-__device__ __forceinline__ void commit_async() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int kPending>
-__device__ __forceinline__ void wait_async() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 // A bf16 operand in global memory: element (outer, inner) at p[outer * ld + inner]. Rows are
 // padded to ld, a multiple of 8 with zeros past the logical row (pad_to_bf16_rows), so every
