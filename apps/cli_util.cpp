@@ -24,11 +24,11 @@ void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
                    "CUDA device 0; the first discrete Vulkan GPU)")
         ->check(in_range(0, INT32_MAX));
     sub.add_option("--precision", choice.precision,
-                   training ? "Matmul precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, or "
-                              "bf16 (operands rounded to bf16, fp32 sums; weights, gradients "
-                              "and the optimizer stay fp32)"
-                            : "Matmul precision: auto (fp32), fp32, or bf16 (operands rounded "
-                              "to bf16, fp32 sums)")
+                   training ? "Matmul and attention precision: auto (bf16 on CUDA, fp32 on the CPU), "
+                              "fp32, or bf16 (operands rounded to bf16, fp32 sums; weights, "
+                              "gradients and the optimizer stay fp32)"
+                            : "Matmul and attention precision: auto (fp32), fp32, or bf16 "
+                              "(operands rounded to bf16, fp32 sums)")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();
     choice.training = training;

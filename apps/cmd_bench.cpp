@@ -146,7 +146,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--train-seq", b.train_seq, "Tokens per sequence of the training step")
         ->check(in_range<int64_t>(1));
     sub->add_option("--precision", opts->precision,
-                    "Matmul precision of the training step: auto (bf16 on CUDA, fp32 on the "
+                    "Matmul and attention precision of the training step: auto (bf16 on CUDA, fp32 on the "
                     "CPU), fp32 or bf16; everything else is timed in fp32")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();

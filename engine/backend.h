@@ -46,8 +46,10 @@ public:
     // The precision of matmul(), grouped_matmul() and grouped_matmul_backward()'s d_x and d_w
     // products: F32 (the default), or BF16: every operand element is rounded to bfloat16
     // (round_to_bf16) before it is multiplied, products are summed in fp32 and results are fp32
-    // (biases, d_bias and accumulated outputs are fp32 and not rounded). Every other op is fp32
-    // either way. BF16 where a backend lacks it is a tmx::Error naming the backend.
+    // (biases, d_bias and accumulated outputs are fp32 and not rounded). BF16 also rounds the
+    // products of attention() and attention_backward() when head_dim <= kBf16AttentionMaxHeadDim
+    // (attention_in_bf16; their comments say which values); attention_cached() and every other
+    // op are fp32 either way. BF16 where a backend lacks it is a tmx::Error naming the backend.
     virtual bool supports_precision(Precision p) const { return p == Precision::F32; }
     // What training uses unless told otherwise: BF16 where the hardware multiplies bf16 faster
     // (tensor cores), F32 elsewhere (the CPU only emulates bf16's rounding).
@@ -96,13 +98,22 @@ public:
     // out_i = softmax_j(q_i . k_j / sqrt(head_dim)) v_j over i - window < j <= i (window 0 =
     // unlimited). q, out [B, T, H, hd]; k, v [B, T, Hkv, hd]; query head h reads kv head
     // h / (H / Hkv).
+    // In BF16 precision with hd <= kBf16AttentionMaxHeadDim (attention_in_bf16), where bf16(x)
+    // = round_to_bf16(x), scale = 1 / sqrt(hd) and J(i) are the keys query i sees:
+    //   s_j = (bf16(q_i) . bf16(k_j)) * scale,  m = max_{j in J(i)} s_j,  e_j = exp(s_j - m),
+    //   l = sum_j e_j (unrounded),  out_i = (sum_j bf16(e_j) bf16(v_j)) / l,
+    // all in fp32. Tensor cores multiply bf16, so the weights are rounded before their product
+    // with v, as FlashAttention does. A GPU rounds e_j against a running max (online softmax):
+    // its weights may differ from these by one bf16 ulp (each is within a relative 2^-8 of the
+    // exact e_j).
     void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    int64_t window);
 
     // The same attention for a chunk of new tokens against a rolling KV cache (DESIGN.md
-    // section 4). Sequence b's chunk holds T tokens at positions start[b] .. start[b] + T - 1;
-    // its cache k_cache[b], v_cache[b] [S, Hkv, hd] holds its earlier positions p in
-    // [max(0, start[b] - S), start[b]), position p in slot p mod S (other slots are not read).
+    // section 4), in fp32 under either precision. Sequence b's chunk holds T tokens at
+    // positions start[b] .. start[b] + T - 1; its cache k_cache[b], v_cache[b] [S, Hkv, hd]
+    // holds its earlier positions p in [max(0, start[b] - S), start[b]), position p in slot
+    // p mod S (other slots are not read).
     // The query at position p attends to every cached or chunk position j with
     // p - window < j <= p (window 0 = unlimited; then S must cover every earlier position).
     // q, out [B, T, H, hd]; k, v [B, T, Hkv, hd] (the chunk's own keys and values, keys after
@@ -173,7 +184,13 @@ public:
     // d_bias[N] += sum over rows of d_out [M, N] (the bias gradient of a linear layer).
     void bias_backward(const Tensor& d_out, const Tensor& d_bias);
 
-    // Backward of attention(): recomputes the softmax from q and k.
+    // Backward of attention(): recomputes the softmax from q and k. In BF16 precision with
+    // hd <= kBf16AttentionMaxHeadDim, with q^, k^, v^, dO^ = bf16 of q, k, v, d_out and s, m, l
+    // from them as in attention(), all in fp32:
+    //   P_ij = exp(s_ij - m_i) / l_i,  dP_ij = dO^_i . v^_j,  D_i = sum_j P_ij dP_ij (unrounded P),
+    //   dS_ij = P_ij (dP_ij - D_i),  d_q_i += scale sum_j bf16(dS_ij) k^_j,
+    //   d_k_j += scale sum_i bf16(dS_ij) q^_i,  d_v_j += sum_i bf16(P_ij) dO^_i:
+    // P and dS are rounded before their products, as the forward's weights are.
     void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
                             const Tensor& d_v, int64_t window);

@@ -1,6 +1,7 @@
 // The precision of the matmuls (DESIGN.md section 5): fp32, or bf16 operands with fp32
 // accumulation, the mixed precision GPU training uses (tensor cores take bf16). Only the
-// matmuls change: every other op, the weights, their gradients and the optimizer stay fp32.
+// matmuls and attention's products change (engine/backend.h says exactly how): every other op,
+// the weights, their gradients and the optimizer stay fp32.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,13 @@ inline float round_to_bf16(float x) {
     float r;
     std::memcpy(&r, &u, sizeof r);
     return r;
+}
+
+// The longest head whose attention runs in bf16 under BF16 precision (the CUDA tensor-core
+// kernels hold a row of head dims in registers); longer heads keep fp32 attention.
+constexpr int64_t kBf16AttentionMaxHeadDim = 128;
+inline bool attention_in_bf16(Precision p, int64_t head_dim) {
+    return p == Precision::BF16 && head_dim <= kBf16AttentionMaxHeadDim;
 }
 
 }  // namespace tmx

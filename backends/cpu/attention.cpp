@@ -1,6 +1,8 @@
 // CPU causal sliding-window GQA attention, over a sequence or a chunk plus its rolling KV cache:
 // for each query, scores over the keys in its window, a max-subtracted softmax, then the
-// weighted sum of values.
+// weighted sum of values. In bf16 (attention_in_bf16) attention() and its backward multiply
+// copies of their operands rounded to bf16, and round the softmax weights (and the backward's
+// dS) before their products, as engine/backend.h states.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,10 +19,11 @@ namespace {
 
 // One query's attention output: softmax over its keys of q . k * scale, max-subtracted, then
 // the weighted sum of values. key(j) and value(j) give the j-th of n_keys rows; scores has
-// room for n_keys.
+// room for n_keys. With bf16_weights, the weights exp(s - max) are rounded to bf16 and the sum
+// divided by their unrounded total afterwards, as a tensor core's P V product does.
 template <class KeyAt, class ValueAt>
 void attend(const float* q, int64_t hd, float scale, int64_t n_keys, KeyAt key, ValueAt value,
-            float* scores, float* out) {
+            bool bf16_weights, float* scores, float* out) {
     float max_score = -INFINITY;
     for (int64_t j = 0; j < n_keys; ++j) {
         const float* kj = key(j);
@@ -38,6 +41,16 @@ void attend(const float* q, int64_t hd, float scale, int64_t n_keys, KeyAt key, 
         denom += e;
     }
     for (int64_t c = 0; c < hd; ++c) out[c] = 0.0f;
+    if (bf16_weights) {
+        for (int64_t j = 0; j < n_keys; ++j) {
+            const float w = round_to_bf16(scores[j]);
+            const float* vj = value(j);
+#pragma omp simd
+            for (int64_t c = 0; c < hd; ++c) out[c] += w * vj[c];
+        }
+        for (int64_t c = 0; c < hd; ++c) out[c] /= denom;
+        return;
+    }
     for (int64_t j = 0; j < n_keys; ++j) {
         const float p = scores[j] / denom;
         const float* vj = value(j);
@@ -57,9 +70,12 @@ void CpuBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& 
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), hd = q.dim(3), Hkv = k.dim(2);
     const int64_t group = H / Hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const float* qp = data<float>(q);
-    const float* kp = data<float>(k);
-    const float* vp = data<float>(v);
+    const bool bf16 = attention_in_bf16(matmul_precision(), hd);
+    const Precision products = bf16 ? Precision::BF16 : Precision::F32;
+    std::vector<float> q_rounded, k_rounded, v_rounded;
+    const float* qp = cpu_operand(products, q, q_rounded);
+    const float* kp = cpu_operand(products, k, k_rounded);
+    const float* vp = cpu_operand(products, v, v_rounded);
     float* op = data<float>(out);
     const int64_t span = window > 0 ? std::min(window, T) : T;
 
@@ -74,10 +90,10 @@ void CpuBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& 
                 auto row = [&](const float* base, int64_t j) {
                     return base + ((b * T + j0 + j) * Hkv + kvh) * hd;
                 };
-                attend(qp + ((b * T + i) * H + h) * hd, hd, scale, i - j0 + 1,
-                       [&](int64_t j) { return row(kp, j); },
-                       [&](int64_t j) { return row(vp, j); }, scores.data(),
-                       op + ((b * T + i) * H + h) * hd);
+                attend(
+                    qp + ((b * T + i) * H + h) * hd, hd, scale, i - j0 + 1,
+                    [&](int64_t j) { return row(kp, j); }, [&](int64_t j) { return row(vp, j); },
+                    bf16, scores.data(), op + ((b * T + i) * H + h) * hd);
             }
         }
     }
@@ -117,10 +133,11 @@ void CpuBackend::attention_cached_impl(const Tensor& q, const Tensor& k, const T
                         return cache + ((b * S + (first + j) % S) * Hkv + kvh) * hd;
                     return chunk + ((b * T + chunk_first + j - n_cached) * Hkv + kvh) * hd;
                 };
-                attend(qp + ((b * T + i) * H + h) * hd, hd, scale, n_cached + i - chunk_first + 1,
-                       [&](int64_t j) { return row(kp, kcp, j); },
-                       [&](int64_t j) { return row(vp, vcp, j); }, scores.data(),
-                       op + ((b * T + i) * H + h) * hd);
+                attend(
+                    qp + ((b * T + i) * H + h) * hd, hd, scale, n_cached + i - chunk_first + 1,
+                    [&](int64_t j) { return row(kp, kcp, j); },
+                    [&](int64_t j) { return row(vp, vcp, j); }, false, scores.data(),
+                    op + ((b * T + i) * H + h) * hd);
             }
         }
     }
@@ -150,14 +167,15 @@ namespace {
 // config: head_dim 32, window 128).
 constexpr int64_t kBackwardQueryBlock = 32;
 
-// Row-major C[M, N] = op(A) op(B) + beta C with explicit leading dimensions, for blocks of rows
-// inside a [B, T, heads, hd] tensor. Called from inside the backward's parallel region, where
-// OpenBLAS's OpenMP build runs single-threaded.
-void gemm_ld(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-             int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+// Row-major C[M, N] = alpha op(A) op(B) + beta C with explicit leading dimensions, for blocks
+// of rows inside a [B, T, heads, hd] tensor. Called from inside the backward's parallel region,
+// where OpenBLAS's OpenMP build runs single-threaded.
+void gemm_ld(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+             int64_t ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+                static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
                 beta, C, static_cast<int>(ldc));
 }
 
@@ -170,16 +188,24 @@ void gemm_ld(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const 
 //   dQ += dS K,  dK += dS^T Q,  dV += P^T dO.
 // Masked entries of P are exactly 0, so they add nothing to dS, dK or dV. One task per
 // (sequence, kv head) keeps every write to d_k / d_v of that head in one thread: no atomics.
+// In bf16, Q, K, V and dO are rounded copies, P and dS (without the scale) are rounded after
+// rowsum(P * dP) is taken, and the scale goes into the dQ and dK GEMMs' alpha.
 void CpuBackend::attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& d_out, const Tensor& d_q,
                                          const Tensor& d_k, const Tensor& d_v, int64_t window) {
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), hd = q.dim(3), Hkv = k.dim(2);
     const int64_t group = H / Hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const float* qp = data<float>(q);
-    const float* kp = data<float>(k);
-    const float* vp = data<float>(v);
-    const float* dop = data<float>(d_out);
+    const bool bf16 = attention_in_bf16(matmul_precision(), hd);
+    const Precision products = bf16 ? Precision::BF16 : Precision::F32;
+    // The scale of dS: inside it in fp32, in the GEMMs' alpha in bf16 (the contract rounds dS
+    // unscaled).
+    const float ds_scale = bf16 ? 1.0f : scale, grad_alpha = bf16 ? scale : 1.0f;
+    std::vector<float> q_rounded, k_rounded, v_rounded, dout_rounded;
+    const float* qp = cpu_operand(products, q, q_rounded);
+    const float* kp = cpu_operand(products, k, k_rounded);
+    const float* vp = cpu_operand(products, v, v_rounded);
+    const float* dop = cpu_operand(products, d_out, dout_rounded);
     float* dqp = data<float>(d_q);
     float* dkp = data<float>(d_k);
     float* dvp = data<float>(d_v);
@@ -210,8 +236,9 @@ void CpuBackend::attention_backward_impl(const Tensor& q, const Tensor& k, const
                     float* P = probs.data();
                     float* dS = dprobs.data();
 
-                    gemm_ld(false, true, rows, n_keys, hd, qb, ldq, kb, ldk, 0.0f, P, n_keys);
-                    gemm_ld(false, true, rows, n_keys, hd, dob, ldq, vb, ldk, 0.0f, dS, n_keys);
+                    gemm_ld(false, true, rows, n_keys, hd, 1.0f, qb, ldq, kb, ldk, 0.0f, P, n_keys);
+                    gemm_ld(false, true, rows, n_keys, hd, 1.0f, dob, ldq, vb, ldk, 0.0f, dS,
+                            n_keys);
                     for (int64_t r = 0; r < rows; ++r) {
                         const int64_t i = i0 + r;
                         // This query's keys, as columns of the block: [lo, hi].
@@ -239,12 +266,21 @@ void CpuBackend::attention_backward_impl(const Tensor& q, const Tensor& k, const
                         }
                         for (int64_t j = 0; j < lo; ++j) p[j] = ds[j] = 0.0f;
 #pragma omp simd
-                        for (int64_t j = lo; j <= hi; ++j) ds[j] = p[j] * (ds[j] - dot_pdp) * scale;
+                        for (int64_t j = lo; j <= hi; ++j)
+                            ds[j] = p[j] * (ds[j] - dot_pdp) * ds_scale;
+                        if (bf16)
+                            for (int64_t j = lo; j <= hi; ++j) {
+                                p[j] = round_to_bf16(p[j]);
+                                ds[j] = round_to_bf16(ds[j]);
+                            }
                         for (int64_t j = hi + 1; j < n_keys; ++j) p[j] = ds[j] = 0.0f;
                     }
-                    gemm_ld(false, false, rows, hd, n_keys, dS, n_keys, kb, ldk, 1.0f, dqb, ldq);
-                    gemm_ld(true, false, n_keys, hd, rows, dS, n_keys, qb, ldq, 1.0f, dkb, ldk);
-                    gemm_ld(true, false, n_keys, hd, rows, P, n_keys, dob, ldq, 1.0f, dvb, ldk);
+                    gemm_ld(false, false, rows, hd, n_keys, grad_alpha, dS, n_keys, kb, ldk, 1.0f,
+                            dqb, ldq);
+                    gemm_ld(true, false, n_keys, hd, rows, grad_alpha, dS, n_keys, qb, ldq, 1.0f,
+                            dkb, ldk);
+                    gemm_ld(true, false, n_keys, hd, rows, 1.0f, P, n_keys, dob, ldq, 1.0f, dvb,
+                            ldk);
                 }
             }
         }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "engine/backend.h"
 
@@ -111,6 +112,10 @@ private:
 // Shared by the dense and grouped matmuls.
 void cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, const float* B, float beta, float* C);
+
+// The values a product multiplies for the operand t under precision p: t's own in fp32; in
+// bf16, a copy rounded to bf16 held in `rounded`. Shared by the matmuls and attention.
+const float* cpu_operand(Precision p, const Tensor& t, std::vector<float>& rounded);
 
 // cpu_sgemm's path for A [M, K] times B [N, K]^T with few rows (decoding): one pass over B.
 constexpr int64_t kSmallGemmRows = 4;

@@ -59,9 +59,9 @@ void add_rows(const float* bias, int64_t M, int64_t N, float* out) {
         for (int64_t n = 0; n < N; ++n) out[m * N + n] += bias[n];
 }
 
-// The values a matmul multiplies for the operand t: its own in fp32; in bf16, a copy rounded
-// to bf16 held in `rounded`.
-const float* operand(Precision p, const Tensor& t, std::vector<float>& rounded) {
+}  // namespace
+
+const float* cpu_operand(Precision p, const Tensor& t, std::vector<float>& rounded) {
     const float* x = CpuBackend::data<float>(t);
     if (p == Precision::F32) return x;
     const int64_t n = t.numel();
@@ -70,8 +70,6 @@ const float* operand(Precision p, const Tensor& t, std::vector<float>& rounded) 
     for (int64_t i = 0; i < n; ++i) rounded[i] = round_to_bf16(x[i]);
     return rounded.data();
 }
-
-}  // namespace
 
 void CpuBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
                              MatmulOptions opts, const Tensor& bias) {
@@ -88,8 +86,9 @@ void CpuBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out
         }
     }
     std::vector<float> a_rounded, b_rounded;
-    cpu_sgemm(opts.trans_a, opts.trans_b, M, N, K, 1.0f, operand(matmul_precision(), a, a_rounded),
-              operand(matmul_precision(), b, b_rounded), beta, o);
+    cpu_sgemm(opts.trans_a, opts.trans_b, M, N, K, 1.0f,
+              cpu_operand(matmul_precision(), a, a_rounded),
+              cpu_operand(matmul_precision(), b, b_rounded), beta, o);
 }
 
 void CpuBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -97,8 +96,8 @@ void CpuBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Ten
     int64_t E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
     const int32_t* off = data<int32_t>(offsets);
     std::vector<float> x_rounded, w_rounded;
-    const float* xs = operand(matmul_precision(), x, x_rounded);
-    const float* ws = operand(matmul_precision(), w, w_rounded);
+    const float* xs = cpu_operand(matmul_precision(), x, x_rounded);
+    const float* ws = cpu_operand(matmul_precision(), w, w_rounded);
     float* o = data<float>(out);
     for (int64_t e = 0; e < E; ++e) {
         int64_t begin = off[e], rows = off[e + 1] - off[e];
@@ -125,9 +124,9 @@ void CpuBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
     const int64_t E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
     const int32_t* off = data<int32_t>(offsets);
     std::vector<float> x_rounded, w_rounded, dy_rounded;
-    const float* xs = operand(matmul_precision(), x, x_rounded);
-    const float* ws = operand(matmul_precision(), w, w_rounded);
-    const float* dy = operand(matmul_precision(), d_out, dy_rounded);
+    const float* xs = cpu_operand(matmul_precision(), x, x_rounded);
+    const float* ws = cpu_operand(matmul_precision(), w, w_rounded);
+    const float* dy = cpu_operand(matmul_precision(), d_out, dy_rounded);
     const float* dy_fp32 = data<float>(d_out);  // d_bias sums the unrounded gradient
     float* dx = data<float>(d_x);
     float* dw = data<float>(d_w);

@@ -1,7 +1,8 @@
 // CUDA causal sliding-window GQA attention (CPU twin: backends/cpu/attention.cpp): the forward
 // over a sequence or over a chunk plus its rolling KV cache, the cache write, and the
 // backward. fp32 flash-style kernels: scores live in registers one 32 x 32 tile at a time, no
-// T x T matrix is ever in memory.
+// T x T matrix is ever in memory. In bf16 precision (attention_in_bf16), attention() and its
+// backward run on tensor cores instead (attention_bf16.cuh); the cached forward stays fp32.
 //
 // How the work is laid out (the same in every kernel):
 //   * A block (4 warps) works for one (sequence b, kv head). The G = H / Hkv query heads that
@@ -36,6 +37,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backends/cuda/attention_bf16.cuh"
 #include "backends/cuda/attention_tiles.h"
 #include "backends/cuda/cuda_common.cuh"
 
@@ -43,6 +45,7 @@ namespace tmx {
 namespace {
 
 namespace tiles = cuda::attention_tiles;
+namespace bf16_attention = cuda::attention_bf16;
 using tiles::Range;
 
 constexpr int kThreads = 128;
@@ -720,6 +723,113 @@ void allow_shared_bytes(Kernel kernel, size_t bytes, const char* op) {
                                                 static_cast<int>(bytes)));
 }
 
+// Positions and windows (attention_tiles.h), and the rows of a (b, kv head) plus a tile of
+// any kernel, fit int. S: cache slots (0 without a cache).
+void check_index_range(const Tensor& q, int64_t S, const char* op) {
+    cuda::to_int(2 * (q.dim(1) + S), op);
+    cuda::to_int(q.dim(1) * q.dim(2) + std::max(kTile, bf16_attention::kRows), op);
+}
+
+// ---- bf16 precision on tensor cores (attention_bf16.cuh)
+
+// The arguments of the bf16 kernels: q, k, v (and d_out for the backward) rounded into bf16
+// rows padded to the kernels' head dims, which `rows` keeps alive.
+struct Bf16Launch {
+    bf16_attention::Args args{};
+    cuda::Bf16Rows rows[4];
+    int head_dim = 0;  // padded: 32, 64 or 128
+    unsigned row_blocks = 0, key_blocks = 0;
+};
+Bf16Launch prepare_bf16(CudaBackend& be, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor* d_out, int64_t window, const char* op) {
+    check_index_range(q, 0, op);
+    Bf16Launch l;
+    bf16_attention::Args& a = l.args;
+    a.B = cuda::to_int(q.dim(0), op);
+    a.T = cuda::to_int(q.dim(1), op);
+    a.H = cuda::to_int(q.dim(2), op);
+    a.hd = cuda::to_int(q.dim(3), op);
+    a.Hkv = cuda::to_int(k.dim(2), op);
+    a.window = static_cast<int>(tiles::effective_window(window, a.T, 0));
+    a.scale = 1.0f / std::sqrt(static_cast<float>(a.hd));
+    a.scale_log2 = a.scale * bf16_attention::kLog2e;
+    l.head_dim = bf16_attention::padded_head_dim(a.hd);
+    const Tensor* sources[4] = {&q, &k, &v, d_out};
+    const bf16_attention::bf16** targets[4] = {&a.q, &a.k, &a.v, &a.d_out};
+    for (int i = 0; i < 4; ++i) {
+        if (sources[i] == nullptr) continue;
+        l.rows[i] = cuda::pad_to_bf16_rows(be, *sources[i], a.hd, l.head_dim, op);
+        *targets[i] = l.rows[i].data;
+    }
+    const int64_t heads = int64_t{a.B} * a.Hkv;
+    const int G = a.H / a.Hkv;
+    l.row_blocks = static_cast<unsigned>(
+        cuda::to_int(heads * tiles::tile_count(a.T * G, bf16_attention::kRows), op));
+    l.key_blocks = static_cast<unsigned>(
+        cuda::to_int(heads * tiles::tile_count(a.T, bf16_attention::kKeys), op));
+    return l;
+}
+
+// Calls f(std::integral_constant<int, HD>) for the padded head dims.
+template <class F>
+void with_padded_head_dim(int hd, F&& f) {
+    switch (hd) {
+        case 32:
+            f(std::integral_constant<int, 32>{});
+            break;
+        case 64:
+            f(std::integral_constant<int, 64>{});
+            break;
+        default:
+            f(std::integral_constant<int, 128>{});
+            break;
+    }
+}
+
+void attention_forward_bf16(CudaBackend& be, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, int64_t window) {
+    const char* op = "attention";
+    Bf16Launch l = prepare_bf16(be, q, k, v, nullptr, window, op);
+    l.args.out = CudaBackend::data<float>(out);
+    with_padded_head_dim(l.head_dim, [&](auto hd_constant) {
+        constexpr int HD = decltype(hd_constant)::value;
+        constexpr size_t bytes = bf16_attention::forward_shared_bytes<HD>();
+        allow_shared_bytes(bf16_attention::attention_forward_bf16_kernel<HD>, bytes, op);
+        bf16_attention::attention_forward_bf16_kernel<HD>
+            <<<l.row_blocks, bf16_attention::kThreads, bytes, be.stream()>>>(l.args);
+    });
+    be.check_launch(op);
+}
+
+void attention_backward_bf16(CudaBackend& be, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
+                             const Tensor& d_v, int64_t window) {
+    const char* op = "attention_backward";
+    Bf16Launch l = prepare_bf16(be, q, k, v, &d_out, window, op);
+    bf16_attention::Args& a = l.args;
+    const int64_t n_queries = q.dim(0) * q.dim(1) * q.dim(2);
+    const Tensor lse2 = be.alloc({n_queries}, DType::F32);
+    const Tensor delta = be.alloc({n_queries}, DType::F32);
+    a.lse2 = CudaBackend::data<float>(lse2);
+    a.delta = CudaBackend::data<float>(delta);
+    a.d_q = CudaBackend::data<float>(d_q);
+    a.d_k = CudaBackend::data<float>(d_k);
+    a.d_v = CudaBackend::data<float>(d_v);
+    with_padded_head_dim(l.head_dim, [&](auto hd_constant) {
+        constexpr int HD = decltype(hd_constant)::value;
+        constexpr size_t dq_bytes = bf16_attention::dq_shared_bytes<HD>();
+        constexpr size_t dkdv_bytes = bf16_attention::dkdv_shared_bytes<HD>();
+        allow_shared_bytes(bf16_attention::attention_dq_bf16_kernel<HD>, dq_bytes, op);
+        allow_shared_bytes(bf16_attention::attention_dkdv_bf16_kernel<HD>, dkdv_bytes, op);
+        bf16_attention::attention_dq_bf16_kernel<HD>
+            <<<l.row_blocks, bf16_attention::kThreads, dq_bytes, be.stream()>>>(a);
+        be.check_launch(op);
+        bf16_attention::attention_dkdv_bf16_kernel<HD>
+            <<<l.key_blocks, bf16_attention::kThreads, dkdv_bytes, be.stream()>>>(a);
+        be.check_launch(op);
+    });
+}
+
 // The forward, with or without a cache (k_cache, v_cache, start undefined without).
 void attention_forward(CudaBackend& be, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor* k_cache, const Tensor* v_cache, const Tensor* start,
@@ -733,10 +843,7 @@ void attention_forward(CudaBackend& be, const Tensor& q, const Tensor& k, const 
     a.hd = cuda::to_int(q.dim(3), op);
     a.Hkv = cuda::to_int(k.dim(2), op);
     a.S = cuda::to_int(S, op);
-    // Positions and windows (attention_tiles.h), and the rows of a (b, kv head) plus a tile,
-    // fit int.
-    cuda::to_int(2 * (q.dim(1) + S), op);
-    cuda::to_int(q.dim(1) * q.dim(2) + kTile, op);
+    check_index_range(q, S, op);
     a.window = static_cast<int>(tiles::effective_window(window, a.T, a.S));
     a.scale = 1.0f / std::sqrt(static_cast<float>(a.hd));
     a.q = CudaBackend::data<float>(q);
@@ -800,7 +907,11 @@ void attention_forward(CudaBackend& be, const Tensor& q, const Tensor& k, const 
 
 void CudaBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& out, int64_t window) {
-    attention_forward(*this, q, k, v, nullptr, nullptr, nullptr, out, window, "attention");
+    if (q.numel() == 0) return;
+    if (attention_in_bf16(matmul_precision(), q.dim(3)))
+        attention_forward_bf16(*this, q, k, v, out, window);
+    else
+        attention_forward(*this, q, k, v, nullptr, nullptr, nullptr, out, window, "attention");
 }
 
 void CudaBackend::attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -829,16 +940,17 @@ void CudaBackend::attention_backward_impl(const Tensor& q, const Tensor& k, cons
                                           const Tensor& d_v, int64_t window) {
     const char* op = "attention_backward";
     if (q.numel() == 0) return;
+    if (attention_in_bf16(matmul_precision(), q.dim(3))) {
+        attention_backward_bf16(*this, q, k, v, d_out, d_q, d_k, d_v, window);
+        return;
+    }
     BackwardArgs a{};
     a.B = cuda::to_int(q.dim(0), op);
     a.T = cuda::to_int(q.dim(1), op);
     a.H = cuda::to_int(q.dim(2), op);
     a.hd = cuda::to_int(q.dim(3), op);
     a.Hkv = cuda::to_int(k.dim(2), op);
-    // Positions and windows (attention_tiles.h), and the rows of a (b, kv head) plus a tile,
-    // fit int.
-    cuda::to_int(2 * q.dim(1), op);
-    cuda::to_int(q.dim(1) * q.dim(2) + kTile, op);
+    check_index_range(q, 0, op);
     a.window = static_cast<int>(tiles::effective_window(window, a.T, 0));
     a.scale = 1.0f / std::sqrt(static_cast<float>(a.hd));
     a.q = data<float>(q);

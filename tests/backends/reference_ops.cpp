@@ -100,34 +100,104 @@ Vec rope(const Vec& x, int64_t N, int64_t H, int64_t hd, const Ids& positions, d
     return out;
 }
 
-Vec attention(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H,
-              int64_t Hkv, int64_t hd, int64_t window) {
-    Vec out(B * T * H * hd, 0.0);
+namespace {
+
+// Causal sliding-window GQA attention's queries, one at a time, as engine/backend.h defines
+// them: f(row) for each query with its keys and their softmax weights before normalisation.
+struct AttentionRow {
+    int64_t q = 0;            // offset of the query's row in q, out [B, T, H, hd]
+    std::vector<int64_t> kv;  // offsets of its keys' rows in k, v [B, T, Hkv, hd]
+    Vec e;                    // exp(s_j - max s) for s_j = q . k_j / sqrt(hd)
+    double l = 0.0;           // sum of e
+};
+
+template <class F>
+void for_each_attention_row(const Vec& q, const Vec& k, int64_t B, int64_t T, int64_t H,
+                            int64_t Hkv, int64_t hd, int64_t window, F f) {
     const int64_t group = H / Hkv;
-    auto qi = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * H + h) * hd; };
-    auto kvi = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * Hkv + h) * hd; };
+    AttentionRow row;
     for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-            const int64_t kvh = h / group;
+        for (int64_t h = 0; h < H; ++h)
             for (int64_t i = 0; i < T; ++i) {
+                row.q = ((b * T + i) * H + h) * hd;
+                row.kv.clear();
                 // Keys j with j <= i and (window == 0 or i - window < j).
-                std::vector<int64_t> keys;
                 for (int64_t j = 0; j <= i; ++j)
-                    if (window == 0 || i - window < j) keys.push_back(j);
+                    if (window == 0 || i - window < j)
+                        row.kv.push_back(((b * T + j) * Hkv + h / group) * hd);
                 Vec scores;
-                for (int64_t j : keys) {
+                for (int64_t kv : row.kv) {
                     double s = 0.0;
-                    for (int64_t c = 0; c < hd; ++c)
-                        s += q[qi(b, i, h) + c] * k[kvi(b, j, kvh) + c];
+                    for (int64_t c = 0; c < hd; ++c) s += q[row.q + c] * k[kv + c];
                     scores.push_back(s / std::sqrt(static_cast<double>(hd)));
                 }
-                Vec p = softmax(scores);
-                for (size_t t = 0; t < keys.size(); ++t)
-                    for (int64_t c = 0; c < hd; ++c)
-                        out[qi(b, i, h) + c] += p[t] * v[kvi(b, keys[t], kvh) + c];
+                const double m = *std::max_element(scores.begin(), scores.end());
+                row.e.clear();
+                row.l = 0.0;
+                for (double s : scores) {
+                    row.e.push_back(std::exp(s - m));
+                    row.l += row.e.back();
+                }
+                f(row);
+            }
+}
+
+// A product's operand as the precision has it: rounded to bf16 (through fp32, the backends'
+// type) where attention runs in bf16.
+double rounded_if(bool bf16, double x) {
+    return bf16 ? round_to_bf16(static_cast<float>(x)) : x;
+}
+
+Vec rounded_if(bool bf16, const Vec& v) {
+    Vec r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = rounded_if(bf16, v[i]);
+    return r;
+}
+
+}  // namespace
+
+Vec attention(const Vec& q_in, const Vec& k_in, const Vec& v_in, int64_t B, int64_t T, int64_t H,
+              int64_t Hkv, int64_t hd, int64_t window, Precision precision) {
+    const bool bf16 = attention_in_bf16(precision, hd);
+    const Vec q = rounded_if(bf16, q_in), k = rounded_if(bf16, k_in), v = rounded_if(bf16, v_in);
+    Vec out(B * T * H * hd, 0.0);
+    for_each_attention_row(q, k, B, T, H, Hkv, hd, window, [&](const AttentionRow& r) {
+        for (size_t t = 0; t < r.kv.size(); ++t)
+            for (int64_t c = 0; c < hd; ++c)
+                out[r.q + c] += rounded_if(bf16, r.e[t]) * v[r.kv[t] + c];
+        for (int64_t c = 0; c < hd; ++c) out[r.q + c] /= r.l;
+    });
+    return out;
+}
+
+AttentionGrads attention_backward(const Vec& q_in, const Vec& k_in, const Vec& v_in,
+                                  const Vec& d_out_in, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                  int64_t hd, int64_t window, Precision precision) {
+    const bool bf16 = attention_in_bf16(precision, hd);
+    const Vec q = rounded_if(bf16, q_in), k = rounded_if(bf16, k_in), v = rounded_if(bf16, v_in),
+              d_out = rounded_if(bf16, d_out_in);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    AttentionGrads g{Vec(q.size(), 0.0), Vec(k.size(), 0.0), Vec(v.size(), 0.0)};
+    for_each_attention_row(q, k, B, T, H, Hkv, hd, window, [&](const AttentionRow& r) {
+        const size_t n = r.kv.size();
+        Vec p(n), dp(n);
+        double D = 0.0;  // sum_j P_j dP_j
+        for (size_t t = 0; t < n; ++t) {
+            p[t] = r.e[t] / r.l;
+            dp[t] = 0.0;
+            for (int64_t c = 0; c < hd; ++c) dp[t] += d_out[r.q + c] * v[r.kv[t] + c];
+            D += p[t] * dp[t];
+        }
+        for (size_t t = 0; t < n; ++t) {
+            const double ds = rounded_if(bf16, p[t] * (dp[t] - D)), pr = rounded_if(bf16, p[t]);
+            for (int64_t c = 0; c < hd; ++c) {
+                g.d_q[r.q + c] += scale * ds * k[r.kv[t] + c];
+                g.d_k[r.kv[t] + c] += scale * ds * q[r.q + c];
+                g.d_v[r.kv[t] + c] += pr * d_out[r.q + c];
             }
         }
-    return out;
+    });
+    return g;
 }
 
 TopK router_topk(const Vec& logits, int64_t N, int64_t E, int64_t k) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/precision.h"
 
 namespace tmx::ref {
 
@@ -34,9 +35,20 @@ Vec matmul(const Vec& a, const Vec& b, int64_t M, int64_t N, int64_t K, bool tra
 Vec rope(const Vec& x, int64_t N, int64_t H, int64_t hd, const Ids& positions, double theta);
 
 // Causal sliding-window GQA attention. q [B, T, H, hd], k and v [B, T, Hkv, hd]; returns
-// [B, T, H, hd]. window 0 = unlimited.
+// [B, T, H, hd]. window 0 = unlimited. Under BF16 precision where attention_in_bf16, the
+// contract's roundings (engine/backend.h: q, k, v and the softmax weights before their
+// products); elsewhere none.
 Vec attention(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H,
-              int64_t Hkv, int64_t hd, int64_t window);
+              int64_t Hkv, int64_t hd, int64_t window, Precision precision = Precision::F32);
+
+// attention_backward()'s contributions to d_q, d_k, d_v (what the op adds to them), with the
+// roundings of BF16 precision as attention() above.
+struct AttentionGrads {
+    Vec d_q, d_k, d_v;
+};
+AttentionGrads attention_backward(const Vec& q, const Vec& k, const Vec& v, const Vec& d_out,
+                                  int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd,
+                                  int64_t window, Precision precision = Precision::F32);
 
 struct TopK {
     Ids indices;  // [N, k]
