@@ -13,6 +13,7 @@
 // is matmul(x, W, y, {.trans_b = true}). Integer tensors (token ids, expert ids) are I32.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,25 @@ public:
     void copy(const Tensor& src, const Tensor& dst);
     // Waits until every enqueued op has finished.
     virtual void synchronize() = 0;
+
+    // ---- recorded steps
+    // A step a caller repeats on the same tensors with new contents (a decode step: the same
+    // weights, cache and workspace) can be recorded once and replayed, which saves the host's
+    // cost of issuing each op. run_recorded(rec, body): a backend that records (CUDA: a CUDA
+    // graph) calls body() normally the first time, records the ops it enqueues the second time,
+    // and after that replays the recording without calling body. So body may only enqueue ops
+    // (no upload, download or synchronize); everything it decides on the host (shapes,
+    // precision, which tensors) must be the same every time, since only tensor contents may
+    // differ between steps; and the tensors it uses must outlive rec, except those body
+    // allocates itself, which rec keeps. Backends that do not record call body() every time.
+    struct StepRecording {
+        int runs = 0;                 // times body has run
+        std::shared_ptr<void> graph;  // the backend's recording, once made
+    };
+    virtual void run_recorded(StepRecording& rec, const std::function<void()>& body) {
+        ++rec.runs;
+        body();
+    }
 
     // ---- forward ops
     // out[n, :] = table[ids[n], :].   table [V, d], ids [N] (I32, each in [0, V)), out [N, d].

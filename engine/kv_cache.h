@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/backend.h"
@@ -39,9 +40,15 @@ public:
     // Sequence b's part of the cache, as a cache of batch 1 (views, no copy).
     KvCache sequence(int64_t b) const;
 
+    // What the model keeps between decode steps on this cache (Model::forward_cached): its
+    // workspace and the backend's recording of the step, which name this cache's tensors. The
+    // cache owns it so that it lives as long as the cache (copies share it).
+    std::shared_ptr<void>& decode_state() const { return decode_state_; }
+
 private:
     int64_t batch_ = 0, slots_ = 0;
     std::vector<Tensor> keys_, values_;
+    mutable std::shared_ptr<void> decode_state_;
 };
 
 }  // namespace tmx

@@ -215,11 +215,15 @@ LayerActivations Model::alloc_activations(int64_t N, bool for_backward) const {
     return a;
 }
 
-Tensor Model::upload_tokens(const std::vector<int32_t>& tokens) const {
+void Model::check_tokens(const std::vector<int32_t>& tokens) const {
     for (int32_t t : tokens)
         if (t < 0 || t >= config_.vocab_size)
             throw Error("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
                         std::to_string(config_.vocab_size) + ")");
+}
+
+Tensor Model::upload_tokens(const std::vector<int32_t>& tokens) const {
+    check_tokens(tokens);
     Tensor ids = backend_.alloc({static_cast<int64_t>(tokens.size())}, DType::I32);
     backend_.upload(ids, tokens.data());
     return ids;
@@ -523,6 +527,7 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
             throw std::logic_error("forward_cached: positions beyond what the cache holds");
         for (int64_t t = 0; t < T; ++t) pos_host[b * T + t] = static_cast<int32_t>(start[b] + t);
     }
+    if (T == 1) return decode_step(tokens, start, cache);
     Tensor ids = upload_tokens(tokens);
     Tensor positions = be.alloc({N}, DType::I32);
     be.upload(positions, pos_host.data());
@@ -543,6 +548,53 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
     Tensor h_last = be.alloc({B, c.d_model});
     be.gather_rows(h, rows, h_last);
     return logits_of(h_last);
+}
+
+namespace {
+
+// A decode step's tensors, kept with the cache (KvCache::decode_state) from step to step.
+struct DecodeState {
+    Precision precision = Precision::F32;
+    Tensor ids, start;  // [B] I32; start is also the positions (one token per sequence)
+    Tensor h;           // [B, d]
+    LayerActivations scratch;
+    Tensor logits;  // [B, V]: the step's output
+    Backend::StepRecording recording;
+};
+
+}  // namespace
+
+Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& start,
+                          const KvCache& cache) {
+    const ModelConfig& c = config_;
+    Backend& be = backend_;
+    const int64_t B = cache.batch();
+    check_tokens(tokens);
+    auto state = std::static_pointer_cast<DecodeState>(cache.decode_state());
+    // A precision change makes other kernels: a recording of the old ones would be wrong.
+    if (!state || state->precision != be.matmul_precision()) {
+        state = std::make_shared<DecodeState>();
+        state->precision = be.matmul_precision();
+        state->ids = be.alloc({B}, DType::I32);
+        state->start = be.alloc({B}, DType::I32);
+        state->h = be.alloc({B, c.d_model});
+        state->scratch = alloc_activations(B, /*for_backward=*/false);
+        cache.decode_state() = state;
+    }
+    DecodeState& d = *state;
+    be.upload(d.ids, tokens.data());
+    be.upload(d.start, start.data());
+    be.run_recorded(d.recording, [&] {
+        const CachedAttention cached{&cache, d.start};
+        be.embedding(embed_, d.ids, d.h);
+        for (int64_t l = 0; l < c.n_layers; ++l)
+            layer_forward(l, d.h, d.scratch, d.start, B, 1, Tensor{}, &cached);
+        d.logits = logits_of(d.h);
+    });
+    // The caller's own copy: the next step overwrites d.logits.
+    Tensor out = be.alloc(d.logits.shape());
+    be.copy(d.logits, out);
+    return out;
 }
 
 TokenScore score_tokens(Model& model, const std::vector<int32_t>& tokens, int64_t window) {

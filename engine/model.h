@@ -126,7 +126,8 @@ private:
     LayerWeights bind_layer(const Tensor& flat, int64_t layer) const;
     Tensor view(const Tensor& flat, const std::string& name) const;
     LayerActivations alloc_activations(int64_t N, bool for_backward) const;
-    // Checks token ids against the vocabulary and uploads them.
+    // Checks token ids against the vocabulary (check_tokens), and uploads them.
+    void check_tokens(const std::vector<int32_t>& tokens) const;
     Tensor upload_tokens(const std::vector<int32_t>& tokens) const;
     // Attention against a KV cache instead of within the chunk alone.
     struct CachedAttention {
@@ -139,6 +140,10 @@ private:
     void layer_forward(int64_t layer, const Tensor& h, LayerActivations& a,
                        const Tensor& positions, int64_t B, int64_t T, const Tensor& aux_out,
                        const CachedAttention* cached);
+    // forward_cached for one token per sequence (validated), on tensors kept with the cache
+    // from step to step so that the backend records the step once and replays it.
+    Tensor decode_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& start,
+                       const KvCache& cache);
     // Final norm and LM head: logits [rows, V] of the residual stream h [rows, d]; the
     // normed stream goes to *normed_out when given.
     Tensor logits_of(const Tensor& h, Tensor* normed_out = nullptr) const;

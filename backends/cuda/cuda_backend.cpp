@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "engine/errors.h"
 
@@ -78,9 +79,35 @@ int choose_device(const cuda::CudaOptions& options, int count) {
 
 }  // namespace
 
+namespace {
+
+// What memory does while run_recorded captures a step into a CUDA graph. Stream-ordered
+// allocations and frees on the captured stream would become nodes of the graph, so instead:
+// allocations come from the pool on a second stream, outside the capture, and are kept by
+// the recording (the graph's kernels use them at every replay); frees of older buffers wait
+// until the capture ends.
+struct Capture {
+    bool active = false;
+    cudaStream_t alloc_stream = nullptr;
+    std::vector<std::shared_ptr<DeviceBuffer>> pinned;
+    std::vector<void*> deferred_frees;
+};
+
+// A recorded step: the instantiated graph and the buffers its kernels use.
+struct CudaGraphRecording {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<std::shared_ptr<DeviceBuffer>> pinned;
+    ~CudaGraphRecording() {
+        if (exec) cudaGraphExecDestroy(exec);
+    }
+};
+
+}  // namespace
+
 struct CudaBackend::State {
     int device = 0;
     cudaStream_t stream = nullptr;
+    std::shared_ptr<Capture> capture = std::make_shared<Capture>();
     cublasLtHandle_t lt = nullptr;
     void* workspace = nullptr;
     int* status = nullptr;       // device: {code, value, limit, unused}
@@ -93,6 +120,7 @@ struct CudaBackend::State {
         if (status) cudaFree(status);
         if (status_host) cudaFreeHost(status_host);
         if (lt) cublasLtDestroy(lt);
+        if (capture->alloc_stream) cudaStreamDestroy(capture->alloc_stream);
         if (stream) cudaStreamDestroy(stream);
     }
 };
@@ -103,16 +131,26 @@ namespace {
 // the last Tensor lets go: kernels already queued that read it finish first.
 class CudaBuffer final : public DeviceBuffer {
 public:
-    CudaBuffer(size_t bytes, void* ptr, std::shared_ptr<void> state, cudaStream_t stream)
-        : DeviceBuffer(bytes), ptr_(ptr), state_(std::move(state)), stream_(stream) {}
+    CudaBuffer(size_t bytes, void* ptr, std::shared_ptr<void> state,
+               std::shared_ptr<Capture> capture, cudaStream_t stream)
+        : DeviceBuffer(bytes),
+          ptr_(ptr),
+          state_(std::move(state)),
+          capture_(std::move(capture)),
+          stream_(stream) {}
     ~CudaBuffer() override {
-        if (ptr_) cudaFreeAsync(ptr_, stream_);
+        if (!ptr_) return;
+        if (capture_->active)
+            capture_->deferred_frees.push_back(ptr_);
+        else
+            cudaFreeAsync(ptr_, stream_);
     }
     void* ptr() const { return ptr_; }
 
 private:
     void* ptr_;
     std::shared_ptr<void> state_;  // keeps the stream alive while the buffer lives
+    std::shared_ptr<Capture> capture_;
     cudaStream_t stream_;
 };
 
@@ -132,6 +170,8 @@ CudaBackend::CudaBackend(const cuda::CudaOptions& options) : state_(std::make_sh
     info_ = cuda::list_cuda_devices().at(static_cast<size_t>(s.device));
     cuda::check(cudaSetDevice(s.device), op, "cudaSetDevice");
     cuda::check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), op,
+                "cudaStreamCreateWithFlags");
+    cuda::check(cudaStreamCreateWithFlags(&s.capture->alloc_stream, cudaStreamNonBlocking), op,
                 "cudaStreamCreateWithFlags");
     // Keep freed memory in the pool instead of returning it to the driver at each sync.
     cudaMemPool_t pool = nullptr;
@@ -213,11 +253,67 @@ std::byte* CudaBackend::device_ptr(const Tensor& t) {
 
 std::shared_ptr<DeviceBuffer> CudaBackend::alloc_impl(size_t bytes) {
     void* ptr = nullptr;
+    Capture& capture = *state_->capture;
+    const cudaStream_t on = capture.active ? capture.alloc_stream : state_->stream;
     // A zero-byte tensor still gets a distinct buffer object, with no memory behind it.
-    if (bytes > 0)
-        cuda::check(cudaMallocAsync(&ptr, bytes, state_->stream), "alloc",
+    if (bytes > 0) {
+        cuda::check(cudaMallocAsync(&ptr, bytes, on), "alloc",
                     ("cudaMallocAsync(" + std::to_string(bytes) + " bytes)").c_str());
-    return std::make_shared<CudaBuffer>(bytes, ptr, state_, state_->stream);
+        if (capture.active)  // usable from the captured stream once this returns
+            cuda::check(cudaStreamSynchronize(on), "alloc", "cudaStreamSynchronize");
+    }
+    auto buffer =
+        std::make_shared<CudaBuffer>(bytes, ptr, state_, state_->capture, state_->stream);
+    if (capture.active) capture.pinned.push_back(buffer);
+    return buffer;
+}
+
+void CudaBackend::run_recorded(StepRecording& rec, const std::function<void()>& body) {
+    const char* op = "run_recorded";
+    State& s = *state_;
+    if (rec.graph) {
+        const auto* g = static_cast<const CudaGraphRecording*>(rec.graph.get());
+        cuda::check(cudaGraphLaunch(g->exec, s.stream), op, "cudaGraphLaunch");
+        return;
+    }
+    // The first run is not recorded: it does what a capture must not, once (the pool grows,
+    // cuBLASLt picks its algorithms, kernels get their shared-memory limits). Nothing is
+    // recorded under TMX_CUDA_DEBUG_SYNC, which synchronises after every op.
+    if (rec.runs++ == 0 || debug_sync_) {
+        body();
+        return;
+    }
+    Capture& capture = *s.capture;
+    // Relaxed: allocation on the second stream, and its synchronisation, stay allowed.
+    cuda::check(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeRelaxed), op,
+                "cudaStreamBeginCapture");
+    capture.active = true;
+    cudaGraph_t graph = nullptr;
+    const auto end_capture = [&]() {
+        capture.active = false;
+        const cudaError_t ended = cudaStreamEndCapture(s.stream, &graph);
+        for (void* p : capture.deferred_frees) cudaFreeAsync(p, s.stream);
+        capture.deferred_frees.clear();
+        return ended;
+    };
+    auto recording = std::make_shared<CudaGraphRecording>();
+    try {
+        body();
+    } catch (...) {
+        end_capture();
+        if (graph) cudaGraphDestroy(graph);
+        capture.pinned.clear();
+        throw;
+    }
+    const cudaError_t ended = end_capture();
+    recording->pinned = std::move(capture.pinned);
+    capture.pinned.clear();
+    cuda::check(ended, op, "cudaStreamEndCapture");
+    const cudaError_t made = cudaGraphInstantiate(&recording->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    cuda::check(made, op, "cudaGraphInstantiate");
+    rec.graph = recording;
+    cuda::check(cudaGraphLaunch(recording->exec, s.stream), op, "cudaGraphLaunch");
 }
 
 void CudaBackend::upload_impl(const Tensor& dst, const void* host) {
