@@ -629,7 +629,9 @@ __global__ void round_to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64
 
 // ---- grouped matmul: matrix-vector path for decode
 
-constexpr int64_t kMatvecMaxSlots = 8;  // up to this many slots, one warp per output element
+// Up to this many slots, one warp per output element: decoding's shapes (batch 16 at top-2 is
+// 32 slots), where the tiled kernels would compute mostly empty 128-row tiles.
+constexpr int64_t kMatvecMaxSlots = 32;
 
 // The expert whose slot range holds s, or -1 (offsets not covering s: the slot is left alone).
 __device__ int expert_of_slot(const int32_t* offsets, int E, int s) {

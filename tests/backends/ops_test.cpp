@@ -687,6 +687,7 @@ TEST_P(OpTest, GroupedMatmul) {
         {3, 65, {0, 0, 0, 7}},                // everything in the last expert
         {65, 3, {4, 9, 1, 6, 2}},
         {128, 96, {0, 31, 33, 0, 1, 0, 64, 0}},
+        {40, 50, {0, 15, 0, 0, 12, 1, 0, 9}},  // 37 slots: past CUDA's matrix-vector path
     };
     for (const Case& c : cases)
         for (bool with_bias : {false, true}) {
