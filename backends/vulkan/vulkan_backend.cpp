@@ -112,8 +112,69 @@ std::shared_ptr<DeviceBuffer> VulkanBackend::alloc_impl(size_t bytes) {
         drop_copies = [w = std::weak_ptr<vk::Fp16Weights>(fp16_)](const vk::Allocation& a) {
             if (auto c = w.lock()) c->invalidate({a.buffer, a.offset, a.size});
         };
-    return std::make_shared<vk::VulkanBuffer>(allocator_, bytes, vk::MemoryKind::Device,
-                                              std::move(drop_copies));
+    auto buffer = std::make_shared<vk::VulkanBuffer>(allocator_, bytes, vk::MemoryKind::Device,
+                                                     std::move(drop_copies));
+    if (pinned_) pinned_->push_back(buffer);
+    return buffer;
+}
+
+namespace {
+
+// A recorded step: the command buffer, the buffers it allocated for itself, and the fp16
+// weight copies' drop count when it was recorded. The destructor first lets the device finish
+// a submit that may run it.
+struct VulkanStep {
+    std::vector<std::shared_ptr<DeviceBuffer>> pinned;
+    std::function<void()> finish_pending;
+    std::unique_ptr<vk::Recording> recording;
+    uint64_t fp16_drops = 0;
+    ~VulkanStep() {
+        try {
+            if (finish_pending) finish_pending();
+        } catch (...) {  // a destructor must not throw; the device may be lost
+        }
+        recording.reset();
+    }
+};
+
+}  // namespace
+
+void VulkanBackend::run_recorded(StepRecording& rec, const std::function<void()>& body) {
+    const uint64_t drops = fp16_ ? fp16_->drops() : 0;
+    if (rec.graph) {
+        const auto* step = static_cast<const VulkanStep*>(rec.graph.get());
+        if (step->fp16_drops == drops) {
+            stream_->execute(*step->recording);
+            return;
+        }
+        // An fp16 weight copy the recording may read was dropped: record afresh.
+        rec.graph.reset();
+        rec.runs = 1;
+    }
+    if (rec.runs++ == 0) {
+        body();
+        return;
+    }
+    auto step = std::make_shared<VulkanStep>();
+    step->recording = std::make_unique<vk::Recording>(ctx_);
+    step->finish_pending = [this, alive = std::weak_ptr<bool>(alive_)] {
+        if (const auto a = alive.lock(); a && *a) stream_->submit_and_wait();
+    };
+    stream_->begin_recording(*step->recording);
+    pinned_ = &step->pinned;
+    try {
+        body();
+    } catch (...) {
+        pinned_ = nullptr;
+        stream_->end_recording();
+        step->finish_pending = nullptr;
+        throw;
+    }
+    pinned_ = nullptr;
+    stream_->end_recording();
+    step->fp16_drops = fp16_ ? fp16_->drops() : 0;
+    rec.graph = step;
+    stream_->execute(*step->recording);
 }
 
 void VulkanBackend::upload_impl(const Tensor& dst, const void* host) {

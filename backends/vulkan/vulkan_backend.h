@@ -38,6 +38,9 @@ class VulkanBackend final : public Backend {
     // "vulkan: <device name> (device N), fp32 | fp16 weights".
     std::string description() const override;
     void synchronize() override;
+    // Records the step into a secondary command buffer on its second run; from the third, the
+    // submit runs that buffer instead of recording every dispatch again.
+    void run_recorded(StepRecording& rec, const std::function<void()>& body) override;
 
     // For tests and `tmx devices`: the device, the allocator and the stream's counters.
     const vk::Context& context() const { return *ctx_; }
@@ -149,6 +152,10 @@ class VulkanBackend final : public Backend {
     std::shared_ptr<vk::Fp16Weights> fp16_;
     std::unique_ptr<vk::Pipelines> pipelines_;
     std::unique_ptr<vk::Stream> stream_;
+    // While a step is being recorded: where its own allocations are kept.
+    std::vector<std::shared_ptr<DeviceBuffer>>* pinned_ = nullptr;
+    // Recordings may outlive the backend: they reach its stream only while this is set.
+    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     Tuning tuning_;
     Tensor dummy_;
     std::map<std::pair<double, int64_t>, Tensor> rope_tables_;

@@ -52,7 +52,68 @@ Stream::~Stream() {
     allocator_->collect();
 }
 
+Recording::Recording(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {
+    VkDevice dev = ctx_->device();
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.queueFamilyIndex = ctx_->queue_family();
+    check(vkCreateCommandPool(dev, &pi, nullptr, &pool_), "vkCreateCommandPool");
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = pool_;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_SECONDARY;
+    ai.commandBufferCount = 1;
+    check(vkAllocateCommandBuffers(dev, &ai, &cmd_), "vkAllocateCommandBuffers");
+}
+
+Recording::~Recording() {
+    VkDevice dev = ctx_->device();
+    for (VkDescriptorPool p : descriptor_pools_) vkDestroyDescriptorPool(dev, p, nullptr);
+    vkDestroyCommandPool(dev, pool_, nullptr);
+}
+
+void Stream::begin_recording(Recording& rec) {
+    if (into_) throw std::logic_error("Vulkan: a step is already being recorded");
+    VkCommandBufferInheritanceInfo inherit{VK_STRUCTURE_TYPE_COMMAND_BUFFER_INHERITANCE_INFO};
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    bi.pInheritanceInfo = &inherit;
+    check(vkBeginCommandBuffer(rec.cmd_, &bi), "vkBeginCommandBuffer");
+    into_ = &rec;
+    // The recording tracks its own hazards; execute() orders it against the submit's commands.
+    outer_written_.swap(written_);
+    outer_read_.swap(read_);
+    written_.clear();
+    read_.clear();
+}
+
+void Stream::end_recording() {
+    if (!into_) return;
+    const VkResult r = vkEndCommandBuffer(into_->cmd_);
+    into_ = nullptr;
+    written_.swap(outer_written_);
+    read_.swap(outer_read_);
+    check(r, "vkEndCommandBuffer");
+}
+
+void Stream::execute(const Recording& rec) {
+    if (into_) throw std::logic_error("Vulkan: a recording cannot run inside another");
+    barrier();
+    vkCmdExecuteCommands(cmd(), 1, &rec.cmd_);
+    barrier_next_ = true;
+}
+
+void Stream::barrier() {
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                       VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    vkCmdPipelineBarrier(cmd(), kDeviceStages, kDeviceStages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+    written_.clear();
+    read_.clear();
+    barrier_next_ = false;
+    ++counters_.barriers;
+}
+
 VkCommandBuffer Stream::cmd() {
+    if (into_) return into_->cmd_;
     if (!recording_) {
         VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
         bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
@@ -74,17 +135,7 @@ void Stream::access(std::span<const Binding> bindings) {
         const Range r{b.range.buffer, b.range.offset, b.range.offset + b.range.size};
         hazard = hazard || overlaps(written_, r) || (b.write && overlaps(read_, r));
     }
-    if (hazard) {
-        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
-                           VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-        vkCmdPipelineBarrier(cmd(), kDeviceStages, kDeviceStages, 0, 1, &mb, 0, nullptr, 0,
-                             nullptr);
-        written_.clear();
-        read_.clear();
-        ++counters_.barriers;
-    }
+    if (hazard || barrier_next_) barrier();
     for (const Binding& b : bindings) {
         if (!b.tracked) continue;
         const Range r{b.range.buffer, b.range.offset, b.range.offset + b.range.size};
@@ -94,8 +145,11 @@ void Stream::access(std::span<const Binding> bindings) {
 }
 
 VkDescriptorSet Stream::descriptor_set(VkDescriptorSetLayout layout) {
-    for (;; ++descriptor_pool_) {
-        if (descriptor_pool_ == descriptor_pools_.size()) {
+    // A recording's sets live as long as it does; the submit's are reset after it.
+    std::vector<VkDescriptorPool>& pools = into_ ? into_->descriptor_pools_ : descriptor_pools_;
+    size_t& current = into_ ? into_->descriptor_pool_ : descriptor_pool_;
+    for (;; ++current) {
+        if (current == pools.size()) {
             VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                       kSetsPerPool * kMaxBindings};
             VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
@@ -105,10 +159,10 @@ VkDescriptorSet Stream::descriptor_set(VkDescriptorSetLayout layout) {
             VkDescriptorPool p = VK_NULL_HANDLE;
             check(vkCreateDescriptorPool(ctx_->device(), &pi, nullptr, &p),
                   "vkCreateDescriptorPool");
-            descriptor_pools_.push_back(p);
+            pools.push_back(p);
         }
         VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-        ai.descriptorPool = descriptor_pools_[descriptor_pool_];
+        ai.descriptorPool = pools[current];
         ai.descriptorSetCount = 1;
         ai.pSetLayouts = &layout;
         VkDescriptorSet set = VK_NULL_HANDLE;
@@ -239,6 +293,8 @@ void Stream::download(const BufferRange& src, void* host) {
 }
 
 void Stream::submit_and_wait() {
+    if (into_)
+        throw std::logic_error("Vulkan: a recorded step may not submit (upload, download, sync)");
     if (recording_) {
         // Make device writes (downloads' staging copies, the status word) visible to the host.
         VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
@@ -263,6 +319,7 @@ void Stream::submit_and_wait() {
     descriptor_pool_ = 0;
     written_.clear();
     read_.clear();
+    barrier_next_ = false;  // everything before has finished
     staging_chunk_ = 0;
     staging_used_ = 0;
     allocator_->collect();

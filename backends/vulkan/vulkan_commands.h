@@ -39,6 +39,24 @@ struct Binding {
     bool tracked = true;  // false for the status word, which shaders only touch atomically
 };
 
+// A recorded step (Backend::run_recorded): a secondary command buffer and the descriptor sets
+// it binds, which Stream::execute() runs inside later submits without recording it again.
+class Recording {
+  public:
+    explicit Recording(std::shared_ptr<Context> ctx);
+    ~Recording();
+    Recording(const Recording&) = delete;
+    Recording& operator=(const Recording&) = delete;
+
+  private:
+    friend class Stream;
+    std::shared_ptr<Context> ctx_;
+    VkCommandPool pool_ = VK_NULL_HANDLE;
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+    std::vector<VkDescriptorPool> descriptor_pools_;
+    size_t descriptor_pool_ = 0;
+};
+
 class Stream {
   public:
     Stream(std::shared_ptr<Context> ctx, std::shared_ptr<Allocator> allocator);
@@ -57,6 +75,14 @@ class Stream {
     // Submits what is recorded (if anything) and waits for it.
     void submit_and_wait();
 
+    // Commands from begin_recording() to end_recording() go into `rec` instead of the next
+    // submit; nothing may be submitted (no upload, download or sync) in between.
+    void begin_recording(Recording& rec);
+    void end_recording();
+    // Runs a finished recording after the commands recorded so far, with a barrier on each
+    // side (its first commands read what came before, what comes after reads its results).
+    void execute(const Recording& rec);
+
     // The 4-word status buffer shaders report bad inputs in (see shaders/common.glsl).
     Binding status_binding() const;
     // The status words, reset to zero for the next submit. Call after submit_and_wait().
@@ -74,9 +100,10 @@ class Stream {
     const Counters& counters() const { return counters_; }
 
   private:
-    VkCommandBuffer cmd();  // begins recording on first use after a submit
+    VkCommandBuffer cmd();  // begins recording on first use after a submit (or `into_`'s)
     void access(std::span<const Binding> bindings);
     VkDescriptorSet descriptor_set(VkDescriptorSetLayout layout);
+    void barrier();
     // Host-visible staging memory for one transfer, or false when this submit's staging is
     // used up (the caller submits and retries).
     bool staging(VkDeviceSize bytes, BufferRange* range, std::byte** host);
@@ -96,6 +123,9 @@ class Stream {
         VkDeviceSize begin, end;
     };
     std::vector<Range> written_, read_;  // since the last barrier
+    Recording* into_ = nullptr;          // the recording commands go to, if any
+    std::vector<Range> outer_written_, outer_read_;  // the submit's, while recording
+    bool barrier_next_ = false;          // after execute(): the next command waits for it
 
     std::vector<Allocation> staging_chunks_;
     size_t staging_chunk_ = 0;

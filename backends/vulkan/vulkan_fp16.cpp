@@ -36,6 +36,7 @@ void Fp16Weights::invalidate(const BufferRange& changed) {
         if (it->first.end > begin) {
             allocator_->release(it->second);
             it = copies_.erase(it);
+            ++drops_;
         } else {
             ++it;
         }

@@ -13,6 +13,7 @@
 #include <vulkan/vulkan.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 
@@ -39,6 +40,9 @@ class Fp16Weights {
     void invalidate(const BufferRange& changed);
 
     size_t size() const { return copies_.size(); }
+    // How many copies have been dropped so far: a recorded step that read one must not be
+    // replayed after it changes (its memory may be another tensor's by then).
+    uint64_t drops() const { return drops_; }
 
   private:
     struct Key {
@@ -51,6 +55,7 @@ class Fp16Weights {
 
     std::shared_ptr<Allocator> allocator_;
     std::map<Key, Allocation, Less> copies_;
+    uint64_t drops_ = 0;
 };
 
 }  // namespace tmx::vk
