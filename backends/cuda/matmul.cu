@@ -621,12 +621,6 @@ __global__ void expert_bias_grad_kernel(const float* d_out, const int32_t* offse
         d_bias[static_cast<int64_t>(e) * Nout + col] += static_cast<float>(sum);
 }
 
-// dst[i] = src[i] rounded to bf16 (nearest even), for cuBLASLt's bf16 operands.
-__global__ void round_to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
-    for (int64_t i = cuda::grid_start(); i < n; i += cuda::grid_stride())
-        dst[i] = __float2bfloat16_rn(src[i]);
-}
-
 // ---- grouped matmul: matrix-vector path for decode
 
 // Up to this many slots, one warp per output element: decoding's shapes (batch 16 at top-2 is
@@ -705,7 +699,8 @@ cuda::Bf16Rows cuda::pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t 
     r.ld = ld;
     if (rows * ld > 0) {
         const float* src = CudaBackend::data<float>(t);
-        const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && cols % 4 == 0;
+        // Every row's start 16-byte aligned: the first, and the others when cols allows.
+        const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && (rows == 1 || cols % 4 == 0);
         pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld / 8, kThreads,
                                                            be.device().sm_count),
                                   kThreads, 0, be.stream()>>>(src, rows, cols, ld, vec, dst);
@@ -738,12 +733,11 @@ void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& ou
     Tensor a_bf16, b_bf16;
     const auto operand = [&](const Tensor& t, Tensor& copy) -> const void* {
         if (!bf16) return data<float>(t);
-        copy = alloc({(t.numel() + 1) / 2});  // two bf16 per fp32 element
-        round_to_bf16_kernel<<<cuda::elementwise_blocks(t.numel(), kThreads, device().sm_count),
-                               kThreads, 0, stream()>>>(
-            data<float>(t), reinterpret_cast<__nv_bfloat16*>(data<float>(copy)), t.numel());
-        check_launch(op);
-        return data<float>(copy);
+        // All of t as one row: 8 elements a thread, as the grouped operands.
+        const cuda::Bf16Rows r =
+            cuda::pad_to_bf16_rows(*this, t, t.numel(), (t.numel() + 7) / 8 * 8, op);
+        copy = r.storage;
+        return r.data;
     };
     const void* a_p = operand(a, a_bf16);
     const void* b_p = operand(b, b_bf16);
