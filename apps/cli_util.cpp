@@ -52,7 +52,7 @@ std::string with_device(const std::string& name, int device) {
                      " selects a GPU; backend '" + name + "' has none");
 }
 
-std::unique_ptr<Backend> BackendChoice::open() const {
+std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
     const std::string name = resolve_backend(backend, training);
     auto be = make_backend(with_device(name, device));
     if (training && !be->supports_training())
@@ -60,9 +60,13 @@ std::unique_ptr<Backend> BackendChoice::open() const {
                          " backend runs inference only; backends that train: " +
                          training_backend_list());
     be->set_matmul_precision(resolve_precision(*be));
-    std::fprintf(stderr, "backend: %s%s\n", be->description().c_str(),
-                 backend == "auto" ? " (auto)" : "");
+    if (announce_it) announce(*be);
     return be;
+}
+
+void BackendChoice::announce(const Backend& be) const {
+    std::fprintf(stderr, "backend: %s%s\n", be.description().c_str(),
+                 backend == "auto" ? " (auto)" : "");
 }
 
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag, int64_t vocab_size) {

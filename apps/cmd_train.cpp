@@ -147,7 +147,8 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
     add_backend_options(*sub, o->backend, /*training=*/true);
     add_common_options(*sub, common);
     sub->callback([o, flags]() {
-        auto backend = o->backend.open();
+        // Announced once the trainer has set the precision (a resumed run keeps its own).
+        auto backend = o->backend.open(/*announce=*/false);
         std::unique_ptr<Trainer> trainer;
         if (!o->resume.empty()) {
             if (!o->out.empty() || !o->train.data_dir.empty() || !o->train.val_dir.empty())
@@ -161,6 +162,7 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
             if (o->backend.precision_given())
                 overrides["precision"] = to_string(backend->matmul_precision());
             trainer = Trainer::resume(o->resume, *backend, overrides);
+            o->backend.announce(*backend);
             std::fprintf(stderr, "resuming %s at step %lld of %lld (%s matmuls)\n",
                          trainer->run_dir().c_str(), static_cast<long long>(trainer->step()),
                          static_cast<long long>(trainer->max_steps()),
@@ -170,6 +172,7 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
             if (o->out.empty()) throw UsageError("--out: the run directory is required");
             o->train.precision = backend->matmul_precision();  // --precision, resolved
             trainer = Trainer::start(load_config(o->config), o->train, o->out, o->init_seed, *backend);
+            o->backend.announce(*backend);
             std::fprintf(stderr, "training %lld parameters for %lld steps into %s (%s matmuls)\n",
                          static_cast<long long>(trainer->model().num_params()),
                          static_cast<long long>(trainer->max_steps()), o->out.c_str(),

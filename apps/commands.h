@@ -42,8 +42,10 @@ struct BackendChoice {
     int device = -1;
     bool training = false;
     std::string precision = "auto";  // --precision: auto, fp32 or bf16
-    // Creates the backend with its matmul precision set and says on stderr which one runs.
-    std::unique_ptr<Backend> open() const;
+    // Creates the backend with its matmul precision set and, with announce, says on stderr
+    // which one runs (announce() later, once the precision is final: a resumed run's own).
+    std::unique_ptr<Backend> open(bool announce = true) const;
+    void announce(const Backend& be) const;
     // --precision for `backend`: fp32 or bf16 as given; auto is the backend's
     // default_training_precision() for training (bf16 on CUDA), fp32 for inference (whose
     // matmuls read fp32 weights either way, so bf16 would only lose precision).

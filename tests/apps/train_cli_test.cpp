@@ -109,6 +109,9 @@ TEST(TrainCli, PrecisionFlagTrainsInBf16AndTheRunKeepsIt) {
     r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps 5");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("(bf16 matmuls)"), std::string::npos) << r.err;
+    // The backend line names the run's precision too, not the CPU's default (fp32).
+    EXPECT_NE(r.err.find("backend: cpu, bf16 matmuls"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("fp32"), std::string::npos) << r.err;
     r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps 7 --precision fp32");
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--precision cannot change"), std::string::npos) << r.err;
