@@ -196,6 +196,26 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// One key tile of the online softmax for this lane's row `half` (0: frag_row 0..7, 1: 8..15):
+// raises row_max to the tile's scores' max and returns the base the tile's exponentials are
+// taken against (0 while the row has seen no key: its weights are then all exp2(-inf) = 0) and
+// the factor that rescales what the row summed before.
+struct TileBase {
+    float base, rescale;
+};
+template <int N>
+__device__ __forceinline__ TileBase raise_row_max(const float (&s)[N / 8][4], float& row_max,
+                                                  int half) {
+    float m = row_max;
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n) m = fmaxf(m, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+    m = quad_max(m);
+    const float base = m == -INFINITY ? 0.0f : m;
+    const TileBase r{base, exp2f(row_max - base)};
+    row_max = m;
+    return r;
+}
+
 // ------------------------------------------------------------------------ staging
 
 // Starts copying n rows of HD bf16 into tile[n][HD + kPad]: row i from row_ptr(i), or zeros
@@ -318,40 +338,31 @@ __global__ void __launch_bounds__(kThreads) attention_forward_bf16_kernel(const 
 
     float o[HD / 8][4] = {};
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // sum: this lane's
-    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys,
-                          [&](const bf16* k_tile, const bf16* v_tile, int first_key) {
-                              float s[kKeys / 8][4];
-                              multiply_rows<HD, kKeys>(s, q_tile, warp_id() * kWarpRows, k_tile, 0);
-                              mask_scores<kKeys>(s, t, first_key, a);
+    const auto key_tile = [&](const bf16* k_tile, const bf16* v_tile, int first_key) {
+        float s[kKeys / 8][4];
+        multiply_rows<HD, kKeys>(s, q_tile, warp_id() * kWarpRows, k_tile, 0);
+        mask_scores<kKeys>(s, t, first_key, a);
 #pragma unroll
-                              for (int half = 0; half < 2; ++half) {
-                                  float m = row_max[half];
+        for (int half = 0; half < 2; ++half) {
+            const TileBase tb = raise_row_max<kKeys>(s, row_max[half], half);
+            float sum = 0.0f;
 #pragma unroll
-                                  for (int n = 0; n < kKeys / 8; ++n)
-                                      m = fmaxf(m, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
-                                  m = quad_max(m);
-                                  // A row that has seen no key yet keeps max -inf: its weights are
-                                  // all 0.
-                                  const float base = m == -INFINITY ? 0.0f : m;
-                                  const float rescale = exp2f(row_max[half] - base);
-                                  row_max[half] = m;
-                                  float sum = 0.0f;
+            for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-                                  for (int n = 0; n < kKeys / 8; ++n)
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    s[n][e] = exp2f(s[n][e] - tb.base);
+                    sum += s[n][e];
+                }
+            row_sum[half] = row_sum[half] * tb.rescale + sum;
 #pragma unroll
-                                      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                                          s[n][e] = exp2f(s[n][e] - base);
-                                          sum += s[n][e];
-                                      }
-                                  row_sum[half] = row_sum[half] * rescale + sum;
-#pragma unroll
-                                  for (int d = 0; d < HD / 8; ++d) {
-                                      o[d][2 * half] *= rescale;
-                                      o[d][2 * half + 1] *= rescale;
-                                  }
-                              }
-                              accumulate_weighted_rows<HD, kKeys>(o, s, v_tile, 0);
-                          });
+            for (int d = 0; d < HD / 8; ++d) {
+                o[d][2 * half] *= tb.rescale;
+                o[d][2 * half + 1] *= tb.rescale;
+            }
+        }
+        accumulate_weighted_rows<HD, kKeys>(o, s, v_tile, 0);
+    };
+    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys, key_tile);
 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -394,35 +405,28 @@ __global__ void __launch_bounds__(kThreads) attention_dq_bf16_kernel(const Args 
 
     // Walk 1: online max, sum of exponentials and sum of exp * dP, per row.
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {}, row_dot[2] = {};
-    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys,
-                          [&](const bf16* k_tile, const bf16* v_tile, int first_key) {
-                              float s[kKeys / 8][4], dp[kKeys / 8][4];
-                              multiply_rows<HD, kKeys>(s, q_tile, warp_row0, k_tile, 0);
-                              multiply_rows<HD, kKeys>(dp, do_tile, warp_row0, v_tile, 0);
-                              mask_scores<kKeys>(s, t, first_key, a);
+    const auto stats_tile = [&](const bf16* k_tile, const bf16* v_tile, int first_key) {
+        float s[kKeys / 8][4], dp[kKeys / 8][4];
+        multiply_rows<HD, kKeys>(s, q_tile, warp_row0, k_tile, 0);
+        multiply_rows<HD, kKeys>(dp, do_tile, warp_row0, v_tile, 0);
+        mask_scores<kKeys>(s, t, first_key, a);
 #pragma unroll
-                              for (int half = 0; half < 2; ++half) {
-                                  float m = row_max[half];
+        for (int half = 0; half < 2; ++half) {
+            const TileBase tb = raise_row_max<kKeys>(s, row_max[half], half);
+            float sum = 0.0f, dot = 0.0f;
 #pragma unroll
-                                  for (int n = 0; n < kKeys / 8; ++n)
-                                      m = fmaxf(m, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
-                                  m = quad_max(m);
-                                  const float base = m == -INFINITY ? 0.0f : m;
-                                  const float rescale = exp2f(row_max[half] - base);
-                                  row_max[half] = m;
-                                  float sum = 0.0f, dot = 0.0f;
+            for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-                                  for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-                                      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                                          const float p = exp2f(s[n][e] - base);
-                                          sum += p;
-                                          dot += p * dp[n][e];
-                                      }
-                                  row_sum[half] = row_sum[half] * rescale + sum;
-                                  row_dot[half] = row_dot[half] * rescale + dot;
-                              }
-                          });
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    const float p = exp2f(s[n][e] - tb.base);
+                    sum += p;
+                    dot += p * dp[n][e];
+                }
+            row_sum[half] = row_sum[half] * tb.rescale + sum;
+            row_dot[half] = row_dot[half] * tb.rescale + dot;
+        }
+    };
+    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys, stats_tile);
     float lse2[2], delta[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -438,21 +442,21 @@ __global__ void __launch_bounds__(kThreads) attention_dq_bf16_kernel(const Args 
 
     // Walk 2: dS and d_q. Q and dO are still in shared memory.
     float dq[HD / 8][4] = {};
-    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys,
-                          [&](const bf16* k_tile, const bf16* v_tile, int first_key) {
-                              float s[kKeys / 8][4], ds[kKeys / 8][4];
-                              multiply_rows<HD, kKeys>(s, q_tile, warp_row0, k_tile, 0);
-                              multiply_rows<HD, kKeys>(ds, do_tile, warp_row0, v_tile, 0);
-                              mask_scores<kKeys>(s, t, first_key, a);
+    const auto dq_tile = [&](const bf16* k_tile, const bf16* v_tile, int first_key) {
+        float s[kKeys / 8][4], ds[kKeys / 8][4];
+        multiply_rows<HD, kKeys>(s, q_tile, warp_row0, k_tile, 0);
+        multiply_rows<HD, kKeys>(ds, do_tile, warp_row0, v_tile, 0);
+        mask_scores<kKeys>(s, t, first_key, a);
 #pragma unroll
-                              for (int n = 0; n < kKeys / 8; ++n)
+        for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-                                  for (int e = 0; e < 4; ++e) {
-                                      const float p = exp2f(s[n][e] - lse2[e / 2]);
-                                      ds[n][e] = p * (ds[n][e] - delta[e / 2]);
-                                  }
-                              accumulate_weighted_rows<HD, kKeys>(dq, ds, k_tile, 0);
-                          });
+            for (int e = 0; e < 4; ++e) {
+                const float p = exp2f(s[n][e] - lse2[e / 2]);
+                ds[n][e] = p * (ds[n][e] - delta[e / 2]);
+            }
+        accumulate_weighted_rows<HD, kKeys>(dq, ds, k_tile, 0);
+    };
+    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys, dq_tile);
 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
