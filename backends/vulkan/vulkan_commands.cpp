@@ -74,6 +74,8 @@ void Stream::begin_recording(Recording& rec) {
     if (into_) throw std::logic_error("Vulkan: a step is already being recorded");
     VkCommandBufferInheritanceInfo inherit{VK_STRUCTURE_TYPE_COMMAND_BUFFER_INHERITANCE_INFO};
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    // Simultaneous use: one submit may run it more than once (steps without a sync between).
+    bi.flags = VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT;
     bi.pInheritanceInfo = &inherit;
     check(vkBeginCommandBuffer(rec.cmd_, &bi), "vkBeginCommandBuffer");
     into_ = &rec;

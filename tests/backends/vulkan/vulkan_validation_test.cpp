@@ -106,6 +106,53 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     for (float x : l) EXPECT_TRUE(std::isfinite(x));
 }
 
+// Recorded steps (run_recorded: a secondary command buffer) under the layer: recorded, replayed
+// twice in one submit, and, with fp16 weights, recorded afresh after the weight's copy is
+// dropped by a re-upload; every run computes its inputs.
+TEST_P(VulkanValidation, RecordedStepsRunWithoutValidationErrors) {
+    SCOPED_TRACE(trace());
+    VulkanBackend& be = vk();
+    const int64_t n = 3, d = 32, F = 40;
+    Tensor x = be.alloc({n, d}), w = be.alloc({F, d}), out = be.alloc({n, F});
+    std::vector<float> hw = normal(F * d), hx;
+    be.upload(w, hw.data());
+    Backend::StepRecording rec;
+    int calls = 0;
+    const auto step = [&] {
+        ++calls;
+        Tensor tmp = be.alloc({n, F});
+        be.matmul(x, w, tmp, {.trans_b = true});
+        be.activation(Activation::Relu, tmp, out);
+    };
+    // relu(x w^T) on the host, in double: the GPU's within fp16-weight rounding of it.
+    const auto expect_step = [&] {
+        const std::vector<float> got = down(be, out);
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < F; ++j) {
+                double s = 0.0;
+                for (int64_t c = 0; c < d; ++c) s += double{hx[i * d + c]} * hw[j * d + c];
+                ASSERT_NEAR(got[i * F + j], std::max(s, 0.0), 2e-2) << i << "," << j;
+            }
+    };
+    for (int run = 0; run < 4; ++run) {
+        hx = normal(n * d);
+        be.upload(x, hx.data());
+        be.run_recorded(rec, step);
+        if (run != 2) expect_step();  // runs 3 and 4 replay in one submit
+    }
+    hw = normal(F * d);
+    be.upload(w, hw.data());  // with fp16 weights: drops the copy the recording reads
+    for (int run = 0; run < 2; ++run) {
+        hx = normal(n * d);
+        be.upload(x, hx.data());
+        be.run_recorded(rec, step);
+        expect_step();
+    }
+    be.synchronize();
+    EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";
+    EXPECT_EQ(calls, be.fp16_weights() ? 3 : 2);
+}
+
 // The messenger does count: a buffer of size 0 is invalid usage the layer reports.
 TEST_P(VulkanValidation, TheMessengerCountsErrors) {
     const uint64_t before = vk().context().validation_errors();
