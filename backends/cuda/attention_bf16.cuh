@@ -16,7 +16,8 @@
 //   * Backward, second kernel (per 64 keys, 16 per warp): walks the rows that see its keys, 32
 //     at a time, with the keys as the MMA rows: S^T = K Q^T, dP^T = V dO^T, then
 //     d_v += P^T dO and d_k += scale dS^T Q.
-// Key and row tiles are double-buffered in shared memory with cp.async. Every sum has a fixed
+// Key and row tiles are double-buffered in shared memory with cp.async (single-buffered where a
+// second buffer would not fit an L4's shared memory: dq_key_buffers). Every sum has a fixed
 // order and every output element one writer: deterministic, no atomics. Exponentials are
 // base 2 with log2(e) folded into the scale.
 #pragma once
@@ -64,19 +65,32 @@ __host__ __device__ constexpr int tile_elems(int n) {
     return n * (HD + kPad);
 }
 
+// Key tiles in flight while one is used: 2 (the next loads while one is used), except in the
+// dq kernel at HD 128, whose second buffer would take it past the 99 KiB of shared memory a
+// block may have on sm_89 (the L4).
 template <int HD>
-constexpr size_t forward_shared_bytes() {  // Q, then 2 stages of K and V
+__host__ __device__ constexpr int dq_key_buffers() {
+    return HD <= 64 ? 2 : 1;
+}
+
+template <int HD>
+constexpr size_t forward_shared_bytes() {  // Q, then 2 buffers of K and V
     return sizeof(bf16) * tile_elems<HD>(kRows + 4 * kKeys);
 }
 template <int HD>
-constexpr size_t dq_shared_bytes() {  // Q and dO, then 2 stages of K and V
-    return sizeof(bf16) * tile_elems<HD>(2 * kRows + 4 * kKeys);
+constexpr size_t dq_shared_bytes() {  // Q and dO, then dq_key_buffers() of K and V
+    return sizeof(bf16) * tile_elems<HD>(2 * kRows + 2 * dq_key_buffers<HD>() * kKeys);
 }
 template <int HD>
-constexpr size_t dkdv_shared_bytes() {  // K and V, then 2 stages of Q, dO, lse2 and D
+constexpr size_t dkdv_shared_bytes() {  // K and V, then 2 buffers of Q, dO, lse2 and D
     return sizeof(bf16) * tile_elems<HD>(2 * kKeys + 4 * kDkdvRows) +
            sizeof(float) * 2 * 2 * kDkdvRows;
 }
+// sm_89's limit on a block's shared memory (sm_80: 163 KiB, sm_90: 227 KiB).
+constexpr size_t kMaxSharedBytes = 99 * 1024;
+static_assert(forward_shared_bytes<128>() <= kMaxSharedBytes &&
+              dq_shared_bytes<128>() <= kMaxSharedBytes &&
+              dkdv_shared_bytes<128>() <= kMaxSharedBytes);
 
 // ------------------------------------------------------------------------ MMA primitives
 
@@ -245,12 +259,14 @@ struct Heads {
 // Calls body(k_tile, v_tile, first_key) for each tile of kKeys keys of `keys`, staged in two
 // buffers (K then V, each [kKeys][HD + kPad]) so that the next tile loads while one is used.
 // Copies the caller started before are complete when body first runs.
-template <int HD, class Body>
+template <int HD, int kBuffers, class Body>
 __device__ __forceinline__ void for_each_key_tile(bf16* stages, const Args& a, const Heads& h,
                                                   Range keys, Body body) {
+    static_assert(kBuffers == 1 || kBuffers == 2);
     constexpr int kTileElems = tile_elems<HD>(kKeys);
+    const auto buffer = [&](int tile) { return stages + (tile % kBuffers) * 2 * kTileElems; };
     const auto stage = [&](int tile) {
-        bf16* k_tile = stages + (tile % 2) * 2 * kTileElems;
+        bf16* k_tile = buffer(tile);
         const int key0 = keys.begin + tile * kKeys;
         const auto row_of = [&](const bf16* base) {
             return [=, &a, &h](int i) -> const bf16* {
@@ -264,16 +280,17 @@ __device__ __forceinline__ void for_each_key_tile(bf16* stages, const Args& a, c
     const int n = tiles::tile_count(keys.end - keys.begin, kKeys);
     if (n > 0) stage(0);
     for (int tile = 0; tile < n; ++tile) {
-        if (tile + 1 < n) {
+        if (kBuffers == 2 && tile + 1 < n) {
             stage(tile + 1);
             wait_async<1>();
         } else {
             wait_async<0>();
         }
         __syncthreads();
-        const bf16* k_tile = stages + (tile % 2) * 2 * kTileElems;
+        const bf16* k_tile = buffer(tile);
         body(k_tile, k_tile + kTileElems, keys.begin + tile * kKeys);
         __syncthreads();  // every warp is done with the buffer the next stage() refills
+        if (kBuffers == 1 && tile + 1 < n) stage(tile + 1);
     }
 }
 
@@ -362,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_bf16_kernel(const 
         }
         accumulate_weighted_rows<HD, kKeys>(o, s, v_tile, 0);
     };
-    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys, key_tile);
+    for_each_key_tile<HD, 2>(stages, a, rb.heads, rb.keys, key_tile);
 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -426,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_bf16_kernel(const Args 
             row_dot[half] = row_dot[half] * tb.rescale + dot;
         }
     };
-    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys, stats_tile);
+    for_each_key_tile<HD, dq_key_buffers<HD>()>(stages, a, rb.heads, rb.keys, stats_tile);
     float lse2[2], delta[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -456,7 +473,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_bf16_kernel(const Args 
             }
         accumulate_weighted_rows<HD, kKeys>(dq, ds, k_tile, 0);
     };
-    for_each_key_tile<HD>(stages, a, rb.heads, rb.keys, dq_tile);
+    for_each_key_tile<HD, dq_key_buffers<HD>()>(stages, a, rb.heads, rb.keys, dq_tile);
 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
