@@ -253,10 +253,13 @@ public:
     void scale(const Tensor& x, float s);
     // One AdamW step (PyTorch's formulation) over flat tensors of equal shape: decoupled decay
     // p -= lr * weight_decay * decay_mask * p; m, v moments; bias-corrected update. `step` is
-    // the 1-based step count after this update.
+    // the 1-based step count after this update. The gradient used is grads * grad_scale (one
+    // fp32 multiply per element: the same values as scale(grads, grad_scale) first), so that
+    // gradient clipping costs no pass of its own; grads itself is left as it is.
     struct AdamWParams {
         float lr, beta1, beta2, eps, weight_decay;
         int64_t step;
+        float grad_scale = 1.0f;
     };
     void adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                const Tensor& decay_mask, const AdamWParams& hp);

@@ -667,8 +667,8 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     backend_.download(sq, &sumsq);
     const double grad_norm = std::sqrt(static_cast<double>(sumsq));
     if (!std::isfinite(grad_norm)) return reject_nonfinite("gradient norm", loss, aux, grad_norm);
-    if (options_.grad_clip > 0 && grad_norm > options_.grad_clip)
-        backend_.scale(m.grads(), static_cast<float>(options_.grad_clip / (grad_norm + 1e-6)));
+    // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
+    const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
     const double lr = learning_rate(options_, step_, max_steps_);
     backend_.adamw(m.params(), m.grads(), adam_m_, adam_v_, decay_mask_,
                    {.lr = static_cast<float>(lr),
@@ -676,7 +676,9 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
                     .beta2 = static_cast<float>(options_.beta2),
                     .eps = static_cast<float>(options_.eps),
                     .weight_decay = static_cast<float>(options_.weight_decay),
-                    .step = step_ + 1});
+                    .step = step_ + 1,
+                    .grad_scale = clip ? static_cast<float>(options_.grad_clip / (grad_norm + 1e-6))
+                                       : 1.0f});
     ++step_;
     unsaved_ = true;
     ++window_.applied;

@@ -221,9 +221,10 @@ void CpuBackend::adamw_impl(const Tensor& params, const Tensor& grads, const Ten
     const float decay = hp.lr * hp.weight_decay;
 #pragma omp parallel for simd schedule(static) if (n > kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
+        const float gi = g[i] * hp.grad_scale;
         p[i] *= 1.0f - decay * mask[i];
-        mp[i] = hp.beta1 * mp[i] + (1.0f - hp.beta1) * g[i];
-        vp[i] = hp.beta2 * vp[i] + (1.0f - hp.beta2) * g[i] * g[i];
+        mp[i] = hp.beta1 * mp[i] + (1.0f - hp.beta1) * gi;
+        vp[i] = hp.beta2 * vp[i] + (1.0f - hp.beta2) * gi * gi;
         p[i] -= step_size * mp[i] / (std::sqrt(vp[i]) / bc2_sqrt + hp.eps);
     }
 }

@@ -53,11 +53,12 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
     for (int64_t i = grid_start(); i < n; i += grid_stride()) x[i] *= s;
 }
 
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v,
-                             const float* decay_mask, int64_t n, cuda::AdamWCoefficients c) {
+__global__ void adamw_kernel(float* params, const float* grads, float grad_scale, float* m,
+                             float* v, const float* decay_mask, int64_t n,
+                             cuda::AdamWCoefficients c) {
     for (int64_t i = grid_start(); i < n; i += grid_stride()) {
         float p = params[i], mi = m[i], vi = v[i];
-        cuda::adamw_update(p, mi, vi, grads[i], decay_mask[i], c);
+        cuda::adamw_update(p, mi, vi, grads[i] * grad_scale, decay_mask[i], c);
         params[i] = p;
         m[i] = mi;
         v[i] = vi;
@@ -99,7 +100,7 @@ void CudaBackend::adamw_impl(const Tensor& params, const Tensor& grads, const Te
     const cuda::AdamWCoefficients c =
         cuda::adamw_coefficients(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
     adamw_kernel<<<elementwise_blocks(n, device().sm_count), kThreads, 0, stream()>>>(
-        data<float>(params), data<float>(grads), data<float>(m), data<float>(v),
+        data<float>(params), data<float>(grads), hp.grad_scale, data<float>(m), data<float>(v),
         data<float>(decay_mask), n, c);
     check_launch("adamw");
 }

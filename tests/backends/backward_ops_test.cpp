@@ -600,6 +600,50 @@ TEST_P(BackwardOps, AdamW) {
         }
 }
 
+// grad_scale (the clip factor) gives the same bits as scaling the gradient first: one fp32
+// multiply per element either way. On every training backend, the CPU included.
+class AdamWGradScale : public BackendPairTest {
+  protected:
+    bool needs_training() const override { return true; }
+};
+
+TEST_P(AdamWGradScale, EqualsScalingTheGradientFirst) {
+    SCOPED_TRACE(trace());
+    const int64_t n = 5003;
+    const std::vector<float> p = normal(n, 0.05), g = normal(n, 0.3);
+    std::vector<float> mask(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) mask[i] = static_cast<float>(i % 3 != 0);
+    const float s = 0.3713f;  // no power of two: the multiply rounds
+    enum class Mode { ScaleFirst, GradScale, Unscaled };
+    // params, m, v after three steps, and the gradient tensor as the steps left it.
+    const auto run = [&](Mode mode) {
+        Tensor tp = up(be(), p, {n}), tg = up(be(), g, {n}), tm = be().alloc({n}),
+               tv = be().alloc({n}), tmask = up(be(), mask, {n});
+        be().fill(tm, 0.0f);
+        be().fill(tv, 0.0f);
+        for (int t = 1; t <= 3; ++t) {
+            Backend::AdamWParams hp{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t};
+            if (mode == Mode::ScaleFirst) {
+                be().upload(tg, g.data());
+                be().scale(tg, s);
+            } else if (mode == Mode::GradScale) {
+                hp.grad_scale = s;
+            }
+            be().adamw(tp, tg, tm, tv, tmask, hp);
+        }
+        return std::vector<std::vector<float>>{down(be(), tp), down(be(), tm), down(be(), tv),
+                                               down(be(), tg)};
+    };
+    const auto scaled_first = run(Mode::ScaleFirst), in_adamw = run(Mode::GradScale);
+    const char* names[] = {"params", "m", "v"};
+    for (int k = 0; k < 3; ++k) EXPECT_TRUE(BitwiseEqual(in_adamw[k], scaled_first[k])) << names[k];
+    EXPECT_TRUE(BitwiseEqual(in_adamw[3], g)) << "the gradient must be left as it was";
+    EXPECT_FALSE(BitwiseEqual(run(Mode::Unscaled)[1], in_adamw[1])) << "grad_scale was ignored";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AdamWGradScale, ::testing::ValuesIn(backend_names()),
+                         backend_param_name);
+
 // ---------------------------------------------------------------- views
 
 // Every input and output below is a view at an odd element offset into a larger buffer of
