@@ -254,30 +254,29 @@ struct Heads {
     __device__ int64_t key_index(const Args& a, int j) const {
         return (static_cast<int64_t>(b) * a.T + j) * a.Hkv + kvh;
     }
+    // Row sources for stage_rows_async: row i of `base` ([.., HD] bf16 rows) is key (query row)
+    // rows.begin + i, or nullptr (zeros) past rows.end.
+    template <int HD>
+    __device__ auto key_rows(const Args& a, const bf16* base, Range rows) const {
+        return [=, this, &a](int i) -> const bf16* {
+            return rows.begin + i < rows.end ? base + key_index(a, rows.begin + i) * HD : nullptr;
+        };
+    }
+    template <int HD>
+    __device__ auto query_rows(const Args& a, const bf16* base, Range rows) const {
+        return [=, this, &a](int i) -> const bf16* {
+            return rows.begin + i < rows.end ? base + query_index(a, rows.begin + i) * HD : nullptr;
+        };
+    }
 };
 
-// Calls body(k_tile, v_tile, first_key) for each tile of kKeys keys of `keys`, staged in two
-// buffers (K then V, each [kKeys][HD + kPad]) so that the next tile loads while one is used.
-// Copies the caller started before are complete when body first runs.
-template <int HD, int kBuffers, class Body>
-__device__ __forceinline__ void for_each_key_tile(bf16* stages, const Args& a, const Heads& h,
-                                                  Range keys, Body body) {
+// The loop of a block over n tiles staged in shared memory: stage(t) starts tile t's copies
+// (and commits them) into buffer t % kBuffers; body(t) uses tile t once every thread's copies
+// have landed. With 2 buffers the next tile loads while one is used; with 1, after it. Copies
+// the caller started before are complete when body first runs.
+template <int kBuffers, class Stage, class Body>
+__device__ __forceinline__ void for_each_staged_tile(int n, Stage stage, Body body) {
     static_assert(kBuffers == 1 || kBuffers == 2);
-    constexpr int kTileElems = tile_elems<HD>(kKeys);
-    const auto buffer = [&](int tile) { return stages + (tile % kBuffers) * 2 * kTileElems; };
-    const auto stage = [&](int tile) {
-        bf16* k_tile = buffer(tile);
-        const int key0 = keys.begin + tile * kKeys;
-        const auto row_of = [&](const bf16* base) {
-            return [=, &a, &h](int i) -> const bf16* {
-                return key0 + i < keys.end ? base + h.key_index(a, key0 + i) * HD : nullptr;
-            };
-        };
-        stage_rows_async<HD>(k_tile, kKeys, row_of(a.k));
-        stage_rows_async<HD>(k_tile + kTileElems, kKeys, row_of(a.v));
-        commit_async();
-    };
-    const int n = tiles::tile_count(keys.end - keys.begin, kKeys);
     if (n > 0) stage(0);
     for (int tile = 0; tile < n; ++tile) {
         if (kBuffers == 2 && tile + 1 < n) {
@@ -287,11 +286,32 @@ __device__ __forceinline__ void for_each_key_tile(bf16* stages, const Args& a, c
             wait_async<0>();
         }
         __syncthreads();
-        const bf16* k_tile = buffer(tile);
-        body(k_tile, k_tile + kTileElems, keys.begin + tile * kKeys);
+        body(tile);
         __syncthreads();  // every warp is done with the buffer the next stage() refills
         if (kBuffers == 1 && tile + 1 < n) stage(tile + 1);
     }
+}
+
+// Calls body(k_tile, v_tile, first_key) for each tile of kKeys keys of `keys`, staged in
+// kBuffers buffers (K then V, each [kKeys][HD + kPad]).
+template <int HD, int kBuffers, class Body>
+__device__ __forceinline__ void for_each_key_tile(bf16* stages, const Args& a, const Heads& h,
+                                                  Range keys, Body body) {
+    constexpr int kTileElems = tile_elems<HD>(kKeys);
+    const auto buffer = [&](int tile) { return stages + (tile % kBuffers) * 2 * kTileElems; };
+    const auto stage = [&](int tile) {
+        bf16* k_tile = buffer(tile);
+        const Range tile_keys{keys.begin + tile * kKeys, keys.end};
+        stage_rows_async<HD>(k_tile, kKeys, h.template key_rows<HD>(a, a.k, tile_keys));
+        stage_rows_async<HD>(k_tile + kTileElems, kKeys,
+                             h.template key_rows<HD>(a, a.v, tile_keys));
+        commit_async();
+    };
+    for_each_staged_tile<kBuffers>(tiles::tile_count(keys.end - keys.begin, kKeys), stage,
+                                   [&](int tile) {
+                                       const bf16* k_tile = buffer(tile);
+                                       body(k_tile, k_tile + kTileElems, keys.begin + tile * kKeys);
+                                   });
 }
 
 // The block's (b, kv head) and rows, for the row-tiled kernels.
@@ -345,10 +365,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_bf16_kernel(const 
     bf16* stages = q_tile + tile_elems<HD>(kRows);
     const RowBlock rb = row_block(a);
     const int first_row = rb.rows.begin + warp_id() * kWarpRows;
-    stage_rows_async<HD>(q_tile, kRows, [&](int i) -> const bf16* {
-        const int r = rb.rows.begin + i;
-        return r < rb.rows.end ? a.q + rb.heads.query_index(a, r) * HD : nullptr;
-    });
+    stage_rows_async<HD>(q_tile, kRows, rb.heads.template query_rows<HD>(a, a.q, rb.rows));
     commit_async();  // waited for with the first key tile
     int t[2];
     lane_queries(t, first_row, rb.rows.end, rb.heads.G);
@@ -408,14 +425,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_bf16_kernel(const Args 
     bf16* stages = do_tile + tile_elems<HD>(kRows);
     const RowBlock rb = row_block(a);
     const int warp_row0 = warp_id() * kWarpRows, first_row = rb.rows.begin + warp_row0;
-    const auto row_of = [&](const bf16* base) {
-        return [=, &a, &rb](int i) -> const bf16* {
-            const int r = rb.rows.begin + i;
-            return r < rb.rows.end ? base + rb.heads.query_index(a, r) * HD : nullptr;
-        };
-    };
-    stage_rows_async<HD>(q_tile, kRows, row_of(a.q));
-    stage_rows_async<HD>(do_tile, kRows, row_of(a.d_out));
+    stage_rows_async<HD>(q_tile, kRows, rb.heads.template query_rows<HD>(a, a.q, rb.rows));
+    stage_rows_async<HD>(do_tile, kRows, rb.heads.template query_rows<HD>(a, a.d_out, rb.rows));
     commit_async();
     int t[2];
     lane_queries(t, first_row, rb.rows.end, rb.heads.G);
@@ -513,23 +524,15 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_bf16_kernel(const Arg
     const Range keys{key_tile * kKeys, min(key_tile * kKeys + kKeys, a.T)};
     const Range rows = tiles::rows_of_queries(tiles::queries_of_keys(keys, a.T, a.window), G);
 
-    const auto key_row = [&](const bf16* base) {
-        return [=, &a, &h](int i) -> const bf16* {
-            return keys.begin + i < keys.end ? base + h.key_index(a, keys.begin + i) * HD : nullptr;
-        };
-    };
-    stage_rows_async<HD>(k_tile, kKeys, key_row(a.k));
-    stage_rows_async<HD>(v_tile, kKeys, key_row(a.v));
+    stage_rows_async<HD>(k_tile, kKeys, h.template key_rows<HD>(a, a.k, keys));
+    stage_rows_async<HD>(v_tile, kKeys, h.template key_rows<HD>(a, a.v, keys));
     const auto stage = [&](int tile) {
         bf16* q_stage = stages + (tile % 2) * 2 * kRowTileElems;
         const int row0 = rows.begin + tile * kDkdvRows;
-        const auto row_of = [&](const bf16* base) {
-            return [=, &a, &h](int i) -> const bf16* {
-                return row0 + i < rows.end ? base + h.query_index(a, row0 + i) * HD : nullptr;
-            };
-        };
-        stage_rows_async<HD>(q_stage, kDkdvRows, row_of(a.q));
-        stage_rows_async<HD>(q_stage + kRowTileElems, kDkdvRows, row_of(a.d_out));
+        const Range tile_rows{row0, rows.end};
+        stage_rows_async<HD>(q_stage, kDkdvRows, h.template query_rows<HD>(a, a.q, tile_rows));
+        stage_rows_async<HD>(q_stage + kRowTileElems, kDkdvRows,
+                             h.template query_rows<HD>(a, a.d_out, tile_rows));
         float* stats = row_stats + (tile % 2) * 2 * kDkdvRows;
         for (int i = static_cast<int>(threadIdx.x); i < kDkdvRows; i += kThreads) {
             const bool in = row0 + i < rows.end;
@@ -544,16 +547,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_bf16_kernel(const Arg
     const int first_key = keys.begin + warp_id() * kWarpRows;
     const int my_key[2] = {first_key + lane_id() / 4, first_key + lane_id() / 4 + 8};
     float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
-    const int n = tiles::tile_count(rows.end - rows.begin, kDkdvRows);
-    if (n > 0) stage(0);  // with K and V in its group
-    for (int tile = 0; tile < n; ++tile) {
-        if (tile + 1 < n) {
-            stage(tile + 1);
-            wait_async<1>();
-        } else {
-            wait_async<0>();
-        }
-        __syncthreads();
+    // The first stage's group carries K and V's copies too.
+    const auto row_tile = [&](int tile) {
         const bf16* q_stage = stages + (tile % 2) * 2 * kRowTileElems;
         const bf16* do_stage = q_stage + kRowTileElems;
         const float* lse2 = row_stats + (tile % 2) * 2 * kDkdvRows;
@@ -575,8 +570,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_bf16_kernel(const Arg
             }
         accumulate_weighted_rows<HD, kDkdvRows>(dv, s, do_stage, 0);
         accumulate_weighted_rows<HD, kDkdvRows>(dk, ds, q_stage, 0);
-        __syncthreads();  // every warp is done with the buffer the next stage() refills
-    }
+    };
+    for_each_staged_tile<2>(tiles::tile_count(rows.end - rows.begin, kDkdvRows), stage, row_tile);
     wait_async<0>();  // no row sees these keys: K and V's copies still have to land
 
 #pragma unroll

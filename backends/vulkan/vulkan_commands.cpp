@@ -20,22 +20,29 @@ constexpr size_t kMaxStagingChunks = 4;
 constexpr VkPipelineStageFlags kDeviceStages =
     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
 
+// A command pool of the context's queue family (`pool_flags`) and one command buffer of `level`
+// from it.
+void create_command_buffer(const Context& ctx, VkCommandPoolCreateFlags pool_flags,
+                           VkCommandBufferLevel level, VkCommandPool* pool, VkCommandBuffer* cmd) {
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.flags = pool_flags;
+    pi.queueFamilyIndex = ctx.queue_family();
+    check(vkCreateCommandPool(ctx.device(), &pi, nullptr, pool), "vkCreateCommandPool");
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = *pool;
+    ai.level = level;
+    ai.commandBufferCount = 1;
+    check(vkAllocateCommandBuffers(ctx.device(), &ai, cmd), "vkAllocateCommandBuffers");
+}
+
 }  // namespace
 
 Stream::Stream(std::shared_ptr<Context> ctx, std::shared_ptr<Allocator> allocator)
     : ctx_(std::move(ctx)), allocator_(std::move(allocator)) {
-    VkDevice dev = ctx_->device();
-    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-    pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
-    pi.queueFamilyIndex = ctx_->queue_family();
-    check(vkCreateCommandPool(dev, &pi, nullptr, &pool_), "vkCreateCommandPool");
-    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    ai.commandPool = pool_;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    ai.commandBufferCount = 1;
-    check(vkAllocateCommandBuffers(dev, &ai, &cmd_), "vkAllocateCommandBuffers");
+    create_command_buffer(*ctx_, VK_COMMAND_POOL_CREATE_TRANSIENT_BIT,
+                          VK_COMMAND_BUFFER_LEVEL_PRIMARY, &pool_, &cmd_);
     VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    check(vkCreateFence(dev, &fi, nullptr, &fence_), "vkCreateFence");
+    check(vkCreateFence(ctx_->device(), &fi, nullptr, &fence_), "vkCreateFence");
     status_ = allocator_->allocate(4 * sizeof(uint32_t), MemoryKind::Host);
     std::memset(status_.mapped, 0, 4 * sizeof(uint32_t));
 }
@@ -53,15 +60,7 @@ Stream::~Stream() {
 }
 
 Recording::Recording(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {
-    VkDevice dev = ctx_->device();
-    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-    pi.queueFamilyIndex = ctx_->queue_family();
-    check(vkCreateCommandPool(dev, &pi, nullptr, &pool_), "vkCreateCommandPool");
-    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    ai.commandPool = pool_;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_SECONDARY;
-    ai.commandBufferCount = 1;
-    check(vkAllocateCommandBuffers(dev, &ai, &cmd_), "vkAllocateCommandBuffers");
+    create_command_buffer(*ctx_, 0, VK_COMMAND_BUFFER_LEVEL_SECONDARY, &pool_, &cmd_);
 }
 
 Recording::~Recording() {
