@@ -554,6 +554,7 @@ namespace {
 
 // A decode step's tensors, kept with the cache (KvCache::decode_state) from step to step.
 struct DecodeState {
+    Tensor params;  // the model the step was made for (a cache may serve another model next)
     Precision precision = Precision::F32;
     Tensor ids, start;  // [B] I32; start is also the positions (one token per sequence)
     Tensor h;           // [B, d]
@@ -571,9 +572,12 @@ Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<
     const int64_t B = cache.batch();
     check_tokens(tokens);
     auto state = std::static_pointer_cast<DecodeState>(cache.decode_state());
-    // A precision change makes other kernels: a recording of the old ones would be wrong.
-    if (!state || state->precision != be.matmul_precision()) {
+    // Another model's weights, or another precision's kernels, would make a recording of the
+    // step wrong: start afresh.
+    if (!state || state->params.buffer() != params_.buffer() ||
+        state->precision != be.matmul_precision()) {
         state = std::make_shared<DecodeState>();
+        state->params = params_;
         state->precision = be.matmul_precision();
         state->ids = be.alloc({B}, DType::I32);
         state->start = be.alloc({B}, DType::I32);

@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/kv_cache.h"
+#include "engine/model.h"
 #include "tests/backends/backend_pair_fixture.h"
+#include "tests/model_scenarios.h"
 
 namespace tmx::test {
 namespace {
@@ -51,6 +54,26 @@ TEST_P(RecordedStep, EveryRunComputesItsInputsAndKeepsItsOwnMemory) {
     // each time.
     EXPECT_EQ(body_calls, backend_name() == "cpu" ? kRuns : 2);
     EXPECT_EQ(rec.runs, body_calls);
+}
+
+// A cache whose decode steps one model recorded, then used by another model of the same
+// config: the other model's step is its own, bit for bit the step it takes on a fresh view of
+// the same cache (which starts without a recording).
+TEST_P(RecordedStep, ACacheServesAnotherModelWithItsOwnWeights) {
+    SCOPED_TRACE(trace());
+    const ModelConfig c = test_config("test-tiny");
+    auto first = spread_model(c, be(), seed_), second = spread_model(c, be(), seed_ + 1);
+    KvCache cache(c, be(), 1);
+    const std::vector<int32_t> tokens = ints(6, 0, static_cast<int32_t>(c.vocab_size));
+    first->forward_cached({tokens[0], tokens[1]}, 1, 2, {0}, cache);
+    int32_t pos = 2;
+    for (; pos < 5; ++pos)  // a plain run, the recorded one, a replay
+        first->forward_cached({tokens[pos]}, 1, 1, {pos}, cache);
+    const std::vector<float> fresh =
+        down(be(), second->forward_cached({tokens[pos]}, 1, 1, {pos}, cache.sequence(0)));
+    const std::vector<float> reused =
+        down(be(), second->forward_cached({tokens[pos]}, 1, 1, {pos}, cache));
+    EXPECT_TRUE(BitwiseEqual(reused, fresh));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RecordedStep, ::testing::ValuesIn(backend_names()),
