@@ -38,6 +38,11 @@ struct OpCheck {
             fail(std::string(name) + " is " + to_string(t.dtype()) + ", expected " +
                  to_string(dtype));
     }
+    // The float type t may have: BF16 where it is BF16 and `bf16_allowed`, F32 otherwise (so
+    // that a BF16 tensor where none is allowed fails as "expected f32").
+    static DType float_type(const Tensor& t, bool bf16_allowed) {
+        return bf16_allowed && t.defined() && t.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+    }
 };
 
 }  // namespace
@@ -50,6 +55,8 @@ void Backend::set_matmul_precision(Precision p) {
 }
 
 Tensor Backend::alloc(Shape shape, DType dtype) {
+    if (dtype == DType::BF16 && !has_bf16_tensors())
+        throw Error("the " + name() + " backend has no bf16 tensors (use --precision fp32)");
     // Shapes reach here from configs and flags: a negative dimension or a byte count past 64
     // bits is an error naming the shape, never a wrapped size handed to the allocator. (The
     // message is built only on failure: this runs for every tensor.)
@@ -97,6 +104,19 @@ void Backend::copy(const Tensor& src, const Tensor& dst) {
     copy_impl(src, dst);
 }
 
+void Backend::convert(const Tensor& src, const Tensor& dst) {
+    OpCheck c{"convert"};
+    c.defined(src, "src");
+    if (src.dtype() != DType::F32 && src.dtype() != DType::BF16)
+        c.fail(std::string("src is ") + to_string(src.dtype()) + ", expected f32 or bf16");
+    c.shape(dst, "dst", src.shape(), src.dtype() == DType::F32 ? DType::BF16 : DType::F32);
+    convert_impl(src, dst);
+}
+
+void Backend::convert_impl(const Tensor&, const Tensor&) {
+    throw Error("the " + name() + " backend has no bf16 tensors");
+}
+
 void Backend::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
     OpCheck c{"embedding"};
     c.rank(table, "table", 2);
@@ -111,15 +131,16 @@ void Backend::norm(NormType type, const Tensor& x, const Tensor& weight, const T
     c.rank(x, "x", 2);
     c.shape(weight, "weight", {x.dim(1)});
     if (type == NormType::LayerNorm) c.shape(bias, "bias", {x.dim(1)});
-    c.shape(out, "out", x.shape());
+    c.shape(out, "out", x.shape(), OpCheck::float_type(out, has_bf16_tensors()));
     norm_impl(type, x, weight, type == NormType::LayerNorm ? bias : Tensor{}, eps, out);
 }
 
 void Backend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                      const Tensor& bias) {
     OpCheck c{"matmul"};
-    c.rank(a, "a", 2);
-    c.rank(b, "b", 2);
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    c.rank(a, "a", 2, OpCheck::float_type(a, bf16_operands));
+    c.rank(b, "b", 2, OpCheck::float_type(b, bf16_operands));
     int64_t M = opts.trans_a ? a.dim(1) : a.dim(0);
     int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
     int64_t Kb = opts.trans_b ? b.dim(1) : b.dim(0);
@@ -143,11 +164,11 @@ void Backend::rope(const Tensor& x, const Tensor& positions, double theta, bool 
 namespace {
 // The shapes attention() and attention_cached() share.
 void check_attention_shapes(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, int64_t window) {
+                            const Tensor& out, int64_t window, DType out_type = DType::F32) {
     c.rank(q, "q", 4);
     c.rank(k, "k", 4);
     c.shape(v, "v", k.shape());
-    c.shape(out, "out", q.shape());
+    c.shape(out, "out", q.shape(), out_type);
     if (k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3))
         c.fail("q " + shape_string(q.shape()) + " and k " + shape_string(k.shape()) + " differ");
     if (k.dim(2) == 0 || q.dim(2) % k.dim(2) != 0)
@@ -159,7 +180,8 @@ void check_attention_shapes(const OpCheck& c, const Tensor& q, const Tensor& k, 
 void Backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         int64_t window) {
     OpCheck c{"attention"};
-    check_attention_shapes(c, q, k, v, out, window);
+    const bool bf16_out = attention_in_bf16(matmul_precision(), q.rank() == 4 ? q.dim(3) : 0);
+    check_attention_shapes(c, q, k, v, out, window, OpCheck::float_type(out, bf16_out));
     attention_impl(q, k, v, out, window);
 }
 
@@ -221,17 +243,19 @@ void Backend::moe_group(const Tensor& indices, int64_t n_experts, const Tensor& 
 
 void Backend::gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
     OpCheck c{"gather_rows"};
-    c.rank(x, "x", 2);
+    const DType type = OpCheck::float_type(x, has_bf16_tensors());
+    c.rank(x, "x", 2, type);
     c.rank(rows, "rows", 1, DType::I32);
-    c.shape(out, "out", {rows.dim(0), x.dim(1)});
+    c.shape(out, "out", {rows.dim(0), x.dim(1)}, type);
     gather_rows_impl(x, rows, out);
 }
 
 void Backend::grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
                              const Tensor& offsets, const Tensor& out) {
     OpCheck c{"grouped_matmul"};
-    c.rank(x, "x", 2);
-    c.rank(w, "w", 3);
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
+    c.rank(w, "w", 3, OpCheck::float_type(w, bf16_operands));
     if (w.dim(2) != x.dim(1))
         c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
     if (bias.defined()) c.shape(bias, "bias", {w.dim(0), w.dim(1)});
@@ -253,16 +277,16 @@ void Backend::moe_combine(const Tensor& expert_out, const Tensor& slot_of, const
 
 void Backend::activation(Activation act, const Tensor& x, const Tensor& out) {
     OpCheck c{"activation"};
-    c.defined(x, "x");
-    c.shape(out, "out", x.shape());
+    c.shape(x, "x", x.shape());
+    c.shape(out, "out", x.shape(), OpCheck::float_type(out, has_bf16_tensors()));
     activation_impl(act, x, out);
 }
 
 void Backend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
     OpCheck c{"swiglu"};
-    c.defined(gate, "gate");
+    c.shape(gate, "gate", gate.shape());
     c.shape(up, "up", gate.shape());
-    c.shape(out, "out", gate.shape());
+    c.shape(out, "out", gate.shape(), OpCheck::float_type(out, has_bf16_tensors()));
     swiglu_impl(gate, up, out);
 }
 
@@ -364,13 +388,14 @@ void Backend::grouped_matmul_backward(const Tensor& x, const Tensor& w, const Te
                                       const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
                                       const Tensor& d_bias) {
     OpCheck c{"grouped_matmul_backward"};
-    c.rank(x, "x", 2);
-    c.rank(w, "w", 3);
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
+    c.rank(w, "w", 3, OpCheck::float_type(w, bf16_operands));
     if (w.dim(2) != x.dim(1))
         c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
     c.shape(offsets, "offsets", {w.dim(0) + 1}, DType::I32);
     c.shape(d_out, "d_out", {x.dim(0), w.dim(1)});
-    c.shape(d_x, "d_x", x.shape());
+    c.shape(d_x, "d_x", x.shape());  // the gradients are F32 whatever x and w are
     c.shape(d_w, "d_w", w.shape());
     if (d_bias.defined()) c.shape(d_bias, "d_bias", {w.dim(0), w.dim(1)});
     grouped_matmul_backward_impl(x, w, offsets, d_out, d_x, d_w, d_bias);
@@ -414,7 +439,8 @@ void Backend::cross_entropy_backward(const Tensor& logits, const Tensor& targets
     OpCheck c{"cross_entropy_backward"};
     c.rank(logits, "logits", 2);
     c.shape(targets, "targets", {logits.dim(0)}, DType::I32);
-    c.shape(d_logits, "d_logits", logits.shape());
+    c.shape(d_logits, "d_logits", logits.shape(),
+            OpCheck::float_type(d_logits, has_bf16_tensors()));
     cross_entropy_backward_impl(logits, targets, scale, d_logits);
 }
 

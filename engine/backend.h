@@ -58,6 +58,25 @@ public:
     void set_matmul_precision(Precision p);
     Precision matmul_precision() const { return matmul_precision_; }
 
+    // ---- bf16 tensors
+    // A backend with BF16 precision also has BF16 tensors (alloc() refuses them elsewhere). An
+    // op reads a BF16 element as the exact value it holds and stores one rounded with
+    // round_to_bf16. Ops take them only where listed:
+    //  - convert(), F32 to BF16 and back;
+    //  - the out of norm(), activation(), swiglu() and cross_entropy_backward() (d_logits),
+    //    and of attention() where attention_in_bf16(matmul_precision(), head_dim);
+    //  - gather_rows() with x and out both BF16;
+    //  - in BF16 precision only, the operands (never out or bias) of matmul(), and x and w of
+    //    grouped_matmul() and grouped_matmul_backward(): these round their operands to bf16
+    //    anyway, so a BF16 operand gives exactly the result of its fp32 value.
+    // So a model in BF16 precision can keep bf16 copies of its weights and store the
+    // activations only matmuls read as BF16: half their memory and traffic, the same results.
+    // upload(), download() and copy() move elements of any dtype as they are (BF16: the
+    // 16-bit patterns, as round_to_bf16's result's upper half).
+    bool has_bf16_tensors() const { return supports_precision(Precision::BF16); }
+    // dst = src, F32 to BF16 (rounded to nearest even) or BF16 to F32 (exact), same shape.
+    void convert(const Tensor& src, const Tensor& dst);
+
     // ---- memory and transfers
     Tensor alloc(Shape shape, DType dtype = DType::F32);
     // Bytes of the buffers alloc() made that are still referenced, and the most there were at
@@ -271,6 +290,8 @@ protected:
     virtual void download_impl(const Tensor& src, void* host) = 0;
     virtual void fill_impl(const Tensor& dst, float value) = 0;
     virtual void copy_impl(const Tensor& src, const Tensor& dst) = 0;
+    // Only backends with BF16 tensors are asked; the default says there are none.
+    virtual void convert_impl(const Tensor& src, const Tensor& dst);
 
     virtual void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
     virtual void norm_impl(NormType type, const Tensor& x, const Tensor& weight,

@@ -399,6 +399,7 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
         be.adamw(model.params(), model.grads(), m, v, mask,
                  {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                   .step = ++step});
+        model.params_changed();
     };
     if (o.progress)
         o.progress(be.name() + ": training step, batch " + std::to_string(B) + " x " +

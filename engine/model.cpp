@@ -170,6 +170,20 @@ void Model::params_from_host(const std::vector<float>& values) {
     if (static_cast<int64_t>(values.size()) != layout_.total)
         throw std::logic_error("params_from_host: wrong number of values");
     backend_.upload(params_, values.data());
+    params_changed();
+}
+
+void Model::refresh_bf16_weights() {
+    if (!bf16_storage() || bf16_weights_current_) return;
+    if (!params_bf16_.defined()) {
+        params_bf16_ = backend_.alloc({layout_.total}, DType::BF16);
+        for (int64_t i = 0; i < config_.n_layers; ++i)
+            layers_bf16_.push_back(bind_layer(params_bf16_, i));
+        lm_head_bf16_ = view(params_bf16_, config_.tie_embeddings ? "model.embed_tokens.weight"
+                                                                  : "lm_head.weight");
+    }
+    backend_.convert(params_, params_bf16_);
+    bf16_weights_current_ = true;
 }
 
 const Tensor& Model::grads() {
@@ -184,21 +198,24 @@ void Model::zero_grads() { backend_.fill(grads(), 0.0f); }
 
 Tensor Model::grad(const std::string& name) { return view(grads(), name); }
 
-LayerActivations Model::alloc_activations(int64_t N, bool for_backward) const {
+LayerActivations Model::alloc_activations(int64_t N, bool for_backward, bool cached) const {
     const ModelConfig& c = config_;
     Backend& be = backend_;
     const int64_t d = c.d_model, S = c.is_moe() ? N * c.top_k : N;
+    // What only matmuls read (a1, a2, xs, act; att where attention() may store bf16).
+    const DType matmul_input = bf16_storage() ? DType::BF16 : DType::F32;
+    const bool att_bf16 = !cached && attention_in_bf16(be.matmul_precision(), c.head_dim);
     LayerActivations a;
     if (for_backward) {
         a.h_in = be.alloc({N, d});
         a.h_mid = be.alloc({N, d});
     }
-    a.a1 = be.alloc({N, d});
-    a.a2 = be.alloc({N, d});
+    a.a1 = be.alloc({N, d}, matmul_input);
+    a.a2 = be.alloc({N, d}, matmul_input);
     a.q = be.alloc({N, c.q_dim()});
     a.k = be.alloc({N, c.kv_dim()});
     a.v = be.alloc({N, c.kv_dim()});
-    a.att = be.alloc({N, c.q_dim()});
+    a.att = be.alloc({N, c.q_dim()}, att_bf16 ? matmul_input : DType::F32);
     if (c.is_moe()) {
         a.router_logits = be.alloc({N, c.n_experts});
         a.top_idx = be.alloc({N, c.top_k}, DType::I32);
@@ -206,12 +223,12 @@ LayerActivations Model::alloc_activations(int64_t N, bool for_backward) const {
         a.offsets = be.alloc({c.n_experts + 1}, DType::I32);
         a.slot_rows = be.alloc({S}, DType::I32);
         a.slot_of = be.alloc({S}, DType::I32);
-        a.xs = be.alloc({S, d});
+        a.xs = be.alloc({S, d}, matmul_input);
         a.ys = be.alloc({S, d});
     }
     a.pre = be.alloc({S, c.d_ff});
     if (c.ffn_type == FfnType::SwiGlu) a.up = be.alloc({S, c.d_ff});
-    a.act = be.alloc({S, c.d_ff});
+    a.act = be.alloc({S, c.d_ff}, matmul_input);
     return a;
 }
 
@@ -234,7 +251,8 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
                           const CachedAttention* cached) {
     const ModelConfig& c = config_;
     Backend& be = backend_;
-    const LayerWeights& w = layers_[l];
+    const LayerWeights& w = layers_[l];  // norms and biases
+    const LayerWeights& m = matmul_weights(l);
     const int64_t N = B * T, H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const float eps = static_cast<float>(c.norm_eps);
     const bool swiglu = c.ffn_type == FfnType::SwiGlu;
@@ -244,9 +262,9 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
     if (a.h_in.defined()) be.copy(h, a.h_in);
     // Attention block.
     be.norm(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1);
-    be.matmul(a.a1, w.wq, a.q, linear, w.bq);
-    be.matmul(a.a1, w.wk, a.k, linear, w.bk);
-    be.matmul(a.a1, w.wv, a.v, linear, w.bv);
+    be.matmul(a.a1, m.wq, a.q, linear, w.bq);
+    be.matmul(a.a1, m.wk, a.k, linear, w.bk);
+    be.matmul(a.a1, m.wv, a.v, linear, w.bv);
     be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
     be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
     const Tensor q = a.q.reshape({B, T, H, hd}), att = a.att.reshape({B, T, H, hd});
@@ -259,40 +277,40 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
     } else {
         be.attention(q, k, v, att, c.sliding_window);
     }
-    be.matmul(a.att, w.wo, h, linear_acc, w.bo);  // h += o Wo^T + bo
+    be.matmul(a.att, m.wo, h, linear_acc, w.bo);  // h += o Wo^T + bo
     if (a.h_mid.defined()) be.copy(h, a.h_mid);
     // Feed-forward block.
     be.norm(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2);
     if (c.is_moe()) {
-        be.matmul(a.a2, w.router, a.router_logits, linear);
+        be.matmul(a.a2, m.router, a.router_logits, linear);
         be.router_topk(a.router_logits, a.top_idx, a.gates);
         if (aux_out.defined()) be.router_aux_loss(a.router_logits, a.top_idx, aux_out);
         be.moe_group(a.top_idx, c.n_experts, a.offsets, a.slot_rows, a.slot_of);
         be.gather_rows(a.a2, a.slot_rows, a.xs);
-        be.grouped_matmul(a.xs, w.w1, w.b1, a.offsets, a.pre);
-        if (swiglu) be.grouped_matmul(a.xs, w.w3, w.b3, a.offsets, a.up);
+        be.grouped_matmul(a.xs, m.w1, w.b1, a.offsets, a.pre);
+        if (swiglu) be.grouped_matmul(a.xs, m.w3, w.b3, a.offsets, a.up);
     } else {
-        be.matmul(a.a2, w.w1, a.pre, linear, w.b1);
-        if (swiglu) be.matmul(a.a2, w.w3, a.up, linear, w.b3);
+        be.matmul(a.a2, m.w1, a.pre, linear, w.b1);
+        if (swiglu) be.matmul(a.a2, m.w3, a.up, linear, w.b3);
     }
     if (swiglu) be.swiglu(a.pre, a.up, a.act);
     else be.activation(c.activation, a.pre, a.act);
     if (c.is_moe()) {
-        be.grouped_matmul(a.act, w.w2, w.b2, a.offsets, a.ys);
+        be.grouped_matmul(a.act, m.w2, w.b2, a.offsets, a.ys);
         be.moe_combine(a.ys, a.slot_of, a.gates, h);
     } else {
-        be.matmul(a.act, w.w2, h, linear_acc, w.b2);
+        be.matmul(a.act, m.w2, h, linear_acc, w.b2);
     }
 }
 
 Tensor Model::logits_of(const Tensor& h, Tensor* normed_out) const {
     const ModelConfig& c = config_;
-    Tensor normed = backend_.alloc(h.shape());
+    Tensor normed = backend_.alloc(h.shape(), bf16_storage() ? DType::BF16 : DType::F32);
     if (normed_out) *normed_out = normed;
     backend_.norm(c.norm_type, h, final_norm_w_, final_norm_b_, static_cast<float>(c.norm_eps),
                   normed);
     Tensor logits = backend_.alloc({h.dim(0), c.vocab_size});
-    backend_.matmul(normed, lm_head_, logits, {.trans_b = true});
+    backend_.matmul(normed, lm_head_operand(), logits, {.trans_b = true});
     return logits;
 }
 
@@ -302,8 +320,9 @@ Model::Classifier Model::classifier_forward_backward(const Tensor& h, const Tens
     const ModelConfig& c = config_;
     Backend& be = backend_;
     const int64_t N = h.dim(0), V = c.vocab_size;
-    Tensor normed = be.alloc(h.shape());
+    Tensor normed = be.alloc(h.shape(), bf16_storage() ? DType::BF16 : DType::F32);
     *normed_out = normed;
+    const Tensor& lm_head = lm_head_operand();
     be.norm(c.norm_type, h, final_norm_w_, final_norm_b_, static_cast<float>(c.norm_eps), normed);
     Classifier head;
     head.d_normed = be.alloc(h.shape());
@@ -313,15 +332,17 @@ Model::Classifier Model::classifier_forward_backward(const Tensor& h, const Tens
     // d loss / d logits of the mean cross-entropy; backward() applies its loss scale.
     const float scale = n_targets ? 1.0f / static_cast<float>(n_targets) : 0.0f;
     const int64_t rows = std::clamp<int64_t>(classifier_chunk_values_ / V, 1, N);
-    Tensor logits = be.alloc({rows, V}), d_logits = be.alloc({rows, V});
+    // d_logits feeds only the two matmuls below: bf16 under bf16_storage(), as the activations.
+    Tensor logits = be.alloc({rows, V});
+    Tensor d_logits = be.alloc({rows, V}, bf16_storage() ? DType::BF16 : DType::F32);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t r1 = std::min(N, r0 + rows), n = r1 - r0;
         const Tensor x = normed.rows(r0, r1), lg = logits.rows(0, n), dlg = d_logits.rows(0, n);
         const Tensor tgt = targets.rows(r0, r1);
-        be.matmul(x, lm_head_, lg, {.trans_b = true});
+        be.matmul(x, lm_head, lg, {.trans_b = true});
         be.cross_entropy(lg, tgt, losses.rows(r0, r1));
         be.cross_entropy_backward(lg, tgt, scale, dlg);
-        be.matmul(dlg, lm_head_, head.d_normed.rows(r0, r1), {.accumulate = true});
+        be.matmul(dlg, lm_head, head.d_normed.rows(r0, r1), {.accumulate = true});
         be.matmul(dlg, x, head.d_weight, {.trans_a = true, .accumulate = true});
     }
     return head;
@@ -336,6 +357,7 @@ ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int6
     if (keep_activations && !targets)
         throw std::logic_error("forward: keeping activations needs targets");
     Backend& be = backend_;
+    refresh_bf16_weights();
 
     Tensor ids = upload_tokens(tokens);
     std::vector<int32_t> pos_host(static_cast<size_t>(N));
@@ -466,7 +488,8 @@ void Model::backward(float loss_scale) {
     Tensor d_k = be.alloc({N, c.kv_dim()}), d_v = be.alloc({N, c.kv_dim()});
 
     for (int64_t l = c.n_layers - 1; l >= 0; --l) {
-        const LayerWeights& w = layers_[l];
+        const LayerWeights& w = layers_[l];  // norms
+        const LayerWeights& m = matmul_weights(l);
         const LayerWeights gw = bind_layer(g, l);
         const LayerActivations& a = saved_.layers[l];
         // Feed-forward block: h_out = h_mid + ffn(norm(h_mid)); dh flows on to h_mid as is.
@@ -475,37 +498,37 @@ void Model::backward(float loss_scale) {
         if (c.is_moe()) {
             for (const Tensor* t : {&d_xs, &d_ys, &d_gates, &d_router}) be.fill(*t, 0.0f);
             be.moe_combine_backward(a.ys, a.slot_of, a.gates, dh, d_ys, d_gates);
-            be.grouped_matmul_backward(a.act, w.w2, a.offsets, d_ys, d_act, gw.w2, gw.b2);
+            be.grouped_matmul_backward(a.act, m.w2, a.offsets, d_ys, d_act, gw.w2, gw.b2);
         } else {
-            linear_backward(a.act, w.w2, dh, d_act, gw.w2, gw.b2);
+            linear_backward(a.act, m.w2, dh, d_act, gw.w2, gw.b2);
         }
         if (swiglu) be.swiglu_backward(a.pre, a.up, d_act, d_pre, d_up);
         else be.activation_backward(c.activation, a.pre, d_act, d_pre);
         if (c.is_moe()) {
-            be.grouped_matmul_backward(a.xs, w.w1, a.offsets, d_pre, d_xs, gw.w1, gw.b1);
-            if (swiglu) be.grouped_matmul_backward(a.xs, w.w3, a.offsets, d_up, d_xs, gw.w3, gw.b3);
+            be.grouped_matmul_backward(a.xs, m.w1, a.offsets, d_pre, d_xs, gw.w1, gw.b1);
+            if (swiglu) be.grouped_matmul_backward(a.xs, m.w3, a.offsets, d_up, d_xs, gw.w3, gw.b3);
             be.gather_rows_backward(a.slot_rows, d_xs, d_a);
             be.router_backward(a.router_logits, a.top_idx, a.gates, d_gates, aux_weight, d_router);
-            linear_backward(a.a2, w.router, d_router, d_a, gw.router, Tensor{});
+            linear_backward(a.a2, m.router, d_router, d_a, gw.router, Tensor{});
         } else {
-            linear_backward(a.a2, w.w1, d_pre, d_a, gw.w1, gw.b1);
-            if (swiglu) linear_backward(a.a2, w.w3, d_up, d_a, gw.w3, gw.b3);
+            linear_backward(a.a2, m.w1, d_pre, d_a, gw.w1, gw.b1);
+            if (swiglu) linear_backward(a.a2, m.w3, d_up, d_a, gw.w3, gw.b3);
         }
         be.norm_backward(c.norm_type, a.h_mid, w.post_norm_w, d_a, eps, dh, gw.post_norm_w,
                          gw.post_norm_b);
 
         // Attention block: h_mid = h_in + attention(norm(h_in)) Wo^T + bo.
         for (const Tensor* t : {&d_att, &d_q, &d_k, &d_v, &d_a}) be.fill(*t, 0.0f);
-        linear_backward(a.att, w.wo, dh, d_att, gw.wo, gw.bo);
+        linear_backward(a.att, m.wo, dh, d_att, gw.wo, gw.bo);
         be.attention_backward(a.q.reshape({B, T, H, hd}), a.k.reshape({B, T, Hkv, hd}),
                               a.v.reshape({B, T, Hkv, hd}), d_att.reshape({B, T, H, hd}),
                               d_q.reshape({B, T, H, hd}), d_k.reshape({B, T, Hkv, hd}),
                               d_v.reshape({B, T, Hkv, hd}), c.sliding_window);
         be.rope(d_q.reshape({N, H, hd}), saved_.positions, c.rope_theta, /*inverse=*/true);
         be.rope(d_k.reshape({N, Hkv, hd}), saved_.positions, c.rope_theta, /*inverse=*/true);
-        linear_backward(a.a1, w.wq, d_q, d_a, gw.wq, gw.bq);
-        linear_backward(a.a1, w.wk, d_k, d_a, gw.wk, gw.bk);
-        linear_backward(a.a1, w.wv, d_v, d_a, gw.wv, gw.bv);
+        linear_backward(a.a1, m.wq, d_q, d_a, gw.wq, gw.bq);
+        linear_backward(a.a1, m.wk, d_k, d_a, gw.wk, gw.bk);
+        linear_backward(a.a1, m.wv, d_v, d_a, gw.wv, gw.bv);
         be.norm_backward(c.norm_type, a.h_in, w.input_norm_w, d_a, eps, dh, gw.input_norm_w,
                          gw.input_norm_b);
     }
@@ -527,6 +550,7 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
             throw std::logic_error("forward_cached: positions beyond what the cache holds");
         for (int64_t t = 0; t < T; ++t) pos_host[b * T + t] = static_cast<int32_t>(start[b] + t);
     }
+    refresh_bf16_weights();
     if (T == 1) return decode_step(tokens, start, cache);
     Tensor ids = upload_tokens(tokens);
     Tensor positions = be.alloc({N}, DType::I32);
@@ -535,7 +559,7 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
     be.upload(cached.start, start.data());
 
     Tensor h = be.alloc({N, c.d_model});
-    LayerActivations scratch = alloc_activations(N, /*for_backward=*/false);
+    LayerActivations scratch = alloc_activations(N, /*for_backward=*/false, /*cached=*/true);
     be.embedding(embed_, ids, h);
     for (int64_t l = 0; l < c.n_layers; ++l)
         layer_forward(l, h, scratch, positions, B, T, Tensor{}, &cached);
@@ -556,6 +580,7 @@ namespace {
 struct DecodeState {
     Tensor params;  // the model the step was made for (a cache may serve another model next)
     Precision precision = Precision::F32;
+    bool bf16_storage = false;
     Tensor ids, start;  // [B] I32; start is also the positions (one token per sequence)
     Tensor h;           // [B, d]
     LayerActivations scratch;
@@ -575,14 +600,15 @@ Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<
     // Another model's weights, or another precision's kernels, would make a recording of the
     // step wrong: start afresh.
     if (!state || state->params.buffer() != params_.buffer() ||
-        state->precision != be.matmul_precision()) {
+        state->precision != be.matmul_precision() || state->bf16_storage != bf16_storage()) {
         state = std::make_shared<DecodeState>();
         state->params = params_;
         state->precision = be.matmul_precision();
+        state->bf16_storage = bf16_storage();
         state->ids = be.alloc({B}, DType::I32);
         state->start = be.alloc({B}, DType::I32);
         state->h = be.alloc({B, c.d_model});
-        state->scratch = alloc_activations(B, /*for_backward=*/false);
+        state->scratch = alloc_activations(B, /*for_backward=*/false, /*cached=*/true);
         cache.decode_state() = state;
     }
     DecodeState& d = *state;

@@ -4,6 +4,12 @@
 // All parameters live in one flat fp32 device tensor, in the order of model_param_layout().
 // Each layer's experts are consecutive, so the stacked [E, d_ff, d] expert weights the grouped
 // matmul needs are plain views of that tensor.
+//
+// In BF16 precision the model keeps a bf16 copy of that tensor, which the matmuls read, and
+// stores the activations that only matmuls read (the norms' outputs, attention's output, the
+// FFN activation, the expert-sorted inputs, and the classifier's d_logits) as BF16 tensors. The matmuls round their
+// operands to bf16 anyway (engine/backend.h), so this gives the same results as fp32 storage
+// with half the memory and traffic, and no rounding copies per matmul.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +89,12 @@ public:
     const ParamLayout& layout() const { return layout_; }
     Backend& backend() const { return backend_; }
     const Tensor& params() const { return params_; }
+    // Whoever writes params() directly (an optimizer step) calls this afterwards, so that the
+    // bf16 copy of the weights is refreshed before the next pass reads it.
+    void params_changed() { bf16_weights_current_ = false; }
+    // In BF16 precision, whether weights and matmul-only activations are stored in bf16 (the
+    // default) or kept fp32: for checking that bf16 storage changes no result.
+    void set_bf16_storage(bool on) { bf16_storage_enabled_ = on; }
     int64_t num_params() const { return layout_.total; }
 
     // DESIGN.md initialisation: weights N(0, 0.02), o_proj and w2 N(0, 0.02/sqrt(2L)), biases 0,
@@ -125,7 +137,21 @@ private:
     // Views of one layer's tensors inside a flat tensor laid out like the parameters.
     LayerWeights bind_layer(const Tensor& flat, int64_t layer) const;
     Tensor view(const Tensor& flat, const std::string& name) const;
-    LayerActivations alloc_activations(int64_t N, bool for_backward) const;
+    // Whether this pass stores weights and matmul-only activations in bf16 (see the top).
+    bool bf16_storage() const {
+        return bf16_storage_enabled_ && backend_.matmul_precision() == Precision::BF16;
+    }
+    // Makes the bf16 copy of the weights current, when bf16_storage(); called by each pass.
+    void refresh_bf16_weights();
+    // The weights the matmuls read: the bf16 copy's views under bf16_storage(), else the
+    // parameters' own. Norm weights and biases are read from layers_ (fp32) either way.
+    const LayerWeights& matmul_weights(int64_t layer) const {
+        return bf16_storage() ? layers_bf16_[layer] : layers_[layer];
+    }
+    const Tensor& lm_head_operand() const { return bf16_storage() ? lm_head_bf16_ : lm_head_; }
+    // Activations for N tokens (h_in/h_mid too for_backward); `cached`: for attention_cached(),
+    // whose output is fp32.
+    LayerActivations alloc_activations(int64_t N, bool for_backward, bool cached = false) const;
     // Checks token ids against the vocabulary (check_tokens), and uploads them.
     void check_tokens(const std::vector<int32_t>& tokens) const;
     Tensor upload_tokens(const std::vector<int32_t>& tokens) const;
@@ -165,6 +191,11 @@ private:
     Tensor params_;
     Tensor embed_, final_norm_w_, final_norm_b_, lm_head_;
     std::vector<LayerWeights> layers_;
+    // The bf16 copy of params_ (BF16, made on the first pass that needs it) and its views.
+    Tensor params_bf16_, lm_head_bf16_;
+    std::vector<LayerWeights> layers_bf16_;
+    bool bf16_weights_current_ = false;
+    bool bf16_storage_enabled_ = true;
     Tensor grads_;
     int64_t classifier_chunk_values_ = int64_t{1} << 25;
 

@@ -1,7 +1,9 @@
 // The precision of the matmuls (DESIGN.md section 5): fp32, or bf16 operands with fp32
 // accumulation, the mixed precision GPU training uses (tensor cores take bf16). Only the
-// matmuls and attention's products change (engine/backend.h says exactly how): every other op,
-// the weights, their gradients and the optimizer stay fp32.
+// matmuls and attention's products change (engine/backend.h says exactly how): every other op
+// computes in fp32, and the master weights, their gradients and the optimizer stay fp32. (A
+// model in BF16 stores a bf16 copy of its weights and the activations only matmuls read as BF16
+// tensors, which are the values the matmuls round to anyway: engine/model.h.)
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,21 @@ inline float round_to_bf16(float x) {
     float r;
     std::memcpy(&r, &u, sizeof r);
     return r;
+}
+
+// The 16-bit pattern a BF16 tensor holds for x (round_to_bf16(x)'s upper half), and the value
+// a pattern holds.
+inline uint16_t to_bf16_bits(float x) {
+    const float r = round_to_bf16(x);
+    uint32_t u;
+    std::memcpy(&u, &r, sizeof u);
+    return static_cast<uint16_t>(u >> 16);
+}
+inline float from_bf16_bits(uint16_t bits) {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
 }
 
 // The longest head whose attention runs in bf16 under BF16 precision (the CUDA tensor-core

@@ -6,7 +6,14 @@
 
 namespace tmx {
 
-const char* to_string(DType t) { return t == DType::F32 ? "f32" : "i32"; }
+const char* to_string(DType t) {
+    switch (t) {
+        case DType::F32: return "f32";
+        case DType::I32: return "i32";
+        case DType::BF16: return "bf16";
+    }
+    return "unknown dtype";
+}
 
 int64_t shape_numel(const Shape& s) {
     // Checked inline rather than through checked_mul: this runs on every tensor op, and the

@@ -12,9 +12,11 @@
 
 namespace tmx {
 
-enum class DType : uint8_t { F32, I32 };
+// BF16 holds bfloat16 values: the upper 16 bits of an fp32 (round_to_bf16 in engine/precision.h
+// gives the value an fp32 rounds to). Backends with bf16 matmuls have them (engine/backend.h).
+enum class DType : uint8_t { F32, I32, BF16 };
 
-inline size_t dtype_size(DType) { return 4; }
+inline size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
 const char* to_string(DType t);
 
 using Shape = std::vector<int64_t>;

@@ -679,6 +679,7 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
                     .step = step_ + 1,
                     .grad_scale = clip ? static_cast<float>(options_.grad_clip / (grad_norm + 1e-6))
                                        : 1.0f});
+    m.params_changed();
     ++step_;
     unsaved_ = true;
     ++window_.applied;

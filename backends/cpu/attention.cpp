@@ -76,7 +76,8 @@ void CpuBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& 
     const float* qp = cpu_operand(products, q, q_rounded);
     const float* kp = cpu_operand(products, k, k_rounded);
     const float* vp = cpu_operand(products, v, v_rounded);
-    float* op = data<float>(out);
+    CpuOutput result(out);
+    float* op = result.data();
     const int64_t span = window > 0 ? std::min(window, T) : T;
 
 #pragma omp parallel if (worth_threads(B * H * T * span * hd))
@@ -97,6 +98,7 @@ void CpuBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& 
             }
         }
     }
+    result.store();
 }
 
 void CpuBackend::attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,

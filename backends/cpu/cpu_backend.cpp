@@ -108,6 +108,38 @@ void CpuBackend::copy_impl(const Tensor& src, const Tensor& dst) {
     std::memmove(host_ptr(dst), host_ptr(src), src.bytes());
 }
 
+void CpuBackend::convert_impl(const Tensor& src, const Tensor& dst) {
+    const int64_t n = src.numel();
+    if (src.dtype() == DType::F32) {
+        const float* in = data<float>(src);
+        uint16_t* o = data<uint16_t>(dst);
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+        for (int64_t i = 0; i < n; ++i) o[i] = to_bf16_bits(in[i]);
+    } else {
+        const uint16_t* in = data<uint16_t>(src);
+        float* o = data<float>(dst);
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+        for (int64_t i = 0; i < n; ++i) o[i] = from_bf16_bits(in[i]);
+    }
+}
+
+CpuOutput::CpuOutput(const Tensor& out) : out_(out) {
+    if (out.dtype() == DType::BF16) {
+        scratch_.resize(static_cast<size_t>(out.numel()));
+        data_ = scratch_.data();
+    } else {
+        data_ = CpuBackend::data<float>(out);
+    }
+}
+
+void CpuOutput::store() {
+    if (out_.dtype() != DType::BF16) return;
+    uint16_t* o = CpuBackend::data<uint16_t>(out_);
+    const int64_t n = out_.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) o[i] = to_bf16_bits(scratch_[i]);
+}
+
 void CpuBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) {
     const float* t = data<float>(table);
     const int32_t* id = data<int32_t>(ids);
@@ -122,18 +154,22 @@ void CpuBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Te
 }
 
 void CpuBackend::activation_impl(Activation act, const Tensor& x, const Tensor& out) {
+    CpuOutput result(out);
     cpu::with_activation(act, [&](auto fn, auto) {
-        map_elementwise(data<float>(x), data<float>(out), x.numel(), fn);
+        map_elementwise(data<float>(x), result.data(), x.numel(), fn);
     });
+    result.store();
 }
 
 void CpuBackend::swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) {
     const float* g = data<float>(gate);
     const float* u = data<float>(up);
-    float* o = data<float>(out);
+    CpuOutput result(out);
+    float* o = result.data();
     int64_t n = gate.numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelElements)
     for (int64_t i = 0; i < n; ++i) o[i] = cpu::silu(g[i]) * u[i];
+    result.store();
 }
 
 void CpuBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& out) {

@@ -38,6 +38,7 @@ protected:
     void download_impl(const Tensor& src, void* host) override;
     void fill_impl(const Tensor& dst, float value) override;
     void copy_impl(const Tensor& src, const Tensor& dst) override;
+    void convert_impl(const Tensor& src, const Tensor& dst) override;
 
     void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) override;
     void norm_impl(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -113,9 +114,25 @@ private:
 void cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, const float* B, float beta, float* C);
 
-// The values a product multiplies for the operand t under precision p: t's own in fp32; in
-// bf16, a copy rounded to bf16 held in `rounded`. Shared by the matmuls and attention.
+// The values a product multiplies for the operand t under precision p: an F32 t's own in fp32;
+// in bf16, a copy rounded to bf16 held in `rounded`; a BF16 t's values (exact) in `rounded`.
+// Shared by the matmuls and attention.
 const float* cpu_operand(Precision p, const Tensor& t, std::vector<float>& rounded);
+
+// Where an op writes its fp32 results: into out itself when out is F32; for a BF16 out, into
+// scratch that store() then rounds into out. The arithmetic is the same either way, so a BF16
+// out holds exactly the rounding of what an F32 out would.
+class CpuOutput {
+public:
+    explicit CpuOutput(const Tensor& out);
+    float* data() { return data_; }
+    void store();
+
+private:
+    Tensor out_;
+    std::vector<float> scratch_;
+    float* data_;
+};
 
 // cpu_sgemm's path for A [M, K] times B [N, K]^T with few rows (decoding): one pass over B.
 constexpr int64_t kSmallGemmRows = 4;

@@ -57,7 +57,8 @@ void CpuBackend::cross_entropy_backward_impl(const Tensor& logits, const Tensor&
     const int64_t N = logits.dim(0), V = logits.dim(1);
     const float* z = data<float>(logits);
     const int32_t* t = data<int32_t>(targets);
-    float* dz = data<float>(d_logits);
+    CpuOutput result(d_logits);
+    float* dz = result.data();
 #pragma omp parallel for schedule(static) if (N * V > (1 << 16))
     for (int64_t n = 0; n < N; ++n) {
         const float* row = z + n * V;
@@ -72,6 +73,7 @@ void CpuBackend::cross_entropy_backward_impl(const Tensor& logits, const Tensor&
         for (int64_t v = 0; v < V; ++v) drow[v] = cpu::exp_fast(row[v] - m) * inv;
         drow[t[n]] -= scale;
     }
+    result.store();
 }
 
 }  // namespace tmx

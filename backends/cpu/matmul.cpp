@@ -1,6 +1,7 @@
 // CPU matmuls: dense (OpenBLAS sgemm) and grouped over experts (one sgemm per expert's rows).
 // In bf16 precision each operand is first copied rounded to bf16 (the values a GPU's tensor
-// cores multiply); the sgemm then sums the exact products of those values in fp32.
+// cores multiply), or widened from a BF16 tensor; the sgemm then sums the exact products of
+// those values in fp32.
 #include <cblas.h>
 
 #include <algorithm>
@@ -62,9 +63,16 @@ void add_rows(const float* bias, int64_t M, int64_t N, float* out) {
 }  // namespace
 
 const float* cpu_operand(Precision p, const Tensor& t, std::vector<float>& rounded) {
+    const int64_t n = t.numel();
+    if (t.dtype() == DType::BF16) {
+        const uint16_t* bits = CpuBackend::data<uint16_t>(t);
+        rounded.resize(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+        for (int64_t i = 0; i < n; ++i) rounded[i] = from_bf16_bits(bits[i]);
+        return rounded.data();
+    }
     const float* x = CpuBackend::data<float>(t);
     if (p == Precision::F32) return x;
-    const int64_t n = t.numel();
     rounded.resize(static_cast<size_t>(n));
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
     for (int64_t i = 0; i < n; ++i) rounded[i] = round_to_bf16(x[i]);

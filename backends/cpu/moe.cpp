@@ -65,15 +65,16 @@ void CpuBackend::moe_group_impl(const Tensor& indices, int64_t n_experts, const 
 }
 
 void CpuBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) {
-    const int64_t S = rows.dim(0), d = x.dim(1), N = x.dim(0);
-    const float* in = data<float>(x);
+    const int64_t S = rows.dim(0), N = x.dim(0);
+    const size_t row_bytes = static_cast<size_t>(x.dim(1)) * dtype_size(x.dtype());  // F32, BF16
+    const std::byte* in = data<std::byte>(x);
     const int32_t* r = data<int32_t>(rows);
-    float* o = data<float>(out);
+    std::byte* o = data<std::byte>(out);
     for (int64_t s = 0; s < S; ++s) {
         if (r[s] < 0 || r[s] >= N)
             throw std::out_of_range("gather_rows: row " + std::to_string(r[s]) + " outside [0, " +
                                     std::to_string(N) + ")");
-        std::memcpy(o + s * d, in + r[s] * d, static_cast<size_t>(d) * sizeof(float));
+        std::memcpy(o + s * row_bytes, in + r[s] * row_bytes, row_bytes);
     }
 }
 

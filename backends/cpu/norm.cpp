@@ -40,7 +40,8 @@ void CpuBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight,
     const float* in = data<float>(x);
     const float* w = data<float>(weight);
     const float* b = bias.defined() ? data<float>(bias) : nullptr;
-    float* o = data<float>(out);
+    CpuOutput result(out);
+    float* o = result.data();
 #pragma omp parallel for schedule(static) if (N * d > (1 << 15))
     for (int64_t n = 0; n < N; ++n) {
         const float* row = in + n * d;
@@ -54,6 +55,7 @@ void CpuBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight,
             dst[i] = b ? y + b[i] : y;
         }
     }
+    result.store();
 }
 
 void CpuBackend::norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,

@@ -2,7 +2,8 @@
 // over a sequence or over a chunk plus its rolling KV cache, the cache write, and the
 // backward. fp32 flash-style kernels: scores live in registers one 32 x 32 tile at a time, no
 // T x T matrix is ever in memory. In bf16 precision (attention_in_bf16), attention() and its
-// backward run on tensor cores instead (attention_bf16.cuh); the cached forward stays fp32.
+// backward run on tensor cores instead (attention_bf16.cuh), and only there may attention()'s
+// out be BF16; the cached forward stays fp32.
 //
 // How the work is laid out (the same in every kernel):
 //   * A block (4 warps) works for one (sequence b, kv head). The G = H / Hkv query heads that
@@ -789,14 +790,16 @@ void with_padded_head_dim(int hd, F&& f) {
 void attention_forward_bf16(CudaBackend& be, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& out, int64_t window) {
     const char* op = "attention";
-    Bf16Launch l = prepare_bf16(be, q, k, v, nullptr, window, op);
-    l.args.out = CudaBackend::data<float>(out);
-    with_padded_head_dim(l.head_dim, [&](auto hd_constant) {
-        constexpr int HD = decltype(hd_constant)::value;
-        constexpr size_t bytes = bf16_attention::forward_shared_bytes<HD>();
-        allow_shared_bytes(bf16_attention::attention_forward_bf16_kernel<HD>, bytes, op);
-        bf16_attention::attention_forward_bf16_kernel<HD>
-            <<<l.row_blocks, bf16_attention::kThreads, bytes, be.stream()>>>(l.args);
+    const Bf16Launch l = prepare_bf16(be, q, k, v, nullptr, window, op);
+    cuda::with_float_data(out, [&](auto* o) {  // out: F32, or BF16 (stored rounded)
+        using OutT = std::remove_pointer_t<decltype(o)>;
+        with_padded_head_dim(l.head_dim, [&](auto hd_constant) {
+            constexpr int HD = decltype(hd_constant)::value;
+            constexpr size_t bytes = bf16_attention::forward_shared_bytes<HD>();
+            const auto kernel = bf16_attention::attention_forward_bf16_kernel<HD, OutT>;
+            allow_shared_bytes(kernel, bytes, op);
+            kernel<<<l.row_blocks, bf16_attention::kThreads, bytes, be.stream()>>>(l.args, o);
+        });
     });
     be.check_launch(op);
 }

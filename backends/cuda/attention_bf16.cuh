@@ -2,7 +2,8 @@
 // and newer): the forward and the backward of attention() when the backend's matmul precision
 // is BF16 and head_dim <= 128 (engine/backend.h states the contract; backends/cpu/attention.cpp
 // is its twin). Private to attention.cu, which rounds q, k, v and d_out into bf16 rows padded
-// with zeros to HD = 32, 64 or 128 dims (pad_to_bf16_rows) and launches these kernels.
+// with zeros to HD = 32, 64 or 128 dims (pad_to_bf16_rows) and launches these kernels. The
+// forward's out is fp32 or bf16 (a BF16 tensor: the fp32 result, rounded as it is stored).
 //
 // The layout is the fp32 kernels' (attention.cu): a block serves one (sequence b, kv head) and
 // the G query heads that read it as rows r = t * G + g (attention_tiles.h).
@@ -28,6 +29,7 @@
 
 #include "backends/cuda/async_copy.cuh"
 #include "backends/cuda/attention_tiles.h"
+#include "backends/cuda/cuda_common.cuh"
 
 namespace tmx::cuda::attention_bf16 {
 
@@ -51,7 +53,6 @@ inline int padded_head_dim(int hd) {
 struct Args {
     // bf16 rows padded to HD: q and d_out [B, T, H, HD], k and v [B, T, Hkv, HD].
     const bf16 *q, *k, *v, *d_out;
-    float* out;              // forward: [B, T, H, hd]
     float *lse2, *delta;     // backward scratch [B, T, H]: log2-sum-exp2 of the scaled scores, D
     float *d_q, *d_k, *d_v;  // backward: accumulated, fp32 [.., hd]
     int B, T, H, Hkv, hd, window;
@@ -356,10 +357,21 @@ __device__ __forceinline__ void mask_scores(float (&s)[N / 8][4], const int (&t)
         }
 }
 
+// Stores two adjacent outputs (lo at p[0]): fp32 as one float2; bf16 one by one, as a BF16 view
+// is only 2-byte aligned.
+__device__ __forceinline__ void store_pair(float* p, float lo, float hi) {
+    *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+}
+__device__ __forceinline__ void store_pair(bf16* p, float lo, float hi) {
+    store_as(p, lo);
+    store_as(p + 1, hi);
+}
+
 // ------------------------------------------------------------------------ kernels
 
-template <int HD>
-__global__ void __launch_bounds__(kThreads) attention_forward_bf16_kernel(const Args a) {
+// out [B, T, H, hd]: OutT is float, or bf16 for a BF16 out.
+template <int HD, typename OutT>
+__global__ void __launch_bounds__(kThreads) attention_forward_bf16_kernel(const Args a, OutT* out) {
     extern __shared__ uint4 shared_raw[];
     bf16* q_tile = reinterpret_cast<bf16*>(shared_raw);
     bf16* stages = q_tile + tile_elems<HD>(kRows);
@@ -404,13 +416,11 @@ __global__ void __launch_bounds__(kThreads) attention_forward_bf16_kernel(const 
         if (t[half] < 0) continue;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int64_t qi = rb.heads.query_index(a, first_row + lane_id() / 4 + 8 * half);
-        float* dst = a.out + qi * a.hd;
+        OutT* dst = out + qi * a.hd;
 #pragma unroll
         for (int d = 0; d < HD / 8; ++d) {
             const int col = 8 * d + frag_col(0);  // even, and hd is even: both or neither
-            if (col < a.hd)
-                *reinterpret_cast<float2*>(dst + col) =
-                    make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+            if (col < a.hd) store_pair(dst + col, o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
         }
     }
 }

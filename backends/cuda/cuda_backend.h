@@ -1,6 +1,7 @@
-// The CUDA backend: the training path on NVIDIA GPUs (DESIGN.md section 5). fp32 tensors,
-// cuBLASLt for dense matmuls (TF32 off: fp32 results; bf16 operands in bf16 precision), own
-// kernels for everything else, tensor-core ones for the grouped expert matmuls in bf16.
+// The CUDA backend: the training path on NVIDIA GPUs (DESIGN.md section 5). fp32 tensors (and
+// bf16 ones where engine/backend.h allows them), cuBLASLt for dense matmuls (TF32 off: fp32
+// results; bf16 operands in bf16 precision), own kernels for everything else, tensor-core ones
+// for the grouped expert matmuls in bf16.
 //
 // One stream: ops launch on it and return; the host waits only in download() and
 // synchronize(). Device memory comes from CUDA's stream-ordered pool (cudaMallocAsync /
@@ -119,6 +120,7 @@ protected:
     void download_impl(const Tensor& src, void* host) override;
     void fill_impl(const Tensor& dst, float value) override;
     void copy_impl(const Tensor& src, const Tensor& dst) override;
+    void convert_impl(const Tensor& src, const Tensor& dst) override;
 
     void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) override;
     void norm_impl(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,

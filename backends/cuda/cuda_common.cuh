@@ -98,10 +98,67 @@ __device__ __forceinline__ void report_error(int* status, int code, int value, i
     }
 }
 
-// t's elements as rows of `cols` (its last dimension), rounded to bf16 (nearest even) into pool
-// memory, each row padded with zeros to ld (a multiple of 8, at least cols) so that every
-// 16-byte chunk is aligned: the operands of the tensor-core kernels (defined in matmul.cu).
-// `storage` keeps the memory.
+// ---- float element types: an F32 tensor holds float, a BF16 one __nv_bfloat16
+
+// An element as the fp32 value it holds (a bf16 widens exactly).
+__device__ __forceinline__ float to_float(float v) {
+    return v;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+
+// Stores v as the element type: a float as it is, a bf16 rounded to nearest even (the CPU's
+// round_to_bf16), so a BF16 out holds exactly the rounding of what an F32 out would.
+__device__ __forceinline__ void store_as(float* p, float v) {
+    *p = v;
+}
+__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) {
+    *p = __float2bfloat16_rn(v);
+}
+
+// 8 elements at p (16-byte aligned) as floats, read in 16-byte loads.
+template <typename T>
+__device__ __forceinline__ void load8_aligned(const T* p, float (&f)[8]) {
+    constexpr int kVecs = 8 * sizeof(T) / 16;
+    uint4 raw[kVecs];
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) raw[j] = reinterpret_cast<const uint4*>(p)[j];
+    const T* v = reinterpret_cast<const T*>(raw);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) f[c] = to_float(v[c]);
+}
+
+// 8 floats stored at p (16-byte aligned) as T (store_as), in 16-byte stores.
+template <typename T>
+__device__ __forceinline__ void store8_aligned(T* p, const float (&f)[8]) {
+    constexpr int kVecs = 8 * sizeof(T) / 16;
+    uint4 raw[kVecs];
+    T* v = reinterpret_cast<T*>(raw);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) store_as(v + c, f[c]);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) reinterpret_cast<uint4*>(p)[j] = raw[j];
+}
+
+inline bool aligned16(const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Calls f with t's data as float* (F32) or __nv_bfloat16* (BF16): launches a kernel templated
+// on the element type of a tensor that may be either.
+template <typename F>
+void with_float_data(const Tensor& t, F&& f) {
+    if (t.dtype() == DType::BF16)
+        f(CudaBackend::data<__nv_bfloat16>(t));
+    else
+        f(CudaBackend::data<float>(t));
+}
+
+// t's elements as rows of `cols` (its last dimension) in bf16, F32 rounded to nearest even and
+// BF16 copied exactly, into pool memory, each row padded with zeros to ld (a multiple of 8, at
+// least cols) so that every 16-byte chunk is aligned: the operands of the tensor-core kernels
+// (defined in matmul.cu). `storage` keeps the memory.
 struct Bf16Rows {
     Tensor storage;
     const __nv_bfloat16* data = nullptr;

@@ -1,10 +1,14 @@
 // The CUDA backend's elementwise ops and the embedding, forward and backward side by side:
-// fill, embedding (+ backward), activation (+ backward), swiglu (+ backward), add. Their CPU
-// twins are in backends/cpu/cpu_backend.cpp; the scalar math is shared in cuda_math.h.
+// fill, convert, embedding (+ backward), activation (+ backward), swiglu (+ backward), add.
+// Their CPU twins are in backends/cpu/cpu_backend.cpp; the scalar math is shared in
+// cuda_math.h.
 //
 // Elementwise kernels are grid-stride loops over 64-bit indices (tensors of up to ~2e9
 // elements) with scalar loads: views may start at any 4-byte offset, and these kernels are
-// bound by memory bandwidth, which scalar loads in a full grid already come close to.
+// bound by memory bandwidth, which scalar loads in a full grid already come close to. The
+// forward activations may store a BF16 out (templated on the output type, the fp32 arithmetic
+// unchanged). convert, whose bf16 side would take 2-byte accesses, moves 8 elements a thread in
+// 16-byte accesses where the views' alignment allows (far fewer memory instructions).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -33,6 +37,27 @@ using cuda::grid_stride;
 template <typename T>
 __global__ void fill_kernel(T* p, int64_t n, T value) {
     for (int64_t i = grid_start(); i < n; i += grid_stride()) p[i] = value;
+}
+
+// ---- convert
+
+// dst[i] = src[i], F32 to BF16 (rounded) or BF16 to F32 (exact), 8 elements a thread per step:
+// in 16-byte accesses where both pointers are 16-byte aligned (vec; the chunks then all are),
+// one by one otherwise and for the last n % 8.
+template <typename Src, typename Dst>
+__global__ void convert_kernel(const Src* src, Dst* dst, int64_t n, bool vec) {
+    const int64_t chunks = (n + 7) / 8;
+    for (int64_t i = grid_start(); i < chunks; i += grid_stride()) {
+        const int64_t first = i * 8;
+        if (vec && first + 8 <= n) {
+            float f[8];
+            cuda::load8_aligned(src + first, f);
+            cuda::store8_aligned(dst + first, f);
+        } else {
+            for (int64_t j = first; j < n && j < first + 8; ++j)
+                cuda::store_as(dst + j, cuda::to_float(src[j]));
+        }
+    }
 }
 
 // ---- embedding
@@ -93,9 +118,11 @@ __global__ void embedding_backward_kernel(const uint32_t* sorted_ids, const int3
 
 // ---- activations
 
-template <Activation A>
-__global__ void activation_kernel(const float* x, float* out, int64_t n) {
-    for (int64_t i = grid_start(); i < n; i += grid_stride()) out[i] = ActivationFn<A>::value(x[i]);
+// OutT: float, or __nv_bfloat16 for a BF16 out (the fp32 value rounded as it is stored).
+template <Activation A, typename OutT>
+__global__ void activation_kernel(const float* x, OutT* out, int64_t n) {
+    for (int64_t i = grid_start(); i < n; i += grid_stride())
+        cuda::store_as(out + i, ActivationFn<A>::value(x[i]));
 }
 
 // d_x += act'(x) * d_out.
@@ -106,8 +133,11 @@ __global__ void activation_backward_kernel(const float* x, const float* d_out, f
         d_x[i] += ActivationFn<A>::derivative(x[i]) * d_out[i];
 }
 
-__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n) {
-    for (int64_t i = grid_start(); i < n; i += grid_stride()) out[i] = cuda::silu(gate[i]) * up[i];
+// OutT as for activation_kernel.
+template <typename OutT>
+__global__ void swiglu_kernel(const float* gate, const float* up, OutT* out, int64_t n) {
+    for (int64_t i = grid_start(); i < n; i += grid_stride())
+        cuda::store_as(out + i, cuda::silu(gate[i]) * up[i]);
 }
 
 // d_gate += silu'(gate) * up * d_out, d_up += silu(gate) * d_out (the CPU's order of products).
@@ -148,6 +178,21 @@ void CudaBackend::fill_impl(const Tensor& dst, float value) {
         }
     }
     check_launch("fill");
+}
+
+void CudaBackend::convert_impl(const Tensor& src, const Tensor& dst) {
+    const int64_t n = src.numel();
+    if (n == 0) return;
+    const unsigned blocks = elementwise_blocks((n + 7) / 8, device().sm_count);
+    const auto launch = [&](const auto* s, auto* d) {
+        const bool vec = cuda::aligned16(s) && cuda::aligned16(d);
+        convert_kernel<<<blocks, kThreads, 0, stream()>>>(s, d, n, vec);
+    };
+    if (src.dtype() == DType::F32)
+        launch(data<float>(src), data<__nv_bfloat16>(dst));
+    else
+        launch(data<__nv_bfloat16>(src), data<float>(dst));
+    check_launch("convert");
 }
 
 void CudaBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) {
@@ -213,21 +258,22 @@ void CudaBackend::activation_impl(Activation act, const Tensor& x, const Tensor&
     if (n == 0) return;
     const unsigned blocks = elementwise_blocks(n, device().sm_count);
     const float* xp = data<float>(x);
-    float* op = data<float>(out);
-    switch (act) {
-        case Activation::Gelu:
-            activation_kernel<Activation::Gelu><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
-            break;
-        case Activation::Silu:
-            activation_kernel<Activation::Silu><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
-            break;
-        case Activation::Relu:
-            activation_kernel<Activation::Relu><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
-            break;
-        case Activation::Relu2:
-            activation_kernel<Activation::Relu2><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
-            break;
-    }
+    cuda::with_float_data(out, [&](auto* op) {
+        switch (act) {
+            case Activation::Gelu:
+                activation_kernel<Activation::Gelu><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
+                break;
+            case Activation::Silu:
+                activation_kernel<Activation::Silu><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
+                break;
+            case Activation::Relu:
+                activation_kernel<Activation::Relu><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
+                break;
+            case Activation::Relu2:
+                activation_kernel<Activation::Relu2><<<blocks, kThreads, 0, stream()>>>(xp, op, n);
+                break;
+        }
+    });
     check_launch("activation");
 }
 
@@ -263,8 +309,10 @@ void CudaBackend::activation_backward_impl(Activation act, const Tensor& x, cons
 void CudaBackend::swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) {
     const int64_t n = gate.numel();
     if (n == 0) return;
-    swiglu_kernel<<<elementwise_blocks(n, device().sm_count), kThreads, 0, stream()>>>(
-        data<float>(gate), data<float>(up), data<float>(out), n);
+    cuda::with_float_data(out, [&](auto* op) {
+        swiglu_kernel<<<elementwise_blocks(n, device().sm_count), kThreads, 0, stream()>>>(
+            data<float>(gate), data<float>(up), op, n);
+    });
     check_launch("swiglu");
 }
 

@@ -73,17 +73,19 @@ __global__ void cross_entropy_kernel(const float* logits, const int32_t* targets
 
 // d_logits[n, :] = scale * softmax(logits[n, :]) - scale * onehot(t), written (not added);
 // rows with t = -1 (or an invalid t, reported) get 0. Each thread writes the elements it read
-// (the same stride in both passes), so d_logits may alias logits.
+// (the same stride in both passes), so an F32 d_logits may alias logits. OutT: float, or
+// __nv_bfloat16 for a BF16 d_logits (the fp32 value rounded as it is stored).
+template <typename OutT>
 __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* targets,
-                                              float scale, float* d_logits, int64_t N, int V,
+                                              float scale, OutT* d_logits, int64_t N, int V,
                                               int* status) {
     __shared__ float shared[kWarp];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const int32_t t = targets[n];
-        float* drow = d_logits + n * V;
+        OutT* drow = d_logits + n * V;
         if (t < 0 || t >= V) {
             if (t != -1 && threadIdx.x == 0) cuda::report_error(status, cuda::kBadTarget, t, V);
-            for (int v = threadIdx.x; v < V; v += blockDim.x) drow[v] = 0.0f;
+            for (int v = threadIdx.x; v < V; v += blockDim.x) cuda::store_as(drow + v, 0.0f);
             continue;
         }
         const float* row = logits + n * V;
@@ -92,7 +94,7 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t
         for (int v = threadIdx.x; v < V; v += blockDim.x) {
             float g = expf(row[v] - r.max) * inv;
             if (v == t) g -= scale;
-            drow[v] = g;
+            cuda::store_as(drow + v, g);
         }
     }
 }
@@ -116,9 +118,10 @@ void CudaBackend::cross_entropy_backward_impl(const Tensor& logits, const Tensor
     const int64_t N = logits.dim(0);
     const int V = cuda::to_int(logits.dim(1), op);
     if (N == 0) return;
-    cross_entropy_backward_kernel<<<cuda::blocks_for(N, 1), threads_for(V), 0, stream()>>>(
-        data<float>(logits), data<int32_t>(targets), scale, data<float>(d_logits), N, V,
-        status_word());
+    cuda::with_float_data(d_logits, [&](auto* d) {
+        cross_entropy_backward_kernel<<<cuda::blocks_for(N, 1), threads_for(V), 0, stream()>>>(
+            data<float>(logits), data<int32_t>(targets), scale, d, N, V, status_word());
+    });
     check_launch(op);
 }
 

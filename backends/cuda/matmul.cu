@@ -13,10 +13,13 @@
 // kernel instead. Every output element is summed by one thread in a fixed order:
 // deterministic, no atomics.
 //
-// In bf16 precision (Backend::matmul_precision()) the dense matmul rounds both operands into
-// bf16 copies and runs cuBLASLt on bf16 with fp32 accumulation and output; the grouped products
-// round their operands into bf16 copies with padded rows and run on tensor cores
-// (matmul_bf16.cuh); the decode matrix-vector kernel rounds as it reads.
+// In bf16 precision (Backend::matmul_precision()) operands may also be BF16 tensors (out, bias
+// and gradients stay F32). The dense matmul rounds each F32 operand into a bf16 copy, passes a
+// BF16 one to cuBLASLt as it is, and runs cuBLASLt on bf16 with fp32 accumulation and output;
+// the grouped products take bf16 operands with rows padded to a multiple of 8 and 16-byte
+// aligned, used in place where a BF16 operand already is so and copied otherwise (F32 rounded),
+// and run on tensor cores (matmul_bf16.cuh); the decode matrix-vector kernel reads either type,
+// rounding F32 elements as it reads.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -56,8 +59,8 @@ using LtLayout = LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using LtPreference = LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
 // The largest power of two dividing the address, capped at 16: views into a buffer are only
-// 4-byte aligned, and cuBLASLt's default preference assumes 256, which could pick an algorithm
-// that cannot run on a view.
+// aligned to their element size (4 bytes for F32, 2 for a BF16 operand), and cuBLASLt's default
+// preference assumes 256, which could pick an algorithm that cannot run on a view.
 uint32_t pointer_alignment(const void* p) {
     const auto address = reinterpret_cast<uintptr_t>(p);
     uint32_t align = 16;
@@ -488,35 +491,37 @@ __global__ void __launch_bounds__(kTileThreads)
 
 // ---- grouped matmul in bf16: tensor cores (matmul_bf16.cuh)
 
-// dst [rows, ld] = src [rows, cols] rounded to bf16 (nearest even), each row padded with zeros
-// from cols to ld (a multiple of 8). A thread writes 8 bf16 (16 bytes) at a time, reading
-// them as two float4 where src's rows allow (vec: src 16-byte aligned, cols a multiple of 4).
-__global__ void pad_to_bf16_rows_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld,
+// dst [rows, ld] = src [rows, cols] in bf16 (an fp32 src rounded to nearest even, a bf16 one
+// copied), each row padded with zeros from cols to ld (a multiple of 8). A thread writes 8 bf16
+// (16 bytes) at a time, reading them in 16-byte loads where src's rows allow (vec: src 16-byte
+// aligned, cols a multiple of 16 bytes' elements).
+template <typename Src>
+__global__ void pad_to_bf16_rows_kernel(const Src* src, int64_t rows, int64_t cols, int64_t ld,
                                         bool vec, __nv_bfloat16* dst) {
     const int64_t chunks_per_row = ld / 8, total = rows * chunks_per_row;
     for (int64_t i = cuda::grid_start(); i < total; i += cuda::grid_stride()) {
         const int64_t r = i / chunks_per_row, c0 = (i - r * chunks_per_row) * 8;
-        const float* row = src + r * cols;
+        const Src* row = src + r * cols;
         float f[8];
         if (vec && c0 + 8 <= cols) {
-            const float4 lo = *reinterpret_cast<const float4*>(row + c0);
-            const float4 hi = *reinterpret_cast<const float4*>(row + c0 + 4);
-            f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w;
-            f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
+            cuda::load8_aligned(row + c0, f);
         } else {
 #pragma unroll
-            for (int c = 0; c < 8; ++c) f[c] = c0 + c < cols ? row[c0 + c] : 0.0f;
+            for (int c = 0; c < 8; ++c) f[c] = c0 + c < cols ? cuda::to_float(row[c0 + c]) : 0.0f;
         }
-        __nv_bfloat162 packed[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) packed[c] = __floats2bfloat162_rn(f[2 * c], f[2 * c + 1]);
-        *reinterpret_cast<uint4*>(dst + r * ld + c0) = *reinterpret_cast<const uint4*>(packed);
+        cuda::store8_aligned(dst + r * ld + c0, f);
     }
 }
 
-// A grouped-matmul operand: t's elements as [rows, cols] (cols its last dimension), rounded to
-// bf16 with rows padded to a multiple of 8.
+// A grouped-matmul operand: t's elements as [rows, cols] (cols its last dimension) in bf16,
+// rows padded to a multiple of 8 and 16-byte aligned. A BF16 t that already is so (cols a
+// multiple of 8, data 16-byte aligned) is used in place, with empty storage; any other is
+// copied (F32 rounded).
 cuda::Bf16Rows gemm_rows(CudaBackend& be, const Tensor& t, int64_t cols, const char* op) {
+    if (t.dtype() == DType::BF16 && cols % 8 == 0) {
+        const auto* p = CudaBackend::data<__nv_bfloat16>(t);
+        if (cuda::aligned16(p)) return {.data = p, .ld = cols};
+    }
     return cuda::pad_to_bf16_rows(be, t, cols, (cols + 7) / 8 * 8, op);
 }
 bf16_gemm::Operand as_operand(const cuda::Bf16Rows& r) {
@@ -636,12 +641,19 @@ __device__ int expert_of_slot(const int32_t* offsets, int E, int s) {
 
 // out[s, n] = x[s, :] . w[e][n, :] (+ bias[e][n]), one warp per (s, n): the lanes stride along
 // the weight row (each weight read once, coalesced) and a butterfly (fixed order) adds them.
-// With round_bf16 the operands are rounded to bf16 as they are read (bf16 precision).
+// With round_bf16 (bf16 precision) F32 operands are rounded to bf16 as they are read; XT and WT
+// are float or __nv_bfloat16 (BF16 x or w, bf16 precision only), a bf16 element read as it is,
+// so the result is the same as from its F32 value and the weight traffic half. The loads stay
+// scalar: lane order along k is the summation order, the same for either type.
 __device__ __forceinline__ float maybe_bf16(float v, bool round_bf16) {
     return round_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
+__device__ __forceinline__ float maybe_bf16(__nv_bfloat16 v, bool) {
+    return __bfloat162float(v);
+}
 
-__global__ void grouped_matvec_kernel(const float* x, const float* w, const float* bias,
+template <typename XT, typename WT>
+__global__ void grouped_matvec_kernel(const XT* x, const WT* w, const float* bias,
                                       const int32_t* offsets, int E, int S, int Nout, int K,
                                       bool round_bf16, float* out) {
     const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
@@ -650,8 +662,8 @@ __global__ void grouped_matvec_kernel(const float* x, const float* w, const floa
     const int s = static_cast<int>(warp / Nout), n = static_cast<int>(warp % Nout);
     const int e = expert_of_slot(offsets, E, s);
     if (e < 0) return;  // the same for the whole warp
-    const float* xs = x + static_cast<int64_t>(s) * K;
-    const float* wn = w + (static_cast<int64_t>(e) * Nout + n) * K;
+    const XT* xs = x + static_cast<int64_t>(s) * K;
+    const WT* wn = w + (static_cast<int64_t>(e) * Nout + n) * K;
     float acc = 0.0f;
 #pragma unroll 4
     for (int k = lane; k < K; k += kWarp)
@@ -698,12 +710,14 @@ cuda::Bf16Rows cuda::pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t 
     r.data = dst;
     r.ld = ld;
     if (rows * ld > 0) {
-        const float* src = CudaBackend::data<float>(t);
-        // Every row's start 16-byte aligned: the first, and the others when cols allows.
-        const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && (rows == 1 || cols % 4 == 0);
-        pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld / 8, kThreads,
-                                                           be.device().sm_count),
-                                  kThreads, 0, be.stream()>>>(src, rows, cols, ld, vec, dst);
+        cuda::with_float_data(t, [&](const auto* src) {
+            // Every row's start 16-byte aligned: the first, and the others when cols allows.
+            constexpr int64_t kPerChunk = 16 / sizeof(*src);  // elements in 16 bytes
+            const bool vec = cuda::aligned16(src) && (rows == 1 || cols % kPerChunk == 0);
+            pad_to_bf16_rows_kernel<<<cuda::elementwise_blocks(rows * ld / 8, kThreads,
+                                                               be.device().sm_count),
+                                      kThreads, 0, be.stream()>>>(src, rows, cols, ld, vec, dst);
+        });
         be.check_launch(op);
     }
     return r;
@@ -727,12 +741,16 @@ void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& ou
         if (!opts.accumulate || bias_p) bias_rows(opts.accumulate);
         return;
     }
-    // In bf16, both operands as rounded copies in pool memory (freed in stream order).
+    // In bf16, a BF16 operand as it is, an F32 one as a rounded copy in pool memory (freed in
+    // stream order). A BF16 view off 16-byte alignment (a weight at an odd offset of the flat
+    // bf16 copy) is copied too: cuBLASLt may have no bf16 algorithm for a 2-byte-aligned operand.
     const bool bf16 = matmul_precision() == Precision::BF16;
     const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     Tensor a_bf16, b_bf16;
     const auto operand = [&](const Tensor& t, Tensor& copy) -> const void* {
         if (!bf16) return data<float>(t);
+        if (t.dtype() == DType::BF16 && cuda::aligned16(data<__nv_bfloat16>(t)))
+            return data<__nv_bfloat16>(t);
         // All of t as one row: 8 elements a thread, as the grouped operands.
         const cuda::Bf16Rows r =
             cuda::pad_to_bf16_rows(*this, t, t.numel(), (t.numel() + 7) / 8 * 8, op);
@@ -796,9 +814,13 @@ void CudaBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Te
     const bool bf16 = matmul_precision() == Precision::BF16;
     if (S <= kMatvecMaxSlots) {
         const int64_t warps = static_cast<int64_t>(S) * Nout;
-        grouped_matvec_kernel<<<cuda::blocks_for(warps * kWarp, kThreads), kThreads, 0, stream()>>>(
-            data<float>(x), data<float>(w), bias_p, data<int32_t>(offsets), E, S, Nout, K, bf16,
-            data<float>(out));
+        cuda::with_float_data(x, [&](const auto* xp) {
+            cuda::with_float_data(w, [&](const auto* wp) {
+                grouped_matvec_kernel<<<cuda::blocks_for(warps * kWarp, kThreads), kThreads, 0,
+                                        stream()>>>(xp, wp, bias_p, data<int32_t>(offsets), E, S,
+                                                    Nout, K, bf16, data<float>(out));
+            });
+        });
     } else if (bf16) {
         const cuda::Bf16Rows xa = gemm_rows(*this, x, K, op), wa = gemm_rows(*this, w, K, op);
         const GroupedBf16Args args{.a = as_operand(xa),

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
 
@@ -175,18 +176,19 @@ __global__ void expert_offsets_kernel(const uint32_t* sorted_keys, int S, int E,
 // ---------------------------------------------------------------- gather rows
 
 // One block per slot s (grid-stride), threads over columns. A bad row is reported and its
-// output row zeroed.
-__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t S, int N, int64_t d,
-                                   float* out, int* status) {
+// output row zeroed. T: float, or __nv_bfloat16 (x and out both BF16: copied as they are).
+template <typename T>
+__global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t S, int N, int64_t d,
+                                   T* out, int* status) {
     for (int64_t s = blockIdx.x; s < S; s += gridDim.x) {
         const int32_t r = rows[s];
-        float* dst = out + s * d;
+        T* dst = out + s * d;
         if (r < 0 || r >= N) {
             if (threadIdx.x == 0) cuda::report_error(status, cuda::kBadRow, r, N);
-            for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = 0.0f;
+            for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = T(0.0f);
             continue;
         }
-        const float* src = x + static_cast<int64_t>(r) * d;
+        const T* src = x + static_cast<int64_t>(r) * d;
         for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
     }
 }
@@ -469,8 +471,11 @@ void CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Te
     const int64_t S = rows.dim(0), d = x.dim(1);
     if (S == 0) return;
     const int N = cuda::to_int(x.dim(0), op);
-    gather_rows_kernel<<<cuda::blocks_for(S, 1), row_threads(d), 0, stream()>>>(
-        data<float>(x), data<int32_t>(rows), S, N, d, data<float>(out), status_word());
+    cuda::with_float_data(x, [&](auto* xp) {
+        using T = std::remove_pointer_t<decltype(xp)>;  // out has x's dtype
+        gather_rows_kernel<<<cuda::blocks_for(S, 1), row_threads(d), 0, stream()>>>(
+            xp, data<int32_t>(rows), S, N, d, data<T>(out), status_word());
+    });
     check_launch(op);
 }
 

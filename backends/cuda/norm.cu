@@ -1,6 +1,6 @@
 // CUDA layernorm and rmsnorm over the last dimension, forward and backward (CPU twin:
 // backends/cpu/norm.cpp). Statistics in fp32, computed in two passes so that a large common
-// offset in a row does not cancel.
+// offset in a row does not cancel. The forward's out may be BF16: the fp32 result, rounded.
 //
 // Rows: one warp per row, the row re-read from memory (L1/L2) at each pass instead of held in
 // registers, so any d works with the same code. Weight and bias gradients are column sums over
@@ -63,20 +63,21 @@ __device__ __forceinline__ int64_t row_stride() {
     return static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
 }
 
-// out = (x - mean) * rstd * weight (+ bias). bias is read only for layernorm.
-template <bool kLayerNorm>
-__global__ void norm_kernel(const float* x, const float* weight, const float* bias, float* out,
+// out = (x - mean) * rstd * weight (+ bias). bias is read only for layernorm. OutT: float, or
+// __nv_bfloat16 for a BF16 out (the fp32 value rounded as it is stored).
+template <bool kLayerNorm, typename OutT>
+__global__ void norm_kernel(const float* x, const float* weight, const float* bias, OutT* out,
                             int64_t N, int d, float eps) {
     const int lane = threadIdx.x % kWarp;
     for (int64_t n = first_row(); n < N; n += row_stride()) {
         const float* row = x + n * d;
-        float* dst = out + n * d;
+        OutT* dst = out + n * d;
         const RowStats s = row_stats<kLayerNorm>(row, d, eps);
         // Each lane reads x[i] before writing out[i] and no other lane touches i: safe even
         // when out aliases x.
         for (int i = lane; i < d; i += kWarp) {
             const float y = (row[i] - s.mean) * s.rstd * weight[i];
-            dst[i] = kLayerNorm ? y + bias[i] : y;
+            cuda::store_as(dst + i, kLayerNorm ? y + bias[i] : y);
         }
     }
 }
@@ -161,12 +162,14 @@ void CudaBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight
     if (N == 0 || d == 0) return;
     const unsigned blocks = cuda::blocks_for(N, kRowsPerBlock);
     const int threads = kRowsPerBlock * kWarp;
-    if (type == NormType::LayerNorm)
-        norm_kernel<true><<<blocks, threads, 0, stream()>>>(
-            data<float>(x), data<float>(weight), data<float>(bias), data<float>(out), N, d, eps);
-    else
-        norm_kernel<false><<<blocks, threads, 0, stream()>>>(data<float>(x), data<float>(weight),
-                                                             nullptr, data<float>(out), N, d, eps);
+    cuda::with_float_data(out, [&](auto* o) {
+        if (type == NormType::LayerNorm)
+            norm_kernel<true><<<blocks, threads, 0, stream()>>>(
+                data<float>(x), data<float>(weight), data<float>(bias), o, N, d, eps);
+        else
+            norm_kernel<false><<<blocks, threads, 0, stream()>>>(
+                data<float>(x), data<float>(weight), nullptr, o, N, d, eps);
+    });
     check_launch(op);
 }
 
