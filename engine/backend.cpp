@@ -153,6 +153,31 @@ void Backend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, Matmul
     matmul_impl(a, b, out, opts, bias);
 }
 
+namespace {
+// x [N, in] and w [out, in] of linear() and linear_backward().
+void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w,
+                           bool bf16_operands) {
+    c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
+    c.rank(w, "w", 2, OpCheck::float_type(w, bf16_operands));
+    if (w.dim(1) != x.dim(1))
+        c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
+}
+}  // namespace
+
+void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                     bool accumulate) {
+    OpCheck c{"linear"};
+    check_linear_operands(c, x, w, matmul_precision() == Precision::BF16);
+    c.shape(y, "y", {x.dim(0), w.dim(0)});
+    if (b.defined()) c.shape(b, "b", {w.dim(0)});
+    linear_impl(x, w, b, y, accumulate);
+}
+
+void Backend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                          bool accumulate) {
+    matmul_impl(x, w, y, {.trans_b = true, .accumulate = accumulate}, b);
+}
+
 void Backend::rope(const Tensor& x, const Tensor& positions, double theta, bool inverse) {
     OpCheck c{"rope"};
     c.rank(x, "x", 3);
@@ -344,6 +369,28 @@ void Backend::bias_backward(const Tensor& d_out, const Tensor& d_bias) {
     c.rank(d_out, "d_out", 2);
     c.shape(d_bias, "d_bias", {d_out.dim(1)});
     bias_backward_impl(d_out, d_bias);
+}
+
+void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& d_y,
+                              const Tensor& d_x, const Tensor& d_w, const Tensor& d_b) {
+    OpCheck c{"linear_backward"};
+    if (!supports_training()) training_op_unavailable("linear_backward");
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    check_linear_operands(c, x, w, bf16_operands);
+    // A BF16 d_y only without d_b, which sums the gradient itself, in fp32.
+    c.shape(d_y, "d_y", {x.dim(0), w.dim(0)},
+            OpCheck::float_type(d_y, bf16_operands && !d_b.defined()));
+    c.shape(d_x, "d_x", x.shape());  // the gradients are F32 whatever x and w are
+    c.shape(d_w, "d_w", w.shape());
+    if (d_b.defined()) c.shape(d_b, "d_b", {w.dim(0)});
+    linear_backward_impl(x, w, d_y, d_x, d_w, d_b);
+}
+
+void Backend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& d_y,
+                                   const Tensor& d_x, const Tensor& d_w, const Tensor& d_b) {
+    matmul_impl(d_y, w, d_x, {.accumulate = true}, Tensor{});
+    matmul_impl(d_y, x, d_w, {.trans_a = true, .accumulate = true}, Tensor{});
+    if (d_b.defined()) bias_backward_impl(d_y, d_b);
 }
 
 void Backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -9,8 +9,8 @@
 // throws std::logic_error naming the op and the shapes.
 //
 // Layout conventions: row-major; an activation matrix is [N, features] with N = B*T tokens,
-// token n = b*T + t. Linear weights are [out, in] (Hugging Face's layout), so a linear layer
-// is matmul(x, W, y, {.trans_b = true}). Integer tensors (token ids, expert ids) are I32.
+// token n = b*T + t. Linear weights are [out, in] (Hugging Face's layout): a linear layer is
+// linear(x, W, b, y), which names W as a weight. Integer tensors (token ids, expert ids) are I32.
 #pragma once
 
 #include <functional>
@@ -66,9 +66,10 @@ public:
     //  - the out of norm(), activation(), swiglu() and cross_entropy_backward() (d_logits),
     //    and of attention() where attention_in_bf16(matmul_precision(), head_dim);
     //  - gather_rows() with x and out both BF16;
-    //  - in BF16 precision only, the operands (never out or bias) of matmul(), and x and w of
-    //    grouped_matmul() and grouped_matmul_backward(): these round their operands to bf16
-    //    anyway, so a BF16 operand gives exactly the result of its fp32 value.
+    //  - in BF16 precision only, the operands (never out or bias) of matmul(), x and w of
+    //    linear(), grouped_matmul() and grouped_matmul_backward(), and x, w and (without d_b)
+    //    d_y of linear_backward(): these round their operands to bf16 anyway, so a BF16
+    //    operand gives exactly the result of its fp32 value.
     // So a model in BF16 precision can keep bf16 copies of its weights and store the
     // activations only matmuls read as BF16: half their memory and traffic, the same results.
     // upload(), download() and copy() move elements of any dtype as they are (BF16: the
@@ -127,6 +128,13 @@ public:
     // out[M, N] (+)= op(a) [M, K] . op(b) [K, N] (+ bias[N] once, when given).
     void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts = {},
                 const Tensor& bias = {});
+
+    // A linear layer: y (+)= x . w^T (+ b once, when given), x [N, in], w [out, in], b [out],
+    // y [N, out]: exactly matmul(x, w, y, {.trans_b = true, .accumulate = accumulate}, b), but
+    // with w named as a weight, which a backend may read from a copy it keeps (Vulkan's fp16
+    // weights); matmul() never does. BF16 operands as for matmul().
+    void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                bool accumulate = false);
 
     // Rotates x [N, heads, head_dim] in place by its token's position (positions [N], I32):
     // rotate-half pairs (i, i + head_dim/2), angle = pos * theta^(-2i/head_dim). With inverse,
@@ -223,6 +231,11 @@ public:
     // d_bias[N] += sum over rows of d_out [M, N] (the bias gradient of a linear layer).
     void bias_backward(const Tensor& d_out, const Tensor& d_bias);
 
+    // Backward of linear(): d_x += d_y . w, then d_w += d_y^T . x, then (when defined)
+    // bias_backward(d_y, d_b): the products of matmul() in that order. x and w as for linear().
+    void linear_backward(const Tensor& x, const Tensor& w, const Tensor& d_y, const Tensor& d_x,
+                         const Tensor& d_w, const Tensor& d_b);
+
     // Backward of attention(): recomputes the softmax from q and k. In BF16 precision with
     // hd <= kBf16AttentionMaxHeadDim, with q^, k^, v^, dO^ = bf16 of q, k, v, d_out and s, m, l
     // from them as in attention(), all in fp32:
@@ -298,6 +311,12 @@ protected:
                            const Tensor& bias, float eps, const Tensor& out) = 0;
     virtual void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
                              MatmulOptions opts, const Tensor& bias) = 0;
+    // By default the matmul_impl (and bias_backward_impl) calls the contracts state; a backend
+    // that treats weights apart overrides them.
+    virtual void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                             bool accumulate);
+    virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& d_y,
+                                      const Tensor& d_x, const Tensor& d_w, const Tensor& d_b);
     virtual void rope_impl(const Tensor& x, const Tensor& positions, double theta,
                            bool inverse) = 0;
     virtual void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -119,8 +119,7 @@ OpCase linear_case(const std::string& name, int64_t M, int64_t N, int64_t K, Inp
     auto a = in.normal(M * K), b = in.normal(N * K, 0.05);
     c.prepare = [=](Backend& be) {
         Tensor at = upload(be, a, {M, K}), bt = upload(be, b, {N, K}), out = be.alloc({M, N});
-        return OpCase::Prepared{[&be, at, bt, out] { be.matmul(at, bt, out, {.trans_b = true}); },
-                                out};
+        return OpCase::Prepared{[&be, at, bt, out] { be.linear(at, bt, Tensor{}, out); }, out};
     };
     return c;
 }

@@ -256,15 +256,13 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
     const int64_t N = B * T, H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const float eps = static_cast<float>(c.norm_eps);
     const bool swiglu = c.ffn_type == FfnType::SwiGlu;
-    const MatmulOptions linear{.trans_b = true};
-    const MatmulOptions linear_acc{.trans_b = true, .accumulate = true};
 
     if (a.h_in.defined()) be.copy(h, a.h_in);
     // Attention block.
     be.norm(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1);
-    be.matmul(a.a1, m.wq, a.q, linear, w.bq);
-    be.matmul(a.a1, m.wk, a.k, linear, w.bk);
-    be.matmul(a.a1, m.wv, a.v, linear, w.bv);
+    be.linear(a.a1, m.wq, w.bq, a.q);
+    be.linear(a.a1, m.wk, w.bk, a.k);
+    be.linear(a.a1, m.wv, w.bv, a.v);
     be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
     be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
     const Tensor q = a.q.reshape({B, T, H, hd}), att = a.att.reshape({B, T, H, hd});
@@ -277,12 +275,12 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
     } else {
         be.attention(q, k, v, att, c.sliding_window);
     }
-    be.matmul(a.att, m.wo, h, linear_acc, w.bo);  // h += o Wo^T + bo
+    be.linear(a.att, m.wo, w.bo, h, /*accumulate=*/true);  // h += o Wo^T + bo
     if (a.h_mid.defined()) be.copy(h, a.h_mid);
     // Feed-forward block.
     be.norm(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2);
     if (c.is_moe()) {
-        be.matmul(a.a2, m.router, a.router_logits, linear);
+        be.linear(a.a2, m.router, Tensor{}, a.router_logits);
         be.router_topk(a.router_logits, a.top_idx, a.gates);
         if (aux_out.defined()) be.router_aux_loss(a.router_logits, a.top_idx, aux_out);
         be.moe_group(a.top_idx, c.n_experts, a.offsets, a.slot_rows, a.slot_of);
@@ -290,8 +288,8 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
         be.grouped_matmul(a.xs, m.w1, w.b1, a.offsets, a.pre);
         if (swiglu) be.grouped_matmul(a.xs, m.w3, w.b3, a.offsets, a.up);
     } else {
-        be.matmul(a.a2, m.w1, a.pre, linear, w.b1);
-        if (swiglu) be.matmul(a.a2, m.w3, a.up, linear, w.b3);
+        be.linear(a.a2, m.w1, w.b1, a.pre);
+        if (swiglu) be.linear(a.a2, m.w3, w.b3, a.up);
     }
     if (swiglu) be.swiglu(a.pre, a.up, a.act);
     else be.activation(c.activation, a.pre, a.act);
@@ -299,7 +297,7 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
         be.grouped_matmul(a.act, m.w2, w.b2, a.offsets, a.ys);
         be.moe_combine(a.ys, a.slot_of, a.gates, h);
     } else {
-        be.matmul(a.act, m.w2, h, linear_acc, w.b2);
+        be.linear(a.act, m.w2, w.b2, h, /*accumulate=*/true);
     }
 }
 
@@ -310,7 +308,7 @@ Tensor Model::logits_of(const Tensor& h, Tensor* normed_out) const {
     backend_.norm(c.norm_type, h, final_norm_w_, final_norm_b_, static_cast<float>(c.norm_eps),
                   normed);
     Tensor logits = backend_.alloc({h.dim(0), c.vocab_size});
-    backend_.matmul(normed, lm_head_operand(), logits, {.trans_b = true});
+    backend_.linear(normed, lm_head_operand(), Tensor{}, logits);
     return logits;
 }
 
@@ -339,11 +337,10 @@ Model::Classifier Model::classifier_forward_backward(const Tensor& h, const Tens
         const int64_t r1 = std::min(N, r0 + rows), n = r1 - r0;
         const Tensor x = normed.rows(r0, r1), lg = logits.rows(0, n), dlg = d_logits.rows(0, n);
         const Tensor tgt = targets.rows(r0, r1);
-        be.matmul(x, lm_head, lg, {.trans_b = true});
+        be.linear(x, lm_head, Tensor{}, lg);
         be.cross_entropy(lg, tgt, losses.rows(r0, r1));
         be.cross_entropy_backward(lg, tgt, scale, dlg);
-        be.matmul(dlg, lm_head, head.d_normed.rows(r0, r1), {.accumulate = true});
-        be.matmul(dlg, x, head.d_weight, {.trans_a = true, .accumulate = true});
+        be.linear_backward(x, lm_head, dlg, head.d_normed.rows(r0, r1), head.d_weight, Tensor{});
     }
     return head;
 }
@@ -447,20 +444,10 @@ void Model::backward(float loss_scale) {
     const int64_t H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const float eps = static_cast<float>(c.norm_eps);
     const bool swiglu = c.ffn_type == FfnType::SwiGlu;
-    const MatmulOptions input_grad{.accumulate = true};                  // dX += dY W
-    const MatmulOptions weight_grad{.trans_a = true, .accumulate = true};  // dW += dY^T X
     const Tensor& g = grads();
     const float aux_weight = c.is_moe() ? loss_scale * static_cast<float>(c.router_aux_loss_coef) /
                                               static_cast<float>(c.n_layers)
                                         : 0.0f;
-
-    // Adds the gradients of y = x W^T (+ b) given dy: dx += dy W, dW += dy^T x, db += sum dy.
-    auto linear_backward = [&](const Tensor& x, const Tensor& W, const Tensor& dy,
-                               const Tensor& dx, const Tensor& dW, const Tensor& db) {
-        be.matmul(dy, W, dx, input_grad);
-        be.matmul(dy, x, dW, weight_grad);
-        if (db.defined()) be.bias_backward(dy, db);
-    };
 
     // Head: logits = norm(h) lm_head^T. The forward pass computed its gradients for a loss
     // scale of 1 (in chunks, never holding all the logits): scale them now.
@@ -500,7 +487,7 @@ void Model::backward(float loss_scale) {
             be.moe_combine_backward(a.ys, a.slot_of, a.gates, dh, d_ys, d_gates);
             be.grouped_matmul_backward(a.act, m.w2, a.offsets, d_ys, d_act, gw.w2, gw.b2);
         } else {
-            linear_backward(a.act, m.w2, dh, d_act, gw.w2, gw.b2);
+            be.linear_backward(a.act, m.w2, dh, d_act, gw.w2, gw.b2);
         }
         if (swiglu) be.swiglu_backward(a.pre, a.up, d_act, d_pre, d_up);
         else be.activation_backward(c.activation, a.pre, d_act, d_pre);
@@ -509,26 +496,26 @@ void Model::backward(float loss_scale) {
             if (swiglu) be.grouped_matmul_backward(a.xs, m.w3, a.offsets, d_up, d_xs, gw.w3, gw.b3);
             be.gather_rows_backward(a.slot_rows, d_xs, d_a);
             be.router_backward(a.router_logits, a.top_idx, a.gates, d_gates, aux_weight, d_router);
-            linear_backward(a.a2, m.router, d_router, d_a, gw.router, Tensor{});
+            be.linear_backward(a.a2, m.router, d_router, d_a, gw.router, Tensor{});
         } else {
-            linear_backward(a.a2, m.w1, d_pre, d_a, gw.w1, gw.b1);
-            if (swiglu) linear_backward(a.a2, m.w3, d_up, d_a, gw.w3, gw.b3);
+            be.linear_backward(a.a2, m.w1, d_pre, d_a, gw.w1, gw.b1);
+            if (swiglu) be.linear_backward(a.a2, m.w3, d_up, d_a, gw.w3, gw.b3);
         }
         be.norm_backward(c.norm_type, a.h_mid, w.post_norm_w, d_a, eps, dh, gw.post_norm_w,
                          gw.post_norm_b);
 
         // Attention block: h_mid = h_in + attention(norm(h_in)) Wo^T + bo.
         for (const Tensor* t : {&d_att, &d_q, &d_k, &d_v, &d_a}) be.fill(*t, 0.0f);
-        linear_backward(a.att, m.wo, dh, d_att, gw.wo, gw.bo);
+        be.linear_backward(a.att, m.wo, dh, d_att, gw.wo, gw.bo);
         be.attention_backward(a.q.reshape({B, T, H, hd}), a.k.reshape({B, T, Hkv, hd}),
                               a.v.reshape({B, T, Hkv, hd}), d_att.reshape({B, T, H, hd}),
                               d_q.reshape({B, T, H, hd}), d_k.reshape({B, T, Hkv, hd}),
                               d_v.reshape({B, T, Hkv, hd}), c.sliding_window);
         be.rope(d_q.reshape({N, H, hd}), saved_.positions, c.rope_theta, /*inverse=*/true);
         be.rope(d_k.reshape({N, Hkv, hd}), saved_.positions, c.rope_theta, /*inverse=*/true);
-        linear_backward(a.a1, m.wq, d_q, d_a, gw.wq, gw.bq);
-        linear_backward(a.a1, m.wk, d_k, d_a, gw.wk, gw.bk);
-        linear_backward(a.a1, m.wv, d_v, d_a, gw.wv, gw.bv);
+        be.linear_backward(a.a1, m.wq, d_q, d_a, gw.wq, gw.bq);
+        be.linear_backward(a.a1, m.wk, d_k, d_a, gw.wk, gw.bk);
+        be.linear_backward(a.a1, m.wv, d_v, d_a, gw.wv, gw.bv);
         be.norm_backward(c.norm_type, a.h_in, w.input_norm_w, d_a, eps, dh, gw.input_norm_w,
                          gw.input_norm_b);
     }

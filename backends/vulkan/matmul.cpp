@@ -1,4 +1,5 @@
-// Vulkan matmuls: dense (tiled, or matrix-vector for decode-sized M) and grouped over experts
+// Vulkan matmuls: dense (tiled, or matrix-vector for decode-sized M; linear() reads its weight
+// from the fp16 copy when fp16 weights are on, matmul() never) and grouped over experts
 // (tiled, or matrix-vector for few slots), with expert ranges read on the device.
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/errors.h"
@@ -35,6 +36,16 @@ vk::Binding VulkanBackend::weight(const Tensor& w, std::string& shader) {
 
 void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out_t,
                                 MatmulOptions opts, const Tensor& bias) {
+    dense_matmul(a, b, out_t, opts, bias, /*b_is_weight=*/false);
+}
+
+void VulkanBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b,
+                                const Tensor& y, bool accumulate) {
+    dense_matmul(x, w, y, {.trans_b = true, .accumulate = accumulate}, b, /*b_is_weight=*/true);
+}
+
+void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out_t,
+                                 MatmulOptions opts, const Tensor& bias, bool b_is_weight) {
     const int64_t M = out_t.dim(0), N = out_t.dim(1);
     const int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
     if (M == 0 || N == 0) return;
@@ -51,8 +62,8 @@ void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& 
         opts.accumulate ? 1u : 0u};
     const bool gemv = M <= kGemvMaxRows;
     std::string shader = gemv ? "matmul_gemv" : "matmul";
-    // b [N, K] is a linear layer's weight: the one operand that may be read as fp16.
-    const vk::Binding b_binding = opts.trans_b ? weight(b, shader) : in(b);
+    // A linear layer's weight is the one operand that may be read as fp16.
+    const vk::Binding b_binding = b_is_weight ? weight(b, shader) : in(b);
     const auto bindings = {in(a), b_binding, in(bias), opts.accumulate ? inout(out_t) : out(out_t)};
 
     if (gemv) {

@@ -88,6 +88,9 @@ class VulkanBackend final : public Backend {
                    float eps, const Tensor& out) override;
     void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                      const Tensor& bias) override;
+    // A linear layer's weight is read from its fp16 copy when fp16 weights are on.
+    void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                     bool accumulate) override;
     void rope_impl(const Tensor& x, const Tensor& positions, double theta, bool inverse) override;
     void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         int64_t window) override;
@@ -123,6 +126,9 @@ class VulkanBackend final : public Backend {
     // The binding of a matmul weight: its fp16 copy when fp16 weights are on (converted now
     // if it has none), else in(w). `shader` becomes the variant that reads that binding.
     vk::Binding weight(const Tensor& w, std::string& shader);
+    // matmul() and linear(): with b_is_weight, b is read through weight().
+    void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
+                      const Tensor& bias, bool b_is_weight);
 
     // Records shader `shader` (specialization constants spec) over the bindings, with the
     // op's push constants (a struct of 4-byte fields) after the per-binding offsets.

@@ -226,6 +226,33 @@ TEST_P(BackwardOps, BiasBackward) {
     }
 }
 
+// linear_backward: d_x += d_y w (out terms), d_w += d_y^T x (rows), d_b += column sums (rows).
+TEST_P(BackwardOps, LinearBackward) {
+    SCOPED_TRACE(trace());
+    struct Case {
+        int64_t N, out, in;
+    };
+    for (Case c : {Case{1, 65, 33}, Case{37, 17, 130}, Case{300, 70, 65}})
+        for (bool bias : {false, true}) {
+            SCOPED_TRACE("N,out,in = " + dims({c.N, c.out, c.in}) + " bias " +
+                         std::to_string(bias));
+            const std::vector<float> x = normal(c.N * c.in), w = normal(c.out * c.in);
+            const std::vector<float> d_y = normal(c.N * c.out);
+            const std::vector<float> dx0 = accum_init(c.N * c.in), dw0 = accum_init(c.out * c.in);
+            const std::vector<float> db0 = accum_init(c.out);
+            expect_matches_cpu([&](Backend& b) {
+                Tensor d_x = up(b, dx0, {c.N, c.in}), d_w = up(b, dw0, {c.out, c.in});
+                Tensor d_b = bias ? up(b, db0, {c.out}) : Tensor{};
+                b.linear_backward(up(b, x, {c.N, c.in}), up(b, w, {c.out, c.in}),
+                                  up(b, d_y, {c.N, c.out}), d_x, d_w, d_b);
+                Outputs o{{"d_x", down(b, d_x), reduction_tol(c.out)},
+                          {"d_w", down(b, d_w), reduction_tol(c.N)}};
+                if (bias) o.push_back({"d_b", down(b, d_b), reduction_tol(c.N)});
+                return o;
+            });
+        }
+}
+
 // ---------------------------------------------------------------- attention
 
 // Each gradient chains a score (hd terms), the softmax over the query's keys and a sum over

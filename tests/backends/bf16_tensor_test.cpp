@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -169,7 +170,11 @@ TEST_P(Bf16Tensors, OpsWithABf16OutStoreTheRoundingOfTheirF32Result) {
         op(bf);
         EXPECT_TRUE(SameBf16(down_bf16(bf), bf16_of(down(be(), f32)))) << what << "; " << trace();
     };
-    for (const auto& [N, d] : {std::pair<int64_t, int64_t>{1, 8}, {37, 130}, {5, 1027}}) {
+    struct Rows {
+        int64_t N, d;
+    };
+    for (const Rows& r : {Rows{1, 8}, Rows{37, 130}, Rows{5, 1027}}) {
+        const int64_t N = r.N, d = r.d;
         SCOPED_TRACE("N " + std::to_string(N) + ", d " + std::to_string(d));
         Tensor x = up(be(), normal(N * d, 2.0), {N, d});
         Tensor y = up(be(), normal(N * d), {N, d});
@@ -224,8 +229,11 @@ TEST_P(Bf16Tensors, OpsWithABf16OutStoreTheRoundingOfTheirF32Result) {
 TEST_P(Bf16Tensors, Bf16OperandsGiveTheResultOfTheirValues) {
     be().set_matmul_precision(Precision::BF16);
     // Dense: each operand BF16 or not, every transposition; K not a multiple of 8, and one that is.
-    for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 70, 64}, {33, 50, 77},
-                                  {130, 96, 256}}) {
+    struct Dense {
+        int64_t M, N, K;
+    };
+    for (const Dense& shape : {Dense{1, 70, 64}, Dense{33, 50, 77}, Dense{130, 96, 256}}) {
+        const int64_t M = shape.M, N = shape.N, K = shape.K;
         for (int form = 0; form < 4; ++form) {
             const MatmulOptions opts{.trans_a = (form & 1) != 0, .trans_b = (form & 2) != 0};
             const Shape as = opts.trans_a ? Shape{K, M} : Shape{M, K};
@@ -249,8 +257,13 @@ TEST_P(Bf16Tensors, Bf16OperandsGiveTheResultOfTheirValues) {
         }
     }
     // Grouped, forward and backward: few slots (the decode path) and many, one expert with none.
-    for (const auto& [S, Nout, K] : {std::tuple<int, int64_t, int64_t>{6, 40, 24}, {150, 72, 77},
-                                     {300, 64, 128}}) {
+    struct Grouped {
+        int S;
+        int64_t Nout, K;
+    };
+    for (const Grouped& shape : {Grouped{6, 40, 24}, Grouped{150, 72, 77}, Grouped{300, 64, 128}}) {
+        const int S = shape.S;
+        const int64_t Nout = shape.Nout, K = shape.K;
         const int64_t E = 4;
         std::vector<int32_t> offsets = {0, S / 3, S / 3, S - 5, S};  // expert 1 gets none
         const std::vector<float> x = normal(S * K), w = normal(E * Nout * K);

@@ -1,9 +1,10 @@
 // The fp16-weight path of the Vulkan matmuls (backends/vulkan/vulkan_fp16.h), the default on
 // devices with 16-bit storage buffers, forced here with VulkanOptions::fp16_weights:
 //   - the conversion rounds to nearest even and clamps like an independent host rounding;
-//   - matmul and grouped_matmul (decode and tiled shaders, odd sizes) equal the CPU backend run
+//   - linear and grouped_matmul (decode and tiled shaders, odd sizes) equal the CPU backend run
 //     on host-rounded weights at the fp32 tolerance (so every index and offset is right), and
-//     the CPU on the original weights at a tolerance derived from fp16 rounding;
+//     the CPU on the original weights at a tolerance derived from fp16 rounding; matmul, which
+//     names no weight, stays fp32 in every transposition;
 //   - the model's forward and cached decoding likewise;
 //   - a copy is remade after any write to its weight (upload, fill, op output,
 //     Model::params_from_host), reused otherwise, and freed with its buffer;
@@ -63,18 +64,21 @@ class VulkanFp16 : public VulkanTest {
         if (!vk().fp16_weights()) GTEST_SKIP() << "the device has no 16-bit storage buffers";
     }
 
-    // The matmul on Vulkan with weights b, and on the CPU with weights b and round_fp16(b).
+    // The op on Vulkan with b, and on the CPU with b and round_fp16(b): linear(a, b) (b [N, K]
+    // a weight), or else matmul(a, b) in the transposition ta, tb, accumulating, with a bias.
     struct Results {
         std::vector<float> vk, cpu, cpu_rounded;
     };
-    Results matmul_all(int64_t M, int64_t N, int64_t K, bool ta, bool tb) {
+    Results matmul_all(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool linear = false) {
+        if (linear) ta = false, tb = true;
         auto a = normal(M * K), b = normal(K * N), bias = normal(N), init = normal(M * N);
         const Shape sa = ta ? Shape{K, M} : Shape{M, K};
         const Shape sb = tb ? Shape{N, K} : Shape{K, N};
         const MatmulOptions o{.trans_a = ta, .trans_b = tb, .accumulate = true};
         auto run = [&](Backend& be, const std::vector<float>& w) {
             Tensor out = up(be, init, {M, N});
-            be.matmul(up(be, a, sa), up(be, w, sb), out, o, up(be, bias, {N}));
+            if (linear) be.linear(up(be, a, sa), up(be, w, sb), up(be, bias, {N}), out, true);
+            else be.matmul(up(be, a, sa), up(be, w, sb), out, o, up(be, bias, {N}));
             return down(be, out);
         };
         return {run(vk(), b), run(cpu(), b), run(cpu(), rounded(b))};
@@ -112,8 +116,8 @@ TEST_F(VulkanFp16, ConversionRoundsToNearestEvenAndClamps) {
     for (int64_t M : {1, 5}) {
         SCOPED_TRACE("M " + std::to_string(M));
         Tensor out = vk().alloc({M, N});
-        vk().matmul(up(vk(), std::vector<float>(M, 1.0f), {M, 1}), up(vk(), w, {N, 1}), out,
-                    {.trans_b = true});
+        vk().linear(up(vk(), std::vector<float>(M, 1.0f), {M, 1}), up(vk(), w, {N, 1}),
+                    Tensor{}, out);
         const auto got = down(vk(), out);
         for (int64_t m = 0; m < M; ++m)
             for (int64_t n = 0; n < N; ++n) {
@@ -135,19 +139,20 @@ TEST_F(VulkanFp16, MatmulDecodeAndTiledShapes) {
     // partial tiles and an odd weight count.
     for (Case c : {Case{1, 3001, 63}, Case{4, 1001, 257}, Case{2, 7, 1}, Case{5, 129, 65},
                    Case{300, 257, 129}, Case{129, 65, 301}})
-        for (bool ta : {false, true})
-            for (bool tb : {false, true}) {
-                SCOPED_TRACE("M,N,K " + std::to_string(c.M) + "," + std::to_string(c.N) + "," +
-                             std::to_string(c.K) + " ta " + std::to_string(ta) + " tb " +
-                             std::to_string(tb));
-                const Results r = matmul_all(c.M, c.N, c.K, ta, tb);
-                if (tb) {  // a linear layer: fp16 weights
-                    EXPECT_TRUE(Close(r.vk, r.cpu_rounded, reduction_tol(c.K)));
-                    EXPECT_TRUE(Close(r.vk, r.cpu, fp16_tol(c.K)));
-                } else {  // b is not a weight: fp32 as before
-                    EXPECT_TRUE(Close(r.vk, r.cpu, reduction_tol(c.K)));
-                }
+        for (int form = 0; form < 5; ++form) {
+            const bool linear = form == 4, ta = (form & 1) != 0, tb = (form & 2) != 0;
+            SCOPED_TRACE("M,N,K " + std::to_string(c.M) + "," + std::to_string(c.N) + "," +
+                         std::to_string(c.K) +
+                         (linear ? " linear" : " matmul ta " + std::to_string(ta) + " tb " +
+                                                   std::to_string(tb)));
+            const Results r = matmul_all(c.M, c.N, c.K, ta, tb, linear);
+            if (linear) {  // a linear layer: fp16 weights
+                EXPECT_TRUE(Close(r.vk, r.cpu_rounded, reduction_tol(c.K)));
+                EXPECT_TRUE(Close(r.vk, r.cpu, fp16_tol(c.K)));
+            } else {  // matmul names no weight: fp32, whatever the transposition
+                EXPECT_TRUE(Close(r.vk, r.cpu, reduction_tol(c.K)));
             }
+        }
 }
 
 TEST_F(VulkanFp16, GroupedMatmulDecodeAndTiled) {
@@ -241,7 +246,7 @@ TEST_F(VulkanFp16, WritesToAWeightAreSeenByTheNextMatmul) {
     std::vector<Tensor> outs;
     auto matmul = [&] {
         outs.push_back(vk().alloc({M, N}));
-        vk().matmul(at, w, outs.back(), {.trans_b = true});
+        vk().linear(at, w, Tensor{}, outs.back());
     };
     matmul();  // 0: w1
     const uint64_t dispatches = vk().counters().dispatches;
@@ -293,7 +298,7 @@ TEST_F(VulkanFp16, CopiesAreFreedWithTheirBuffer) {
     auto use_and_free = [&] {
         Tensor x = up(vk(), normal(3 * 16), {3, 16}), out = vk().alloc({3, 8});
         Tensor w = up(vk(), normal(8 * 16), {8, 16});
-        vk().matmul(x, w, out, {.trans_b = true});
+        vk().linear(x, w, Tensor{}, out);
         Tensor xs = up(vk(), normal(2 * 16), {2, 16}), ys = vk().alloc({2, 8});
         Tensor experts = up(vk(), normal(2 * 8 * 16), {2, 8, 16});
         vk().grouped_matmul(xs, experts, Tensor{}, up(vk(), std::vector<int32_t>{0, 1, 2}, {3}),

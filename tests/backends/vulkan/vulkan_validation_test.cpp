@@ -40,8 +40,9 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     be.norm(NormType::RmsNorm, h, f({d}), Tensor{}, 1e-5f, a);
 
     Tensor q = be.alloc({N, H * hd}), kk = be.alloc({N, Hkv * hd}), vv = be.alloc({N, Hkv * hd});
-    be.matmul(a, f({H * hd, d}), q, {.trans_b = true}, f({H * hd}));
-    be.matmul(a, f({Hkv * hd, d}), kk, {.trans_b = true});
+    be.linear(a, f({H * hd, d}), f({H * hd}), q);
+    be.linear(a, f({Hkv * hd, d}), Tensor{}, kk);
+    be.matmul(a, f({Hkv * hd, d}), kk, {.trans_b = true, .accumulate = true});
     be.matmul(a, f({d, Hkv * hd}), vv, {.accumulate = true});
     std::vector<int32_t> pos(N);
     for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
@@ -68,12 +69,12 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     be.attention_cached(f({B, Tp, H, hd}), f({B, Tp, Hkv, hd}), f({B, Tp, Hkv, hd}), kc, vc, start,
                         op, S);
     Tensor attn = be.alloc({N, d});
-    be.matmul(o.reshape({N, H * hd}), f({d, H * hd}), attn, {.trans_b = true});
+    be.linear(o.reshape({N, H * hd}), f({d, H * hd}), Tensor{}, attn);
     be.add(h, attn, h);
 
     // Mixture of experts: tiled (N*k slots) and matrix-vector (one token) grouped matmuls.
     Tensor logits = be.alloc({N, E}), idx = be.alloc({N, k}, DType::I32), gates = be.alloc({N, k});
-    be.matmul(h, f({E, d}), logits, {.trans_b = true});
+    be.linear(h, f({E, d}), Tensor{}, logits);
     be.router_topk(logits, idx, gates);
     Tensor off = be.alloc({E + 1}, DType::I32), rows = be.alloc({N * k}, DType::I32),
            slot_of = be.alloc({N * k}, DType::I32);
@@ -98,7 +99,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
 
     Tensor aux = be.alloc({1}), losses = be.alloc({N}), lm = be.alloc({N, V});
     be.router_aux_loss(logits, idx, aux);
-    be.matmul(h, table, lm, {.trans_b = true});
+    be.linear(h, table, Tensor{}, lm);
     be.cross_entropy(lm, up(be, ints(N, -1, V), {N}), losses);
     auto l = down(be, losses);
     be.synchronize();
@@ -121,7 +122,7 @@ TEST_P(VulkanValidation, RecordedStepsRunWithoutValidationErrors) {
     const auto step = [&] {
         ++calls;
         Tensor tmp = be.alloc({n, F});
-        be.matmul(x, w, tmp, {.trans_b = true});
+        be.linear(x, w, Tensor{}, tmp);
         be.activation(Activation::Relu, tmp, out);
     };
     // relu(x w^T) on the host, in double: the GPU's within fp16-weight rounding of it.
