@@ -56,7 +56,8 @@ struct LayerWeights {
     Tensor w1, b1, w2, b2, w3, b3;
 };
 
-// What a training forward pass keeps for the backward pass, per layer.
+// What a training forward pass keeps for the backward pass, per layer. Under bf16 storage
+// (see the top) a1, a2, xs, act and (where attention runs in bf16) att are BF16.
 struct LayerActivations {
     Tensor h_in, h_mid;           // residual stream entering the layer / after attention
                                   // (kept for backward only)
