@@ -108,19 +108,21 @@ void CpuBackend::copy_impl(const Tensor& src, const Tensor& dst) {
     std::memmove(host_ptr(dst), host_ptr(src), src.bytes());
 }
 
+void cpu_round_to_bf16(const float* in, uint16_t* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_bits(in[i]);
+}
+
+void cpu_widen_bf16(const uint16_t* in, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) out[i] = from_bf16_bits(in[i]);
+}
+
 void CpuBackend::convert_impl(const Tensor& src, const Tensor& dst) {
-    const int64_t n = src.numel();
-    if (src.dtype() == DType::F32) {
-        const float* in = data<float>(src);
-        uint16_t* o = data<uint16_t>(dst);
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
-        for (int64_t i = 0; i < n; ++i) o[i] = to_bf16_bits(in[i]);
-    } else {
-        const uint16_t* in = data<uint16_t>(src);
-        float* o = data<float>(dst);
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
-        for (int64_t i = 0; i < n; ++i) o[i] = from_bf16_bits(in[i]);
-    }
+    if (src.dtype() == DType::F32)
+        cpu_round_to_bf16(data<float>(src), data<uint16_t>(dst), src.numel());
+    else
+        cpu_widen_bf16(data<uint16_t>(src), data<float>(dst), src.numel());
 }
 
 CpuOutput::CpuOutput(const Tensor& out) : out_(out) {
@@ -133,11 +135,8 @@ CpuOutput::CpuOutput(const Tensor& out) : out_(out) {
 }
 
 void CpuOutput::store() {
-    if (out_.dtype() != DType::BF16) return;
-    uint16_t* o = CpuBackend::data<uint16_t>(out_);
-    const int64_t n = out_.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
-    for (int64_t i = 0; i < n; ++i) o[i] = to_bf16_bits(scratch_[i]);
+    if (out_.dtype() == DType::BF16)
+        cpu_round_to_bf16(scratch_.data(), CpuBackend::data<uint16_t>(out_), out_.numel());
 }
 
 void CpuBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) {

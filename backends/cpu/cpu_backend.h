@@ -119,6 +119,10 @@ void cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 // Shared by the matmuls and attention.
 const float* cpu_operand(Precision p, const Tensor& t, std::vector<float>& rounded);
 
+// n floats rounded to bf16 patterns (round_to_bf16), and n bf16 patterns widened to floats.
+void cpu_round_to_bf16(const float* in, uint16_t* out, int64_t n);
+void cpu_widen_bf16(const uint16_t* in, float* out, int64_t n);
+
 // Where an op writes its fp32 results: into out itself when out is F32; for a BF16 out, into
 // scratch that store() then rounds into out. The arithmetic is the same either way, so a BF16
 // out holds exactly the rounding of what an F32 out would.

@@ -65,10 +65,8 @@ void add_rows(const float* bias, int64_t M, int64_t N, float* out) {
 const float* cpu_operand(Precision p, const Tensor& t, std::vector<float>& rounded) {
     const int64_t n = t.numel();
     if (t.dtype() == DType::BF16) {
-        const uint16_t* bits = CpuBackend::data<uint16_t>(t);
         rounded.resize(static_cast<size_t>(n));
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-        for (int64_t i = 0; i < n; ++i) rounded[i] = from_bf16_bits(bits[i]);
+        cpu_widen_bf16(CpuBackend::data<uint16_t>(t), rounded.data(), n);
         return rounded.data();
     }
     const float* x = CpuBackend::data<float>(t);
