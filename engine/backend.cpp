@@ -317,7 +317,7 @@ void Backend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
 
 void Backend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
     OpCheck c{"add"};
-    c.defined(a, "a");
+    c.shape(a, "a", a.shape());
     c.shape(b, "b", a.shape());
     c.shape(out, "out", a.shape());
     add_impl(a, b, out);
@@ -465,7 +465,7 @@ void Backend::moe_combine_backward(const Tensor& expert_out, const Tensor& slot_
 void Backend::activation_backward(Activation act, const Tensor& x, const Tensor& d_out,
                                   const Tensor& d_x) {
     OpCheck c{"activation_backward"};
-    c.defined(x, "x");
+    c.shape(x, "x", x.shape());
     c.shape(d_out, "d_out", x.shape());
     c.shape(d_x, "d_x", x.shape());
     activation_backward_impl(act, x, d_out, d_x);
@@ -474,7 +474,7 @@ void Backend::activation_backward(Activation act, const Tensor& x, const Tensor&
 void Backend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out,
                               const Tensor& d_gate, const Tensor& d_up) {
     OpCheck c{"swiglu_backward"};
-    c.defined(gate, "gate");
+    c.shape(gate, "gate", gate.shape());
     for (const auto& [t, name] : {std::pair{&up, "up"}, {&d_out, "d_out"}, {&d_gate, "d_gate"},
                                   {&d_up, "d_up"}})
         c.shape(*t, name, gate.shape());
@@ -493,13 +493,13 @@ void Backend::cross_entropy_backward(const Tensor& logits, const Tensor& targets
 
 void Backend::sum_squares(const Tensor& x, const Tensor& out) {
     OpCheck c{"sum_squares"};
-    c.defined(x, "x");
+    c.shape(x, "x", x.shape());
     c.shape(out, "out", {1});
     sum_squares_impl(x, out);
 }
 
 void Backend::scale(const Tensor& x, float s) {
-    OpCheck{"scale"}.defined(x, "x");
+    OpCheck{"scale"}.shape(x, "x", x.shape());
     scale_impl(x, s);
 }
 

@@ -23,6 +23,7 @@
 
 #include "backends/registry.h"
 #include "engine/backend.h"
+#include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/precision.h"
 #include "tests/backends/backend_pair_fixture.h"
@@ -370,6 +371,102 @@ TEST_P(Bf16Tensors, ModelsStoringBf16GiveTheResultsOfFp32Storage) {
         EXPECT_TRUE(BitwiseEqual(after.logits, fresh_result.logits)) << "logits after a step";
         EXPECT_NE(after.loss, got.loss) << "the step changed nothing the test could see";
     }
+}
+
+// Decoding in bf16 after an optimizer step reads the new weights: the step recorded before it
+// (a CUDA graph on CUDA) reads the bf16 copy in place, and params_changed() refreshes that copy
+// before the next step replays. The reference keeps its weights fp32 (no copy to go stale).
+TEST_P(Bf16Tensors, RecordedDecodeStepsReadTheWeightsOfTheLastOptimizerStep) {
+    be().set_matmul_precision(Precision::BF16);
+    const ModelConfig config = test_config("test-tiny");
+    const int64_t V = config.vocab_size, prompt = 4, steps = 3;
+    const std::vector<int32_t> tokens = ints(prompt + steps + 1, 0, static_cast<int32_t>(V));
+    // The model under test; the reference given the new weights; and one that keeps the old
+    // weights: what a stale bf16 copy would decode.
+    Model bf16_copy(config, be()), updated(config, be()), stale(config, be());
+    updated.set_bf16_storage(false);
+    stale.set_bf16_storage(false);
+    bf16_copy.init_random(static_cast<uint64_t>(ints(1, 0, 1 << 30)[0]));
+    for (Model* m : {&updated, &stale}) m->params_from_host(bf16_copy.params_to_host());
+    std::vector<KvCache> caches;
+    for (int i = 0; i < 3; ++i) caches.emplace_back(config, be(), 1);
+    auto decode = [&](Model& m, KvCache& cache, int64_t pos) {
+        const Tensor logits =
+            m.forward_cached({tokens[pos]}, 1, 1, {static_cast<int32_t>(pos)}, cache);
+        std::vector<float> host(static_cast<size_t>(logits.numel()));
+        be().download(logits, host.data());
+        return host;
+    };
+    const std::vector<int32_t> head(tokens.begin(), tokens.begin() + prompt);
+    Model* models[] = {&bf16_copy, &updated, &stale};
+    for (int i = 0; i < 3; ++i) {
+        models[i]->forward_cached(head, 1, prompt, {0}, caches[i]);
+        for (int64_t pos = prompt; pos < prompt + steps; ++pos) decode(*models[i], caches[i], pos);
+    }
+
+    // An AdamW step from random gradients, announced.
+    const int64_t P = bf16_copy.num_params();
+    const std::vector<float> g = normal(P);
+    be().upload(bf16_copy.grads(), g.data());
+    Tensor m = be().alloc({P}), v = be().alloc({P}), mask = be().alloc({P});
+    for (const Tensor* t : {&m, &v}) be().fill(*t, 0.0f);
+    be().fill(mask, 1.0f);
+    be().adamw(bf16_copy.params(), bf16_copy.grads(), m, v, mask,
+               {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                .step = 1});
+    bf16_copy.params_changed();
+    updated.params_from_host(bf16_copy.params_to_host());
+
+    const int64_t last = prompt + steps;
+    const std::vector<float> got = decode(bf16_copy, caches[0], last);
+    expect_same_result(got, decode(updated, caches[1], last), 1e-5,
+                       "logits of the step after the update");
+    EXPECT_FALSE(Close(got, decode(stale, caches[2], last), 1e-3))
+        << "the step after the update decoded with the old weights; " << trace();
+}
+
+// An op the contract does not list for a BF16 input refuses one, naming the op and the
+// argument, before the backend reads two-byte elements as four-byte floats.
+TEST_P(Bf16Tensors, OpsOffTheContractRefuseABf16Input) {
+    be().set_matmul_precision(Precision::BF16);
+    const Shape shape{4, 8};
+    const std::vector<float> host = normal(32);
+    const Tensor h = up_bf16(host, shape);
+    auto f32 = [&] {
+        Tensor t = be().alloc(shape);
+        be().upload(t, host.data());
+        return t;
+    };
+    const Tensor a = f32(), b = f32(), out = f32();
+    const Tensor one = be().alloc({1}), row = be().alloc({8}), d_row = be().alloc({8});
+    const Tensor positions = be().alloc({4}, DType::I32);
+    const std::vector<int32_t> pos{0, 1, 2, 3};
+    be().upload(positions, pos.data());
+    const std::vector<std::pair<std::string, std::function<void()>>> refused = {
+        {"add", [&] { be().add(h, b, out); }},
+        {"activation_backward", [&] { be().activation_backward(Activation::Gelu, h, b, out); }},
+        {"swiglu_backward", [&] { be().swiglu_backward(h, a, b, out, f32()); }},
+        {"sum_squares", [&] { be().sum_squares(h, one); }},
+        {"scale", [&] { be().scale(h, 2.0f); }},
+        {"norm_backward",
+         [&] { be().norm_backward(NormType::RmsNorm, h, row, b, 1e-5f, out, d_row, Tensor{}); }},
+        {"bias_backward", [&] { be().bias_backward(h, d_row); }},
+        {"rope", [&] { be().rope(h.reshape({4, 2, 4}), positions, 10000.0); }},
+    };
+    for (const auto& [op, call] : refused) {
+        try {
+            call();
+            ADD_FAILURE() << op << " took a bf16 input; " << trace();
+        } catch (const std::logic_error& e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find(op + ":"), std::string::npos) << what;
+            EXPECT_NE(what.find("is bf16, expected f32"), std::string::npos) << what;
+        }
+    }
+    // Nothing was written: the F32 operands still hold their values.
+    std::vector<float> after(32);
+    be().download(out, after.data());
+    EXPECT_TRUE(BitwiseEqual(after, host)) << trace();
 }
 
 TEST(Bf16TensorsWhereAbsent, AllocatingOneIsAnErrorNamingTheBackend) {
