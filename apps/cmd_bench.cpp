@@ -9,6 +9,7 @@
 #include "engine/bench.h"
 #include "engine/checkpoint.h"
 #include "engine/errors.h"
+#include "engine/param_report.h"
 
 namespace tmx::cli {
 namespace {
@@ -63,9 +64,11 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
             char mfu[32] = "";
             if (t.mfu > 0) std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%", 100 * t.mfu);
             std::printf("  training step (%s matmuls): %.0f tokens/s, %.2f model TFLOP/s%s, peak "
-                        "memory %.2f GiB; loss %.6f (cpu %.6f)\n",
+                        "memory %s (the step's engine tensors %s); loss %.6f (cpu "
+                        "%.6f)\n",
                         to_string(t.precision), t.tokens_per_s, t.model_tflops, mfu,
-                        static_cast<double>(t.peak_bytes) / (1ull << 30), t.loss, t.cpu_loss);
+                        fmt_bytes(static_cast<double>(t.peak_bytes)).c_str(),
+                        fmt_bytes(t.engine_bytes).c_str(), t.loss, t.cpu_loss);
         }
     }
 }
@@ -106,6 +109,7 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                              {"model_tflops", t.model_tflops},
                                              {"mfu", t.mfu},
                                              {"peak_bytes", t.peak_bytes},
+                                             {"engine_bytes", t.engine_bytes},
                                              {"loss", t.loss},
                                              {"cpu_loss", t.cpu_loss}};
     }

@@ -406,6 +406,7 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
     be.reset_peak_memory();
     const double seconds = median_seconds(be, train_step, o.warmup, o.repeats);
     r.peak_bytes = be.memory_stats().peak_bytes;
+    r.engine_bytes = training_memory(c, B, T, r.precision, /*with_validation=*/false).total();
     r.measured = true;
     r.tokens_per_s = static_cast<double>(N) / seconds;
     const ParamReport report =
@@ -442,10 +443,14 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     // reference step) is refused before anything is measured.
     if (o.train_batch > 0) {
         const TrainingMemoryFlags flags{"--train-batch", "--train-seq", ""};
-        check_training_memory(config, o.train_batch, o.train_seq, *cpu, flags);
+        auto check = [&](const Backend& be) {
+            check_training_memory(config, o.train_batch, o.train_seq,
+                                  o.train_precision.value_or(be.default_training_precision()), be,
+                                  flags);
+        };
+        check(*cpu);
         for (const std::unique_ptr<Backend>& other : others)
-            if (other && other->supports_training())
-                check_training_memory(config, o.train_batch, o.train_seq, *other, flags);
+            if (other && other->supports_training()) check(*other);
     }
     Model cpu_model(config, *cpu);
     if (weights.empty()) {

@@ -64,6 +64,10 @@ struct TrainBench {
     double mfu = 0;                 // model_tflops / peak_tflops (0 when no peak was given)
     Precision precision = Precision::F32;  // of the step's matmuls
     size_t peak_bytes = 0;          // the backend's peak allocation during the step
+    // training_memory() of the step (no validation pass): its engine tensors. peak_bytes adds
+    // the backend's scratch inside ops, and whatever else the backend holds (the CPU: the
+    // bench's reference model).
+    double engine_bytes = 0;
     double loss = 0;                // the step's cross-entropy, and the CPU's on the same batch
     double cpu_loss = 0;
 };

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "engine/checked_math.h"
 #include "engine/errors.h"
 #include "engine/rng.h"
 
@@ -76,6 +77,171 @@ ParamLayout model_param_layout(const ModelConfig& c) {
 
 std::vector<ParamSpec> model_param_specs(const ModelConfig& config) {
     return model_param_layout(config).specs;
+}
+
+namespace {
+
+// The tensors a pass allocates, listed once: the model allocates them from these lists and
+// training_memory() adds their bytes up, so the estimate cannot drift from the model.
+struct TensorSpec {
+    Shape shape;
+    DType dtype = DType::F32;
+    double bytes() const {
+        double n = static_cast<double>(dtype_size(dtype));
+        for (int64_t d : shape) n *= static_cast<double>(d);
+        return n;
+    }
+};
+template <typename Owner>
+struct MemberSpec {
+    Tensor Owner::*member;
+    TensorSpec tensor;
+};
+template <typename Owner>
+Owner alloc_members(Backend& be, const std::vector<MemberSpec<Owner>>& specs) {
+    Owner owner;
+    for (const auto& s : specs) owner.*s.member = be.alloc(s.tensor.shape, s.tensor.dtype);
+    return owner;
+}
+template <typename Owner>
+double bytes_of(const std::vector<MemberSpec<Owner>>& specs) {
+    double sum = 0;
+    for (const auto& s : specs) sum += s.tensor.bytes();
+    return sum;
+}
+
+// The dtype of the activations only matmuls read (a1, a2, xs, act, the final norm's output,
+// the classifier's d_logits), and of attention's output, which is one of them where attention
+// runs in bf16 (attention_cached() stores fp32).
+struct ActivationDtypes {
+    DType matmul_input = DType::F32;
+    DType att = DType::F32;
+};
+ActivationDtypes activation_dtypes(const ModelConfig& c, Precision precision, bool bf16_storage,
+                                   bool cached) {
+    ActivationDtypes t;
+    if (bf16_storage) t.matmul_input = DType::BF16;
+    if (!cached && attention_in_bf16(precision, c.head_dim)) t.att = t.matmul_input;
+    return t;
+}
+
+// A layer's activations for N tokens (h_in and h_mid too for_backward).
+std::vector<MemberSpec<LayerActivations>> activation_specs(const ModelConfig& c, int64_t N,
+                                                           bool for_backward, ActivationDtypes t) {
+    using A = LayerActivations;
+    const int64_t d = c.d_model;
+    const int64_t S = c.is_moe() ? checked_mul(N, c.top_k, "tokens x top_k") : N;
+    std::vector<MemberSpec<A>> s;
+    auto add = [&](Tensor A::*member, Shape shape, DType dtype = DType::F32) {
+        s.push_back({member, {std::move(shape), dtype}});
+    };
+    if (for_backward) {
+        add(&A::h_in, {N, d});
+        add(&A::h_mid, {N, d});
+    }
+    add(&A::a1, {N, d}, t.matmul_input);
+    add(&A::a2, {N, d}, t.matmul_input);
+    add(&A::q, {N, c.q_dim()});
+    add(&A::k, {N, c.kv_dim()});
+    add(&A::v, {N, c.kv_dim()});
+    add(&A::att, {N, c.q_dim()}, t.att);
+    if (c.is_moe()) {
+        add(&A::router_logits, {N, c.n_experts});
+        add(&A::top_idx, {N, c.top_k}, DType::I32);
+        add(&A::gates, {N, c.top_k});
+        add(&A::offsets, {c.n_experts + 1}, DType::I32);
+        add(&A::slot_rows, {S}, DType::I32);
+        add(&A::slot_of, {S}, DType::I32);
+        add(&A::xs, {S, d}, t.matmul_input);
+        add(&A::ys, {S, d});
+    }
+    add(&A::pre, {S, c.d_ff});
+    if (c.ffn_type == FfnType::SwiGlu) add(&A::up, {S, c.d_ff});
+    add(&A::act, {S, c.d_ff}, t.matmul_input);
+    return s;
+}
+
+// The backward pass's gradients of one layer's activations, reused layer after layer.
+struct BackwardScratch {
+    Tensor dh;  // gradient of the residual stream
+    Tensor d_pre, d_up, d_act, d_xs, d_ys, d_gates, d_router;  // feed-forward block
+    Tensor d_q, d_att, d_k, d_v;                                // attention block
+};
+std::vector<MemberSpec<BackwardScratch>> backward_scratch_specs(const ModelConfig& c, int64_t N) {
+    using G = BackwardScratch;
+    const int64_t d = c.d_model;
+    const int64_t S = c.is_moe() ? checked_mul(N, c.top_k, "tokens x top_k") : N;
+    std::vector<MemberSpec<G>> s;
+    auto add = [&](Tensor G::*member, Shape shape) { s.push_back({member, {std::move(shape)}}); };
+    add(&G::dh, {N, d});
+    add(&G::d_pre, {S, c.d_ff});
+    if (c.ffn_type == FfnType::SwiGlu) add(&G::d_up, {S, c.d_ff});
+    add(&G::d_act, {S, c.d_ff});
+    if (c.is_moe()) {
+        add(&G::d_xs, {S, d});
+        add(&G::d_ys, {S, d});
+        add(&G::d_gates, {N, c.top_k});
+        add(&G::d_router, {N, c.n_experts});
+    }
+    add(&G::d_q, {N, c.q_dim()});
+    add(&G::d_att, {N, c.q_dim()});
+    add(&G::d_k, {N, c.kv_dim()});
+    add(&G::d_v, {N, c.kv_dim()});
+    return s;
+}
+
+// Rows of logits the training classifier computes at a time.
+int64_t classifier_chunk_rows(int64_t chunk_values, int64_t V, int64_t N) {
+    return std::clamp<int64_t>(chunk_values / V, 1, N);
+}
+
+}  // namespace
+
+TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
+                               Precision precision, bool with_validation,
+                               int64_t classifier_chunk_values) {
+    const int64_t N = checked_mul(batch, seq, "training memory: batch x seq");
+    const int64_t d = c.d_model, V = c.vocab_size, L = c.n_layers;
+    const double P = static_cast<double>(model_param_layout(c).total);
+    const bool bf16 = precision == Precision::BF16;  // bf16 storage, as Model's default
+    TrainingMemory m;
+    m.weights = 4 * P;
+    m.gradients = 4 * P;
+    m.optimizer = 12 * P;
+    m.bf16_weights = bf16 ? 2 * P : 0;
+
+    const ActivationDtypes t = activation_dtypes(c, precision, bf16, /*cached=*/false);
+    const double ids = TensorSpec{{N}, DType::I32}.bytes();  // token ids, positions, targets
+    const double per_token_row = TensorSpec{{N}}.bytes();    // losses
+    const double stream = TensorSpec{{N, d}}.bytes();
+    const double normed = TensorSpec{{N, d}, t.matmul_input}.bytes();
+    const double aux = c.is_moe() ? TensorSpec{{L}}.bytes() : 0;
+    // forward(): ids, positions, h and the final norm's output stay for backward(); aux,
+    // targets and losses until it returns.
+    m.activations = 2 * ids + stream + static_cast<double>(L) * bytes_of(activation_specs(
+                                                                     c, N, true, t)) +
+                    normed;
+    const double forward_locals = aux + ids + per_token_row;
+    // The classifier: the head's gradients, and a chunk of logits with their gradient (then,
+    // for MoE, every layer's expert offsets, read back in one go).
+    const int64_t rows = classifier_chunk_rows(classifier_chunk_values, V, N);
+    const double chunk = TensorSpec{{rows, V}}.bytes() + TensorSpec{{rows, V}, t.matmul_input}.bytes();
+    const double offsets = c.is_moe() ? TensorSpec{{L, c.n_experts + 1}, DType::I32}.bytes() : 0;
+    const double classifier = forward_locals + stream /* d_normed */ +
+                              TensorSpec{{V, d}}.bytes() /* d_weight */ +
+                              std::max(chunk, offsets);
+    // backward(): d_normed and the scratch; the head's weight gradient is added and freed first.
+    const double backward = stream + bytes_of(backward_scratch_specs(c, N));
+    // A validation pass (forward() without kept activations, after the step freed its own):
+    // one layer's activations and all the logits.
+    const double validation = !with_validation
+                                  ? 0
+                                  : 2 * ids + stream + forward_locals +
+                                        bytes_of(activation_specs(c, N, false, t)) + normed +
+                                        TensorSpec{{N, V}}.bytes();
+    const double peak = std::max({m.activations + classifier, m.activations + backward, validation});
+    m.step_scratch = peak - m.activations;
+    return m;
 }
 
 Model::Model(const ModelConfig& config, Backend& backend)
@@ -199,37 +365,10 @@ void Model::zero_grads() { backend_.fill(grads(), 0.0f); }
 Tensor Model::grad(const std::string& name) { return view(grads(), name); }
 
 LayerActivations Model::alloc_activations(int64_t N, bool for_backward, bool cached) const {
-    const ModelConfig& c = config_;
-    Backend& be = backend_;
-    const int64_t d = c.d_model, S = c.is_moe() ? N * c.top_k : N;
-    // What only matmuls read (a1, a2, xs, act; att where attention() may store bf16).
-    const DType matmul_input = bf16_storage() ? DType::BF16 : DType::F32;
-    const bool att_bf16 = !cached && attention_in_bf16(be.matmul_precision(), c.head_dim);
-    LayerActivations a;
-    if (for_backward) {
-        a.h_in = be.alloc({N, d});
-        a.h_mid = be.alloc({N, d});
-    }
-    a.a1 = be.alloc({N, d}, matmul_input);
-    a.a2 = be.alloc({N, d}, matmul_input);
-    a.q = be.alloc({N, c.q_dim()});
-    a.k = be.alloc({N, c.kv_dim()});
-    a.v = be.alloc({N, c.kv_dim()});
-    a.att = be.alloc({N, c.q_dim()}, att_bf16 ? matmul_input : DType::F32);
-    if (c.is_moe()) {
-        a.router_logits = be.alloc({N, c.n_experts});
-        a.top_idx = be.alloc({N, c.top_k}, DType::I32);
-        a.gates = be.alloc({N, c.top_k});
-        a.offsets = be.alloc({c.n_experts + 1}, DType::I32);
-        a.slot_rows = be.alloc({S}, DType::I32);
-        a.slot_of = be.alloc({S}, DType::I32);
-        a.xs = be.alloc({S, d}, matmul_input);
-        a.ys = be.alloc({S, d});
-    }
-    a.pre = be.alloc({S, c.d_ff});
-    if (c.ffn_type == FfnType::SwiGlu) a.up = be.alloc({S, c.d_ff});
-    a.act = be.alloc({S, c.d_ff}, matmul_input);
-    return a;
+    return alloc_members(backend_,
+                         activation_specs(config_, N, for_backward,
+                                          activation_dtypes(config_, backend_.matmul_precision(),
+                                                            bf16_storage(), cached)));
 }
 
 void Model::check_tokens(const std::vector<int32_t>& tokens) const {
@@ -329,7 +468,7 @@ Model::Classifier Model::classifier_forward_backward(const Tensor& h, const Tens
     be.fill(head.d_weight, 0.0f);
     // d loss / d logits of the mean cross-entropy; backward() applies its loss scale.
     const float scale = n_targets ? 1.0f / static_cast<float>(n_targets) : 0.0f;
-    const int64_t rows = std::clamp<int64_t>(classifier_chunk_values_ / V, 1, N);
+    const int64_t rows = classifier_chunk_rows(classifier_chunk_values_, V, N);
     // d_logits feeds only the two matmuls below: bf16 under bf16_storage(), as the activations.
     Tensor logits = be.alloc({rows, V});
     Tensor d_logits = be.alloc({rows, V}, bf16_storage() ? DType::BF16 : DType::F32);
@@ -354,6 +493,9 @@ ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int6
     if (keep_activations && !targets)
         throw std::logic_error("forward: keeping activations needs targets");
     Backend& be = backend_;
+    // The last training pass's activations go before this one's are made (backward() frees
+    // them too; a step rejected before its backward pass leaves them).
+    if (keep_activations) saved_ = {};
     refresh_bf16_weights();
 
     Tensor ids = upload_tokens(tokens);
@@ -440,7 +582,7 @@ void Model::backward(float loss_scale) {
         throw std::logic_error("backward: no forward pass with kept activations since the last");
     const ModelConfig& c = config_;
     Backend& be = backend_;
-    const int64_t B = saved_.B, T = saved_.T, N = B * T, d = c.d_model;
+    const int64_t B = saved_.B, T = saved_.T, N = B * T;
     const int64_t H = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const float eps = static_cast<float>(c.norm_eps);
     const bool swiglu = c.ffn_type == FfnType::SwiGlu;
@@ -458,21 +600,12 @@ void Model::backward(float loss_scale) {
     be.scale(saved_.head.d_weight, loss_scale);
     be.add(d_lm_head, saved_.head.d_weight, d_lm_head);
     saved_.head = {};  // one backward per forward: the gradients are spent
-    Tensor dh = be.alloc({N, d});  // gradient of the residual stream
+    BackwardScratch scratch = alloc_members(be, backward_scratch_specs(c, N));
+    auto& [dh, d_pre, d_up, d_act, d_xs, d_ys, d_gates, d_router, d_q, d_att, d_k, d_v] = scratch;
     be.fill(dh, 0.0f);
     be.norm_backward(c.norm_type, saved_.h_final, final_norm_w_, d_a, eps, dh,
                      view(g, "model.norm.weight"),
                      c.has_norm_bias() ? view(g, "model.norm.bias") : Tensor{});
-
-    const int64_t S = c.is_moe() ? N * c.top_k : N;
-    Tensor d_pre = be.alloc({S, c.d_ff}), d_up = swiglu ? be.alloc({S, c.d_ff}) : Tensor{};
-    Tensor d_act = be.alloc({S, c.d_ff});
-    Tensor d_xs = c.is_moe() ? be.alloc({S, d}) : Tensor{};
-    Tensor d_ys = c.is_moe() ? be.alloc({S, d}) : Tensor{};
-    Tensor d_gates = c.is_moe() ? be.alloc({N, c.top_k}) : Tensor{};
-    Tensor d_router = c.is_moe() ? be.alloc({N, c.n_experts}) : Tensor{};
-    Tensor d_q = be.alloc({N, c.q_dim()}), d_att = be.alloc({N, c.q_dim()});
-    Tensor d_k = be.alloc({N, c.kv_dim()}), d_v = be.alloc({N, c.kv_dim()});
 
     for (int64_t l = c.n_layers - 1; l >= 0; --l) {
         const LayerWeights& w = layers_[l];  // norms
@@ -520,6 +653,7 @@ void Model::backward(float loss_scale) {
                          gw.input_norm_b);
     }
     be.embedding_backward(saved_.ids, dh, view(g, "model.embed_tokens.weight"));
+    saved_ = {};  // the activations are spent: free them before the next step makes its own
 }
 
 Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int64_t T,

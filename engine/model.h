@@ -20,6 +20,7 @@
 #include "engine/backend.h"
 #include "engine/config.h"
 #include "engine/kv_cache.h"
+#include "engine/training_memory.h"
 
 namespace tmx {
 
@@ -131,7 +132,7 @@ public:
     Tensor grad(const std::string& name);
 
     // How many logits the training classifier holds at once (default 2^25: 128 MiB in fp32,
-    // and as much for their gradient); it takes max(1, values / V) rows at a time.
+    // and as much for their gradient); it takes classifier_chunk_rows() rows at a time.
     void set_classifier_chunk_values(int64_t values) { classifier_chunk_values_ = values; }
 
 private:

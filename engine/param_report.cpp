@@ -1116,6 +1116,11 @@ ParamReport build_param_report(const json& cfg, const std::string& src, const Re
         throw Error(src + ": " + e.what());
     }
     check_memory_bounds(r);
+    if (r.has_activations)
+        if (const std::optional<ModelConfig> engine = engine_config_for(cfg, src))
+            r.engine_training = {
+                training_memory(*engine, r.act_batch, r.act_seq, Precision::F32),
+                training_memory(*engine, r.act_batch, r.act_seq, Precision::BF16)};
     return r;
 }
 
@@ -1260,6 +1265,25 @@ std::string format_param_report(const ParamReport& r) {
                "scores), no recomputation, no dropout masks, fp32 logits"
             << (m.encoder_decoder() ? ", seq tokens in the encoder and in the decoder" : "")
             << "\n";
+    if (r.engine_training) {
+        const auto& [f32, b16] = *r.engine_training;
+        out << "tmx train allocates, batch " << with_thousands(r.act_batch) << " x seq "
+            << with_thousands(r.act_seq)
+            << " (checked against the device before a run; a backend's scratch inside an op "
+               "comes on top):\n";
+        auto row = [](const std::string& label, double a, double b) {
+            return std::vector<std::string>{label, fmt_bytes(a), fmt_bytes(b)};
+        };
+        print_table(out, {{"", "fp32", "bf16"},
+                          row("weights 4 + grads 4 + Adam m, v 8 + decay mask 4 B/param",
+                              f32.weights + f32.gradients + f32.optimizer,
+                              b16.weights + b16.gradients + b16.optimizer),
+                          row("bf16 weight copy, 2 B/param", f32.bf16_weights, b16.bf16_weights),
+                          row("activations kept for backward", f32.activations, b16.activations),
+                          row("step scratch (classifier, backward, validation)",
+                              f32.step_scratch, b16.step_scratch),
+                          row("total", f32.total(), b16.total())});
+    }
 
     // KV cache.
     const double kv = static_cast<double>(r.kv_values_per_token);
@@ -1382,6 +1406,23 @@ json param_report_json(const ParamReport& r) {
              "recomputation, no dropout masks, fp32 logits"}};
     else
         mem["activations"] = nullptr;
+    if (r.engine_training) {
+        auto bytes = [](const TrainingMemory& t) {
+            return json{{"weights", round_i64(t.weights)},
+                        {"gradients", round_i64(t.gradients)},
+                        {"optimizer", round_i64(t.optimizer)},
+                        {"bf16_weights", round_i64(t.bf16_weights)},
+                        {"activations", round_i64(t.activations)},
+                        {"step_scratch", round_i64(t.step_scratch)},
+                        {"total", round_i64(t.total())}};
+        };
+        mem["engine_training"] = {{"batch", r.act_batch},
+                                  {"seq", r.act_seq},
+                                  {"fp32", bytes((*r.engine_training)[0])},
+                                  {"bf16", bytes((*r.engine_training)[1])}};
+    } else {
+        mem["engine_training"] = nullptr;
+    }
     j["memory"] = mem;
 
     json kv;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/training_memory.h"
 
 namespace tmx {
 
@@ -125,6 +126,9 @@ struct ParamReport {
     int64_t act_batch = 0;
     int64_t act_seq = 0;
     double activation_bytes = 0;
+    // With activations, for a model the engine runs (engine_config_for): what `tmx train`
+    // allocates at act_batch x act_seq (training_memory()), in fp32 and in bf16.
+    std::optional<std::array<TrainingMemory, 2>> engine_training;
 
     // KV cache: values (K and V, all layers) per token; bytes = values * bytes per value.
     int64_t kv_values_per_token = 0;

@@ -192,31 +192,33 @@ void validate_options(const TrainOptions& o, const ModelConfig& c) {
 
 }  // namespace
 
-void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
+void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
                            const Backend& backend, const TrainingMemoryFlags& flags) {
     ReportOptions at;
     at.batch = batch;
     at.seq = seq;
     at.batch_flag = flags.batch.c_str();
     at.seq_flag = flags.seq.c_str();
-    const ParamReport r = build_param_report(config_to_json(c), "training memory", at);
-    const double need = r.train_fp32_bytes + r.activation_bytes;
+    build_param_report(config_to_json(c), "training memory", at);  // its bounds name the flags
+    const TrainingMemory m = training_memory(c, batch, seq, precision);
     const uint64_t capacity = backend.memory_capacity();
-    if (capacity > 0 && need > static_cast<double>(capacity))
+    if (capacity > 0 && m.total() > static_cast<double>(capacity))
         throw UsageError(
             flags.batch + " " + with_thousands(batch) + " x " + flags.seq + " " +
-            with_thousands(seq) + ": training would need about " + fmt_bytes(need) +
-            " (weights, gradients and AdamW state " + fmt_bytes(r.train_fp32_bytes) +
-            ", activations " + fmt_bytes(r.activation_bytes) +
-            "; tmx params --batch B --seq T shows the estimate), more than the " + backend.name() +
-            " backend's " + fmt_bytes(static_cast<double>(capacity)) + "; lower " + flags.batch +
-            " or " + flags.seq + flags.advice);
+            with_thousands(seq) + ": training in " + to_string(precision) + " would need " +
+            fmt_bytes(m.total()) + " (weights, gradients and AdamW state " +
+            fmt_bytes(m.weights + m.gradients + m.optimizer + m.bf16_weights) +
+            ", activations " + fmt_bytes(m.activations) + ", step scratch " +
+            fmt_bytes(m.step_scratch) + "; tmx params --batch B --seq T shows it), more than the " +
+            backend.name() + " backend's " + fmt_bytes(static_cast<double>(capacity)) +
+            "; lower " + flags.batch + " or " + flags.seq + flags.advice);
 }
 
 namespace {
 
 void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
-    check_training_memory(c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, backend,
+    check_training_memory(c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision,
+                          backend,
                           {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
 }
 

@@ -81,12 +81,12 @@ struct TrainReport {
 struct TrainingMemoryFlags {
     std::string batch, seq, advice;
 };
-// The parameter report's estimate of training at batch x seq (weights, gradients and AdamW
-// state, and the activations kept for the backward pass) must not overflow or pass the
-// report's 1 EiB bound, nor exceed backend.memory_capacity(): otherwise a UsageError naming the
-// flags. Called before anything is allocated, so that an absurd batch is a usage error rather
-// than a run that grows until the system kills it.
-void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
+// Training at batch x seq in `precision` must not pass the parameter report's 1 EiB bound, and
+// the engine's own tensors (training_memory(): weights, gradients, AdamW state, the bf16 weight
+// copy, kept activations and the step's scratch) must fit in backend.memory_capacity():
+// otherwise a UsageError naming the flags. Called before anything is allocated, so that an
+// absurd batch is a usage error rather than a run that grows until the system kills it.
+void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
                            const Backend& backend, const TrainingMemoryFlags& flags);
 
 // Polled before every micro-batch and every evaluation batch: true stops the run.

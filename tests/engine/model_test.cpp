@@ -136,6 +136,47 @@ TEST(ModelForward, BatchRowsMatchEachSequenceAlone) {
     }
 }
 
+// Training steps as the Trainer runs them, with the classifier in chunks of a few rows, peak at
+// training_memory() to the byte; a validation pass after them at training_memory() with
+// validation. The second step frees the first's activations before making its own.
+TEST(ModelMemory, ChunkedTrainingStepsAndValidationPeakAtTheTrainingMemoryEstimate) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    for (const char* name : {"test-tiny", "test-tiny-swiglu", "mini-gpt"}) {
+        for (const Precision precision : {Precision::F32, Precision::BF16}) {
+            const ModelConfig c = load_config(config_path(name));
+            const int64_t V = c.vocab_size, B = 1 + static_cast<int64_t>(rng.below(3));
+            const int64_t T = 3 + static_cast<int64_t>(rng.below(30));
+            const int64_t chunk_values = V * (1 + static_cast<int64_t>(rng.below(3)));
+            SCOPED_TRACE(std::string(name) + " " + to_string(precision) + " B " +
+                         std::to_string(B) + " T " + std::to_string(T) + " chunk " +
+                         std::to_string(chunk_values / V) + " rows");
+            auto be = make_backend("cpu");
+            be->set_matmul_precision(precision);
+            Model model(c, *be);
+            model.init_random(seed);
+            model.set_classifier_chunk_values(chunk_values);
+            const int64_t P = model.num_params();
+            const Tensor adam_m = be->alloc({P}), adam_v = be->alloc({P}), mask = be->alloc({P});
+            std::vector<int32_t> tokens, targets;
+            for (int step = 0; step < 2; ++step) {
+                tokens = test::random_ints(rng, B * T, 0, static_cast<int32_t>(V));
+                targets = test::random_ints(rng, B * T, -1, static_cast<int32_t>(V));
+                model.zero_grads();
+                model.forward(tokens, B, T, &targets, /*keep_activations=*/true);
+                model.backward();
+                model.params_changed();
+            }
+            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes),
+                      training_memory(c, B, T, precision, false, chunk_values).total());
+            model.forward(tokens, B, T, &targets);
+            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes),
+                      training_memory(c, B, T, precision, true, chunk_values).total());
+        }
+    }
+}
+
 TEST(ModelForward, ScoreTokensCoversEveryTokenOnceAcrossWindows) {
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));

@@ -321,6 +321,35 @@ TEST(ParamReport, ActivationEstimateScalesWithBatchAndSequence) {
     EXPECT_GT(a.activation_bytes, 4.0 * 128 * 4 * 32000);  // at least the fp32 logits
 }
 
+// For a model the engine runs, the report carries what tmx train allocates at that batch
+// (training_memory(), in fp32 and bf16, also in the JSON); for one it does not run, nothing.
+TEST(ParamReport, EngineTrainingMemoryForModelsTheEngineRuns) {
+    ReportOptions o;
+    o.batch = 3;
+    o.seq = 64;
+    const ParamReport native = build_param_report(json::object(), "defaults", o);
+    ASSERT_TRUE(native.engine_training.has_value());
+    const ModelConfig c = *engine_config_for(json::object(), "defaults");
+    const auto& [f32, b16] = *native.engine_training;
+    EXPECT_EQ(f32.total(), training_memory(c, 3, 64, Precision::F32).total());
+    EXPECT_EQ(b16.total(), training_memory(c, 3, 64, Precision::BF16).total());
+    const double n = static_cast<double>(native.total_params);
+    EXPECT_EQ(b16.bf16_weights, 2 * n);
+    EXPECT_EQ(f32.bf16_weights, 0);
+    EXPECT_LT(b16.activations, f32.activations);  // matmul-only activations stored bf16
+    const json j = param_report_json(native);
+    EXPECT_EQ(j["memory"]["engine_training"]["bf16"]["total"].get<double>(),
+              std::round(b16.total()));
+    EXPECT_NE(format_param_report(native).find("tmx train allocates, batch 3 x seq 64"),
+              std::string::npos);
+
+    const ParamReport mixtral = report_of("mixtral-8x7b.json");  // no --batch: no activations
+    EXPECT_FALSE(mixtral.engine_training.has_value());
+    const ParamReport gpt2 = report_of("gpt2.json", o);  // GELU MLP, learned positions
+    EXPECT_FALSE(gpt2.engine_training.has_value());
+    EXPECT_TRUE(param_report_json(gpt2)["memory"]["engine_training"].is_null());
+}
+
 TEST(ParamReport, FlopsOfTheDefaultModel) {
     ParamReport r = build_param_report(json::object(), "defaults");
     const int64_t L = 8, d = 512, V = 32000;

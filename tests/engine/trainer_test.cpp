@@ -563,8 +563,44 @@ TEST(Trainer, NonFiniteOptimizerMomentsOnResumeAreAnErrorNamingFileAndTensor) {
     EXPECT_EQ(Trainer::resume(tmp / "run", *be, nlohmann::json::object())->step(), 1);
 }
 
-// A batch whose memory estimate (the parameter report's, at --batch-size x --seq-len) passes the
-// report's 1 EiB bound, or exceeds the backend's memory, is a usage error naming the flags,
+// What a run allocates at its peak is training_memory(), to the byte: the engine's estimate is
+// its own accounting, not a bound. Three small models (MoE gelu, MoE swiglu, dense), fp32 and
+// bf16, steps with validation passes between them; the second step frees the first's
+// activations before making its own.
+TEST(Trainer, PeakMemoryOfARunIsTheTrainingMemoryEstimate) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", seed);
+    int run = 0;
+    for (const char* name : {"test-tiny", "test-tiny-swiglu", "test-tiny-dense"}) {
+        for (const Precision precision : {Precision::F32, Precision::BF16}) {
+            const ModelConfig c = test::test_config(name);
+            TrainOptions o = small_options(tmp / "data");
+            o.precision = precision;
+            o.batch_size = 1 + static_cast<int64_t>(rng.below(4));
+            o.seq_len = 5 + static_cast<int64_t>(rng.below(20));
+            o.max_steps = 3;
+            o.eval_every = 1 + static_cast<int64_t>(rng.below(2));
+            SCOPED_TRACE(std::string(name) + " " + to_string(precision) + " batch " +
+                         std::to_string(o.batch_size) + " seq " + std::to_string(o.seq_len));
+            auto be = make_backend("cpu");
+            auto t = Trainer::start(c, o, tmp / ("run" + std::to_string(run++)), seed, *be);
+            t->run([](const TrainReport&) {});
+            const TrainingMemory m = training_memory(c, o.batch_size, o.seq_len, precision);
+            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes), m.total());
+            const double P = static_cast<double>(t->model().num_params());
+            EXPECT_EQ(m.weights + m.gradients + m.optimizer + m.bf16_weights,
+                      (precision == Precision::BF16 ? 22 : 20) * P);
+            EXPECT_GT(m.activations, 0);
+            EXPECT_GT(m.step_scratch, 0);
+        }
+    }
+}
+
+// A batch whose memory estimate passes the parameter report's 1 EiB bound, or whose
+// training_memory() exceeds the backend's memory, is a usage error naming the flags,
 // before the run directory or any tensor is made.
 TEST(Trainer, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocated) {
     const uint64_t seed = test::fresh_seed();
