@@ -206,7 +206,8 @@ void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Pre
         throw UsageError(
             flags.batch + " " + with_thousands(batch) + " x " + flags.seq + " " +
             with_thousands(seq) + ": training in " + to_string(precision) + " would need " +
-            fmt_bytes(m.total()) + " (weights, gradients and AdamW state " +
+            fmt_bytes(m.total()) + " (weights" + (m.bf16_weights > 0 ? " with their bf16 copy" : "") +
+            ", gradients and AdamW state " +
             fmt_bytes(m.weights + m.gradients + m.optimizer + m.bf16_weights) +
             ", activations " + fmt_bytes(m.activations) + ", step scratch " +
             fmt_bytes(m.step_scratch) + "; tmx params --batch B --seq T shows it), more than the " +
