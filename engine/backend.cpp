@@ -504,14 +504,13 @@ void Backend::scale(const Tensor& x, float s) {
 }
 
 void Backend::adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                    const Tensor& decay_mask, const AdamWParams& hp) {
+                    const AdamWParams& hp) {
     OpCheck c{"adamw"};
     c.rank(params, "params", 1);
-    for (const auto& [t, name] : {std::pair{&grads, "grads"}, {&m, "m"}, {&v, "v"},
-                                  {&decay_mask, "decay_mask"}})
+    for (const auto& [t, name] : {std::pair{&grads, "grads"}, {&m, "m"}, {&v, "v"}})
         c.shape(*t, name, params.shape());
     if (hp.step < 1) c.fail("step must be >= 1");
-    adamw_impl(params, grads, m, v, decay_mask, hp);
+    adamw_impl(params, grads, m, v, hp);
 }
 
 // ---- the training ops of a backend that does not train
@@ -566,7 +565,7 @@ void Backend::sum_squares_impl(const Tensor&, const Tensor&) {
 }
 void Backend::scale_impl(const Tensor&, float) { training_op_unavailable("scale"); }
 void Backend::adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const AdamWParams&) {
+                         const AdamWParams&) {
     training_op_unavailable("adamw");
 }
 

@@ -284,7 +284,9 @@ public:
     // x *= s, elementwise.
     void scale(const Tensor& x, float s);
     // One AdamW step (PyTorch's formulation) over flat tensors of equal shape: decoupled decay
-    // p -= lr * weight_decay * decay_mask * p; m, v moments; bias-corrected update. `step` is
+    // p -= lr * weight_decay * p on every element; m, v moments; bias-corrected update. A model
+    // steps its decayed and undecayed tensors in separate calls, on views of its flat tensors
+    // (adamw_step in engine/trainer.h), so no per-element mask is stored. `step` is
     // the 1-based step count after this update. The gradient used is grads * grad_scale (one
     // fp32 multiply per element: the same values as scale(grads, grad_scale) first), so that
     // gradient clipping costs no pass of its own; grads itself is left as it is.
@@ -294,7 +296,7 @@ public:
         float grad_scale = 1.0f;
     };
     void adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-               const Tensor& decay_mask, const AdamWParams& hp);
+               const AdamWParams& hp);
 
 protected:
     // The buffer's memory stays allocated until the last Tensor referring to it is gone.
@@ -377,8 +379,7 @@ protected:
     virtual void sum_squares_impl(const Tensor& x, const Tensor& out);
     virtual void scale_impl(const Tensor& x, float s);
     virtual void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
-                            const Tensor& v, const Tensor& decay_mask,
-                            const AdamWParams& hp);
+                            const Tensor& v, const AdamWParams& hp);
 
 private:
     [[noreturn]] void training_op_unavailable(const char* op) const;

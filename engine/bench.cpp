@@ -385,9 +385,8 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
     Model model(c, be);
     model.params_from_host(weights);
     const int64_t P = model.num_params();
-    Tensor m = be.alloc({P}), v = be.alloc({P}), mask = be.alloc({P}), norm = be.alloc({1});
+    Tensor m = be.alloc({P}), v = be.alloc({P}), norm = be.alloc({1});
     for (const Tensor* t : {&m, &v}) be.fill(*t, 0.0f);
-    be.fill(mask, 1.0f);
     int64_t step = 0;
     auto train_step = [&] {
         model.zero_grads();
@@ -395,8 +394,8 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
         if (step == 0) r.loss = f.loss;
         model.backward();
         be.sum_squares(model.grads(), norm);
-        be.adamw(model.params(), model.grads(), m, v, mask,
-                 {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+        adamw_step(model, m, v,
+                   {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                   .step = ++step});
         model.params_changed();
     };

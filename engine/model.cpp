@@ -125,7 +125,15 @@ ActivationDtypes activation_dtypes(const ModelConfig& c, Precision precision, bo
     return t;
 }
 
-// A layer's activations for N tokens (h_in and h_mid too for_backward).
+// The FFN activation's output for N tokens (the input of w2).
+TensorSpec ffn_act_spec(const ModelConfig& c, int64_t N, ActivationDtypes t) {
+    const int64_t S = c.is_moe() ? checked_mul(N, c.top_k, "tokens x top_k") : N;
+    return {{S, c.d_ff}, t.matmul_input};
+}
+
+// A layer's activations for N tokens. for_backward: with h_in and h_mid, and without act, which
+// training does not keep per layer (one buffer serves every layer; backward() recomputes each
+// layer's from pre: an elementwise pass instead of S x d_ff values a layer).
 std::vector<MemberSpec<LayerActivations>> activation_specs(const ModelConfig& c, int64_t N,
                                                            bool for_backward, ActivationDtypes t) {
     using A = LayerActivations;
@@ -157,7 +165,7 @@ std::vector<MemberSpec<LayerActivations>> activation_specs(const ModelConfig& c,
     }
     add(&A::pre, {S, c.d_ff});
     if (c.ffn_type == FfnType::SwiGlu) add(&A::up, {S, c.d_ff});
-    add(&A::act, {S, c.d_ff}, t.matmul_input);
+    if (!for_backward) s.push_back({&A::act, ffn_act_spec(c, N, t)});
     return s;
 }
 
@@ -207,7 +215,7 @@ TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
     TrainingMemory m;
     m.weights = 4 * P;
     m.gradients = 4 * P;
-    m.optimizer = 12 * P;
+    m.optimizer = 8 * P;
     m.bf16_weights = bf16 ? 2 * P : 0;
 
     const ActivationDtypes t = activation_dtypes(c, precision, bf16, /*cached=*/false);
@@ -218,9 +226,9 @@ TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
     const double aux = c.is_moe() ? TensorSpec{{L}}.bytes() : 0;
     // forward(): ids, positions, h and the final norm's output stay for backward(); aux,
     // targets and losses until it returns.
-    m.activations = 2 * ids + stream + static_cast<double>(L) * bytes_of(activation_specs(
-                                                                     c, N, true, t)) +
-                    normed;
+    m.activations = 2 * ids + stream +
+                    static_cast<double>(L) * bytes_of(activation_specs(c, N, true, t)) +
+                    ffn_act_spec(c, N, t).bytes() /* shared by the layers */ + normed;
     const double forward_locals = aux + ids + per_token_row;
     // The classifier: the head's gradients, and a chunk of logits with their gradient (then,
     // for MoE, every layer's expert offsets, read back in one go).
@@ -430,14 +438,18 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
         be.linear(a.a2, m.w1, w.b1, a.pre);
         if (swiglu) be.linear(a.a2, m.w3, w.b3, a.up);
     }
-    if (swiglu) be.swiglu(a.pre, a.up, a.act);
-    else be.activation(c.activation, a.pre, a.act);
+    ffn_activation(a);
     if (c.is_moe()) {
         be.grouped_matmul(a.act, m.w2, w.b2, a.offsets, a.ys);
         be.moe_combine(a.ys, a.slot_of, a.gates, h);
     } else {
         be.linear(a.act, m.w2, w.b2, h, /*accumulate=*/true);
     }
+}
+
+void Model::ffn_activation(const LayerActivations& a) const {
+    if (config_.ffn_type == FfnType::SwiGlu) backend_.swiglu(a.pre, a.up, a.act);
+    else backend_.activation(config_.activation, a.pre, a.act);
 }
 
 Tensor Model::logits_of(const Tensor& h, Tensor* normed_out) const {
@@ -507,14 +519,25 @@ ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int6
     Tensor h = be.alloc({N, c.d_model});
     Tensor aux = c.is_moe() && targets ? be.alloc({c.n_layers}) : Tensor{};
 
-    // Inference reuses one set of buffers for every layer; training keeps each layer's.
+    // Inference reuses one set of buffers for every layer; training keeps each layer's, except
+    // the FFN activation's output: one buffer for all, which backward() recomputes per layer.
     std::vector<LayerActivations> kept;
     LayerActivations scratch;
-    if (!keep_activations) scratch = alloc_activations(N, /*for_backward=*/false);
+    Tensor shared_act;
+    if (!keep_activations) {
+        scratch = alloc_activations(N, /*for_backward=*/false);
+    } else {
+        const TensorSpec act = ffn_act_spec(
+            c, N, activation_dtypes(c, be.matmul_precision(), bf16_storage(), /*cached=*/false));
+        shared_act = be.alloc(act.shape, act.dtype);
+    }
 
     be.embedding(embed_, ids, h);
     for (int64_t l = 0; l < c.n_layers; ++l) {
-        if (keep_activations) kept.push_back(alloc_activations(N, /*for_backward=*/true));
+        if (keep_activations) {
+            kept.push_back(alloc_activations(N, /*for_backward=*/true));
+            kept.back().act = shared_act;
+        }
         layer_forward(l, h, keep_activations ? kept.back() : scratch, positions, B, T,
                       aux.defined() ? aux.slice(l, {1}) : Tensor{}, nullptr);
     }
@@ -615,6 +638,7 @@ void Model::backward(float loss_scale) {
         // Feed-forward block: h_out = h_mid + ffn(norm(h_mid)); dh flows on to h_mid as is.
         for (const Tensor* t : {&d_pre, &d_act, &d_a}) be.fill(*t, 0.0f);
         if (swiglu) be.fill(d_up, 0.0f);
+        ffn_activation(a);  // a.act is shared by the layers: this layer's, again
         if (c.is_moe()) {
             for (const Tensor* t : {&d_xs, &d_ys, &d_gates, &d_router}) be.fill(*t, 0.0f);
             be.moe_combine_backward(a.ys, a.slot_of, a.gates, dh, d_ys, d_gates);

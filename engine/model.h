@@ -67,6 +67,7 @@ struct LayerActivations {
     Tensor router_logits, top_idx, gates, offsets, slot_rows, slot_of;  // MoE routing
     Tensor xs;                    // a2 gathered into expert-sorted slots (MoE)
     Tensor pre, up, act;          // FFN: w1 output, w3 output (swiglu), activation output
+                                  // (in training one buffer for every layer: see backward())
     Tensor ys;                    // expert outputs per slot (MoE)
 };
 
@@ -151,8 +152,9 @@ private:
         return bf16_storage() ? layers_bf16_[layer] : layers_[layer];
     }
     const Tensor& lm_head_operand() const { return bf16_storage() ? lm_head_bf16_ : lm_head_; }
-    // Activations for N tokens (h_in/h_mid too for_backward); `cached`: for attention_cached(),
-    // whose output is fp32.
+    // Activations for N tokens (for_backward: h_in/h_mid too, and act left for the caller to
+    // bind to the buffer the layers share); `cached`: for attention_cached(), whose output is
+    // fp32.
     LayerActivations alloc_activations(int64_t N, bool for_backward, bool cached = false) const;
     // Checks token ids against the vocabulary (check_tokens), and uploads them.
     void check_tokens(const std::vector<int32_t>& tokens) const;
@@ -168,6 +170,8 @@ private:
     void layer_forward(int64_t layer, const Tensor& h, LayerActivations& a,
                        const Tensor& positions, int64_t B, int64_t T, const Tensor& aux_out,
                        const CachedAttention* cached);
+    // a.act = the FFN activation of a.pre (and a.up: swiglu).
+    void ffn_activation(const LayerActivations& a) const;
     // forward_cached for one token per sequence (validated), on tensors kept with the cache
     // from step to step so that the backend records the step once and replays it.
     Tensor decode_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& start,

@@ -1275,7 +1275,7 @@ std::string format_param_report(const ParamReport& r) {
             return std::vector<std::string>{label, fmt_bytes(a), fmt_bytes(b)};
         };
         print_table(out, {{"", "fp32", "bf16"},
-                          row("weights 4 + grads 4 + Adam m, v 8 + decay mask 4 B/param",
+                          row("weights 4 + grads 4 + Adam m, v 8 B/param",
                               f32.weights + f32.gradients + f32.optimizer,
                               b16.weights + b16.gradients + b16.optimizer),
                           row("bf16 weight copy, 2 B/param", f32.bf16_weights, b16.bf16_weights),

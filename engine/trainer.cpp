@@ -192,6 +192,27 @@ void validate_options(const TrainOptions& o, const ModelConfig& c) {
 
 }  // namespace
 
+void adamw_step(Model& model, const Tensor& m, const Tensor& v, const Backend::AdamWParams& hp) {
+    Backend& be = model.backend();
+    const std::vector<ParamSpec>& specs = model.layout().specs;
+    const Tensor& params = model.params();
+    const Tensor& grads = model.grads();
+    for (size_t i = 0; i < specs.size();) {
+        const bool decay = specs[i].decay;
+        const int64_t begin = specs[i].offset;
+        int64_t end = begin;
+        for (; i < specs.size() && specs[i].decay == decay; ++i) {
+            if (specs[i].offset != end) throw std::logic_error("adamw_step: layout has a gap");
+            end += specs[i].numel();
+        }
+        Backend::AdamWParams run = hp;
+        if (!decay) run.weight_decay = 0.0f;
+        const Shape shape{end - begin};
+        be.adamw(params.slice(begin, shape), grads.slice(begin, shape), m.slice(begin, shape),
+                 v.slice(begin, shape), run);
+    }
+}
+
 void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
                            const Backend& backend, const TrainingMemoryFlags& flags) {
     ReportOptions at;
@@ -448,11 +469,6 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
     adam_v_ = backend_.alloc({P});
     backend_.fill(adam_m_, 0.0f);
     backend_.fill(adam_v_, 0.0f);
-    std::vector<float> mask(static_cast<size_t>(P), 0.0f);
-    for (const auto& s : model_->layout().specs)
-        if (s.decay) std::fill(mask.begin() + s.offset, mask.begin() + s.offset + s.numel(), 1.0f);
-    decay_mask_ = backend_.alloc({P});
-    backend_.upload(decay_mask_, mask.data());
 }
 
 Trainer::~Trainer() = default;
@@ -673,8 +689,8 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
     const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
     const double lr = learning_rate(options_, step_, max_steps_);
-    backend_.adamw(m.params(), m.grads(), adam_m_, adam_v_, decay_mask_,
-                   {.lr = static_cast<float>(lr),
+    adamw_step(m, adam_m_, adam_v_,
+               {.lr = static_cast<float>(lr),
                     .beta1 = static_cast<float>(options_.beta1),
                     .beta2 = static_cast<float>(options_.beta2),
                     .eps = static_cast<float>(options_.eps),

@@ -89,6 +89,12 @@ struct TrainingMemoryFlags {
 void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
                            const Backend& backend, const TrainingMemoryFlags& flags);
 
+// One AdamW step over the model's flat parameters with its gradients and the moments m, v (each
+// [num_params]): weight decay on the tensors the layout marks (ParamSpec::decay) and none on the
+// others. Each run of neighbouring tensors alike is one Backend::adamw call on views, so no
+// per-parameter mask exists (it would cost 4 B/param of device memory).
+void adamw_step(Model& model, const Tensor& m, const Tensor& v, const Backend::AdamWParams& hp);
+
 // Polled before every micro-batch and every evaluation batch: true stops the run.
 using StopPredicate = std::function<bool()>;
 
@@ -184,7 +190,7 @@ private:
     std::unique_ptr<RunDirLock> lock_;
     std::string tokenizer_path_;
     std::optional<TokenDataset> train_data_, val_data_;
-    Tensor adam_m_, adam_v_, decay_mask_;
+    Tensor adam_m_, adam_v_;
     int64_t seq_len_ = 0, max_steps_ = 0, step_ = 0;
     double best_val_loss_ = 0.0;
     bool has_best_ = false;

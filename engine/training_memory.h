@@ -17,7 +17,7 @@ namespace tmx {
 struct TrainingMemory {
     double weights = 0;       // fp32 master weights, 4 B/param
     double gradients = 0;     // fp32, 4 B/param
-    double optimizer = 0;     // AdamW m and v, and the weight-decay mask: 12 B/param
+    double optimizer = 0;     // AdamW m and v: 8 B/param
     double bf16_weights = 0;  // the bf16 copy the matmuls read (BF16 precision): 2 B/param
     // What the forward pass keeps for the backward pass: every layer's activations, the
     // residual stream, the final norm's output, token ids and positions.

@@ -242,22 +242,21 @@ void CpuBackend::sum_squares_impl(const Tensor& x, const Tensor& out) {
 }
 
 void CpuBackend::adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
-                            const Tensor& v, const Tensor& decay_mask, const AdamWParams& hp) {
+                            const Tensor& v, const AdamWParams& hp) {
     float* p = data<float>(params);
     const float* g = data<float>(grads);
     float* mp = data<float>(m);
     float* vp = data<float>(v);
-    const float* mask = data<float>(decay_mask);
     const int64_t n = params.numel();
     const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step));
     const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step));
     const float step_size = static_cast<float>(hp.lr / bc1);
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    const float decay = hp.lr * hp.weight_decay;
+    const float keep = 1.0f - hp.lr * hp.weight_decay;  // decoupled weight decay
 #pragma omp parallel for simd schedule(static) if (n > kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
         const float gi = g[i] * hp.grad_scale;
-        p[i] *= 1.0f - decay * mask[i];
+        p[i] *= keep;
         mp[i] = hp.beta1 * mp[i] + (1.0f - hp.beta1) * gi;
         vp[i] = hp.beta2 * vp[i] + (1.0f - hp.beta2) * gi * gi;
         p[i] -= step_size * mp[i] / (std::sqrt(vp[i]) / bc2_sqrt + hp.eps);

@@ -95,7 +95,7 @@ struct ActivationFn<Activation::Relu2> {
 // does (the bias corrections 1 - beta^step lose everything in fp32 when beta is close to 1).
 struct AdamWCoefficients {
     float beta1, beta2, eps;
-    float decay;      // lr * weight_decay: p *= 1 - decay * mask
+    float decay;      // lr * weight_decay: p *= 1 - decay
     float step_size;  // lr / (1 - beta1^step)
     float bc2_sqrt;   // sqrt(1 - beta2^step)
 };
@@ -113,11 +113,11 @@ inline AdamWCoefficients adamw_coefficients(float lr, float beta1, float beta2, 
             static_cast<float>(std::sqrt(bc2))};
 }
 
-// One element of an AdamW step: decoupled decay (mask 1 for decayed weights, 0 otherwise), the
+// One element of an AdamW step: decoupled decay (c.decay is 0 for tensors without decay), the
 // moments, and the bias-corrected update p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
-TMX_HOST_DEVICE inline void adamw_update(float& p, float& m, float& v, float g, float mask,
+TMX_HOST_DEVICE inline void adamw_update(float& p, float& m, float& v, float g,
                                          const AdamWCoefficients& c) {
-    p *= 1.0f - c.decay * mask;
+    p *= 1.0f - c.decay;
     m = c.beta1 * m + (1.0f - c.beta1) * g;
     v = c.beta2 * v + (1.0f - c.beta2) * g * g;
     p -= c.step_size * m / (sqrtf(v) / c.bc2_sqrt + c.eps);

@@ -54,11 +54,11 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
 }
 
 __global__ void adamw_kernel(float* params, const float* grads, float grad_scale, float* m,
-                             float* v, const float* decay_mask, int64_t n,
+                             float* v, int64_t n,
                              cuda::AdamWCoefficients c) {
     for (int64_t i = grid_start(); i < n; i += grid_stride()) {
         float p = params[i], mi = m[i], vi = v[i];
-        cuda::adamw_update(p, mi, vi, grads[i] * grad_scale, decay_mask[i], c);
+        cuda::adamw_update(p, mi, vi, grads[i] * grad_scale, c);
         params[i] = p;
         m[i] = mi;
         v[i] = vi;
@@ -94,14 +94,14 @@ void CudaBackend::scale_impl(const Tensor& x, float s) {
 }
 
 void CudaBackend::adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
-                             const Tensor& v, const Tensor& decay_mask, const AdamWParams& hp) {
+                             const Tensor& v, const AdamWParams& hp) {
     const int64_t n = params.numel();
     if (n == 0) return;
     const cuda::AdamWCoefficients c =
         cuda::adamw_coefficients(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
     adamw_kernel<<<elementwise_blocks(n, device().sm_count), kThreads, 0, stream()>>>(
         data<float>(params), data<float>(grads), hp.grad_scale, data<float>(m), data<float>(v),
-        data<float>(decay_mask), n, c);
+        n, c);
     check_launch("adamw");
 }
 

@@ -357,10 +357,8 @@ TEST_P(Bf16Tensors, ModelsStoringBf16GiveTheResultsOfFp32Storage) {
         // An optimizer step, announced: the next pass reads the new weights (as a fresh model
         // given them does), not the bf16 copy of the old ones.
         Tensor m = be().alloc({bf16_storage.num_params()}), v = be().alloc(m.shape());
-        Tensor mask = be().alloc(m.shape());
         for (const Tensor* t : {&m, &v}) be().fill(*t, 0.0f);
-        be().fill(mask, 1.0f);
-        be().adamw(bf16_storage.params(), bf16_storage.grads(), m, v, mask,
+        be().adamw(bf16_storage.params(), bf16_storage.grads(), m, v,
                    {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                     .weight_decay = 0.1f, .step = 1});
         bf16_storage.params_changed();
@@ -408,10 +406,9 @@ TEST_P(Bf16Tensors, RecordedDecodeStepsReadTheWeightsOfTheLastOptimizerStep) {
     const int64_t P = bf16_copy.num_params();
     const std::vector<float> g = normal(P);
     be().upload(bf16_copy.grads(), g.data());
-    Tensor m = be().alloc({P}), v = be().alloc({P}), mask = be().alloc({P});
+    Tensor m = be().alloc({P}), v = be().alloc({P});
     for (const Tensor* t : {&m, &v}) be().fill(*t, 0.0f);
-    be().fill(mask, 1.0f);
-    be().adamw(bf16_copy.params(), bf16_copy.grads(), m, v, mask,
+    be().adamw(bf16_copy.params(), bf16_copy.grads(), m, v,
                {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                 .step = 1});
     bf16_copy.params_changed();

@@ -158,7 +158,7 @@ TEST(ModelMemory, ChunkedTrainingStepsAndValidationPeakAtTheTrainingMemoryEstima
             model.init_random(seed);
             model.set_classifier_chunk_values(chunk_values);
             const int64_t P = model.num_params();
-            const Tensor adam_m = be->alloc({P}), adam_v = be->alloc({P}), mask = be->alloc({P});
+            const Tensor adam_m = be->alloc({P}), adam_v = be->alloc({P});  // as a Trainer holds
             std::vector<int32_t> tokens, targets;
             for (int step = 0; step < 2; ++step) {
                 tokens = test::random_ints(rng, B * T, 0, static_cast<int32_t>(V));
