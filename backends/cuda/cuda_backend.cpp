@@ -192,6 +192,20 @@ CudaBackend::CudaBackend(const cuda::CudaOptions& options) : state_(std::make_sh
 
 CudaBackend::~CudaBackend() = default;
 
+uint64_t CudaBackend::memory_capacity() const {
+    const char* op = "memory_capacity";
+    cuda::check(cudaSetDevice(state_->device), op, "cudaSetDevice");
+    size_t free = 0, total = 0;
+    cuda::check(cudaMemGetInfo(&free, &total), op, "cudaMemGetInfo");
+    cudaMemPool_t pool = nullptr;
+    cuda::check(cudaDeviceGetDefaultMemPool(&pool, state_->device), op,
+                "cudaDeviceGetDefaultMemPool");
+    uint64_t reserved = 0;  // the pool's memory: tensors alive now, and freed memory it keeps
+    cuda::check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), op,
+                "cudaMemPoolGetAttribute(ReservedMemCurrent)");
+    return static_cast<uint64_t>(free) + reserved;
+}
+
 std::string CudaBackend::description() const {
     return "cuda: " + info_.name + " (device " + std::to_string(info_.index) + ", sm_" +
            std::to_string(info_.cc_major) + std::to_string(info_.cc_minor) + "), " +

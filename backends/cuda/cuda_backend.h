@@ -90,8 +90,10 @@ public:
     Precision default_training_precision() const override {
         return supports_precision(Precision::BF16) ? Precision::BF16 : Precision::F32;
     }
-    // The device's memory (Trainer refuses a run whose estimate exceeds it).
-    uint64_t memory_capacity() const override { return info_.memory_bytes; }
+    // What tmx's tensors can take now: the device's free memory (so less this process's CUDA
+    // context, cuBLASLt's workspace and what other processes hold) plus what the memory pool
+    // holds for this process. Trainer refuses a run whose estimate exceeds it.
+    uint64_t memory_capacity() const override;
     void synchronize() override;
     // Records the step as a CUDA graph on its second run and replays it from the third.
     void run_recorded(StepRecording& rec, const std::function<void()>& body) override;
@@ -181,7 +183,7 @@ protected:
     void sum_squares_impl(const Tensor& x, const Tensor& out) override;
     void scale_impl(const Tensor& x, float s) override;
     void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                    const Tensor& decay_mask, const AdamWParams& hp) override;
+                    const AdamWParams& hp) override;
 
 private:
     void grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w, const int32_t* offsets,
