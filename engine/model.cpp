@@ -240,13 +240,13 @@ TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
                               std::max(chunk, offsets);
     // backward(): d_normed and the scratch; the head's weight gradient is added and freed first.
     const double backward = stream + bytes_of(backward_scratch_specs(c, N));
-    // A validation pass (forward() without kept activations, after the step freed its own):
-    // one layer's activations and all the logits.
+    // A validation pass (forward_loss(), after the step freed its activations): one layer's
+    // activations and a chunk of logits.
     const double validation = !with_validation
                                   ? 0
                                   : 2 * ids + stream + forward_locals +
                                         bytes_of(activation_specs(c, N, false, t)) + normed +
-                                        TensorSpec{{N, V}}.bytes();
+                                        TensorSpec{{rows, V}}.bytes();
     const double peak = std::max({m.activations + classifier, m.activations + backward, validation});
     m.step_scratch = peak - m.activations;
     return m;
@@ -452,44 +452,49 @@ void Model::ffn_activation(const LayerActivations& a) const {
     else backend_.activation(config_.activation, a.pre, a.act);
 }
 
-Tensor Model::logits_of(const Tensor& h, Tensor* normed_out) const {
+Tensor Model::final_norm(const Tensor& h) const {
     const ModelConfig& c = config_;
     Tensor normed = backend_.alloc(h.shape(), bf16_storage() ? DType::BF16 : DType::F32);
-    if (normed_out) *normed_out = normed;
     backend_.norm(c.norm_type, h, final_norm_w_, final_norm_b_, static_cast<float>(c.norm_eps),
                   normed);
-    Tensor logits = backend_.alloc({h.dim(0), c.vocab_size});
+    return normed;
+}
+
+Tensor Model::logits_of(const Tensor& h) const {
+    const Tensor normed = final_norm(h);
+    Tensor logits = backend_.alloc({h.dim(0), config_.vocab_size});
     backend_.linear(normed, lm_head_operand(), Tensor{}, logits);
     return logits;
 }
 
-Model::Classifier Model::classifier_forward_backward(const Tensor& h, const Tensor& targets,
-                                                     int64_t n_targets, const Tensor& losses,
-                                                     Tensor* normed_out) {
-    const ModelConfig& c = config_;
+Model::Classifier Model::classifier_chunks(const Tensor& normed, const Tensor& targets,
+                                           const Tensor& losses, bool with_gradients,
+                                           int64_t n_targets) {
     Backend& be = backend_;
-    const int64_t N = h.dim(0), V = c.vocab_size;
-    Tensor normed = be.alloc(h.shape(), bf16_storage() ? DType::BF16 : DType::F32);
-    *normed_out = normed;
+    const int64_t N = normed.dim(0), V = config_.vocab_size;
     const Tensor& lm_head = lm_head_operand();
-    be.norm(c.norm_type, h, final_norm_w_, final_norm_b_, static_cast<float>(c.norm_eps), normed);
     Classifier head;
-    head.d_normed = be.alloc(h.shape());
-    head.d_weight = be.alloc(lm_head_.shape());
-    be.fill(head.d_normed, 0.0f);
-    be.fill(head.d_weight, 0.0f);
+    if (with_gradients) {
+        head.d_normed = be.alloc(normed.shape());
+        head.d_weight = be.alloc(lm_head_.shape());
+        be.fill(head.d_normed, 0.0f);
+        be.fill(head.d_weight, 0.0f);
+    }
     // d loss / d logits of the mean cross-entropy; backward() applies its loss scale.
     const float scale = n_targets ? 1.0f / static_cast<float>(n_targets) : 0.0f;
     const int64_t rows = classifier_chunk_rows(classifier_chunk_values_, V, N);
     // d_logits feeds only the two matmuls below: bf16 under bf16_storage(), as the activations.
     Tensor logits = be.alloc({rows, V});
-    Tensor d_logits = be.alloc({rows, V}, bf16_storage() ? DType::BF16 : DType::F32);
+    Tensor d_logits =
+        with_gradients ? be.alloc({rows, V}, bf16_storage() ? DType::BF16 : DType::F32) : Tensor{};
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t r1 = std::min(N, r0 + rows), n = r1 - r0;
-        const Tensor x = normed.rows(r0, r1), lg = logits.rows(0, n), dlg = d_logits.rows(0, n);
+        const Tensor x = normed.rows(r0, r1), lg = logits.rows(0, n);
         const Tensor tgt = targets.rows(r0, r1);
         be.linear(x, lm_head, Tensor{}, lg);
         be.cross_entropy(lg, tgt, losses.rows(r0, r1));
+        if (!with_gradients) continue;
+        const Tensor dlg = d_logits.rows(0, n);
         be.cross_entropy_backward(lg, tgt, scale, dlg);
         be.linear_backward(x, lm_head, dlg, head.d_normed.rows(r0, r1), head.d_weight, Tensor{});
     }
@@ -498,12 +503,23 @@ Model::Classifier Model::classifier_forward_backward(const Tensor& h, const Tens
 
 ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                              const std::vector<int32_t>* targets, bool keep_activations) {
+    if (keep_activations && !targets)
+        throw std::logic_error("forward: keeping activations needs targets");
+    return run_forward(tokens, B, T, targets, keep_activations ? Pass::Train : Pass::Logits);
+}
+
+ForwardResult Model::forward_loss(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                                  const std::vector<int32_t>& targets) {
+    return run_forward(tokens, B, T, &targets, Pass::Loss);
+}
+
+ForwardResult Model::run_forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                                 const std::vector<int32_t>* targets, Pass pass) {
+    const bool keep_activations = pass == Pass::Train;
     const ModelConfig& c = config_;
     const int64_t N = B * T;
     if (static_cast<int64_t>(tokens.size()) != N)
         throw std::logic_error("forward: tokens do not match B*T");
-    if (keep_activations && !targets)
-        throw std::logic_error("forward: keeping activations needs targets");
     Backend& be = backend_;
     // The last training pass's activations go before this one's are made (backward() frees
     // them too; a step rejected before its backward pass leaves them).
@@ -551,13 +567,14 @@ ForwardResult Model::forward(const std::vector<int32_t>& tokens, int64_t B, int6
     }
     Tensor a_final;
     Classifier head;
-    if (keep_activations) {
+    if (pass == Pass::Logits) {
+        result.logits = logits_of(h);
+        if (targets) be.cross_entropy(result.logits, tgt, losses);
+    } else {
         int64_t n_targets = 0;
         for (int32_t t : *targets) n_targets += t >= 0;
-        head = classifier_forward_backward(h, tgt, n_targets, losses, &a_final);
-    } else {
-        result.logits = logits_of(h, &a_final);
-        if (targets) be.cross_entropy(result.logits, tgt, losses);
+        a_final = final_norm(h);
+        head = classifier_chunks(a_final, tgt, losses, keep_activations, n_targets);
     }
 
     if (targets) {
@@ -780,7 +797,7 @@ TokenScore score_tokens(Model& model, const std::vector<int32_t>& tokens, int64_
         const int64_t T = std::min(window, n - 1 - start);
         std::vector<int32_t> inputs(tokens.begin() + start, tokens.begin() + start + T);
         std::vector<int32_t> targets(tokens.begin() + start + 1, tokens.begin() + start + T + 1);
-        ForwardResult r = model.forward(inputs, 1, T, &targets);
+        ForwardResult r = model.forward_loss(inputs, 1, T, targets);
         score.total_nats += r.loss * static_cast<double>(r.n_targets);
         score.tokens += r.n_targets;
     }

@@ -115,6 +115,11 @@ public:
     ForwardResult forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                           const std::vector<int32_t>* targets = nullptr,
                           bool keep_activations = false);
+    // forward() with targets for evaluation: the loss, aux and counts without the logits
+    // (ForwardResult::logits stays undefined). The classifier runs in chunks of rows, as in
+    // training, so the [B*T, V] logits never exist whole.
+    ForwardResult forward_loss(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                               const std::vector<int32_t>& targets);
 
     // Generation: a chunk of T new tokens for each of B sequences (tokens [B, T]); sequence b's
     // chunk is at positions start[b] .. start[b] + T - 1 and attends to what `cache` holds of
@@ -176,20 +181,27 @@ private:
     // from step to step so that the backend records the step once and replays it.
     Tensor decode_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& start,
                        const KvCache& cache);
-    // Final norm and LM head: logits [rows, V] of the residual stream h [rows, d]; the
-    // normed stream goes to *normed_out when given.
-    Tensor logits_of(const Tensor& h, Tensor* normed_out = nullptr) const;
-    // The training classifier, fused: final norm (into *normed_out), then per chunk of rows the
-    // logits, their cross-entropy into losses [N], and its gradient for a loss scale of 1
-    // (the mean over n_targets), carried back through the LM head at once. A [N, V] logits
-    // tensor never exists (at B32 x T512 x 32k it would be 2 GiB, its gradient as much).
+    enum class Pass {
+        Logits,  // inference: all the logits (and the loss when there are targets)
+        Loss,    // evaluation: the loss alone, the classifier in chunks
+        Train,   // the loss, the classifier's gradients and what backward() needs
+    };
+    ForwardResult run_forward(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                              const std::vector<int32_t>* targets, Pass pass);
+    // The final norm of the residual stream h [rows, d] (bf16 under bf16_storage()).
+    Tensor final_norm(const Tensor& h) const;
+    // Final norm and LM head: logits [rows, V] of the residual stream h [rows, d].
+    Tensor logits_of(const Tensor& h) const;
+    // The classifier in chunks of rows of the normed stream [N, d]: per chunk the logits and
+    // their cross-entropy into losses [N]; with_gradients, also its gradient for a loss scale
+    // of 1 (the mean over n_targets), carried back through the LM head at once. A [N, V]
+    // logits tensor never exists (at B32 x T512 x 32k it would be 2 GiB, its gradient as much).
     struct Classifier {
         Tensor d_normed;  // [N, d]: gradient of the final norm's output
         Tensor d_weight;  // like lm_head: gradient of the LM head's weight
     };
-    Classifier classifier_forward_backward(const Tensor& h, const Tensor& targets,
-                                           int64_t n_targets, const Tensor& losses,
-                                           Tensor* normed_out);
+    Classifier classifier_chunks(const Tensor& normed, const Tensor& targets,
+                                 const Tensor& losses, bool with_gradients, int64_t n_targets);
 
     ModelConfig config_;
     Backend& backend_;

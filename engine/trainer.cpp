@@ -771,7 +771,7 @@ std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) 
             std::copy(window.begin(), window.end() - 1, inputs.begin() + r * T);
             std::copy(window.begin() + 1, window.end(), targets.begin() + r * T);
         }
-        ForwardResult res = model_->forward(inputs, rows, T, &targets);
+        ForwardResult res = model_->forward_loss(inputs, rows, T, targets);
         total += res.loss * static_cast<double>(res.n_targets);
         count += res.n_targets;
     }

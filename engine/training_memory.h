@@ -24,7 +24,7 @@ struct TrainingMemory {
     double activations = 0;
     // The rest of the peak: the most held beside those at once (the classifier's chunks and
     // head gradients, or the backward pass's scratch), or what a validation pass holds instead
-    // of them (one layer's activations and its full [B*T, V] logits), whichever is larger.
+    // of them (one layer's activations and a chunk of logits), whichever is larger.
     double step_scratch = 0;
     double total() const {
         return weights + gradients + optimizer + bf16_weights + activations + step_scratch;
