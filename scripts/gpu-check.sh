@@ -4,8 +4,10 @@
 # that skips fails the step), runs the CUDA op suites under compute-sanitizer (memcheck,
 # racecheck, synccheck, side by side), times `tmx bench` on the GPU backends, and, when
 # ../shared/tools/torch_reference.py and PyTorch are there, times PyTorch on the same model and
-# GPU. Every step has a time limit, so a hung kernel fails its step instead of the whole run;
-# with --quick the whole check takes about 4 minutes on an H100, plus the PyTorch steps.
+# GPU. Without --quick it also trains at the largest batch (T512, bf16) whose tensors tmx counts
+# at most 18 GiB, and fails unless the measured peak stays under 20 GB (an L4's budget). Every
+# step has a time limit, so a hung kernel fails its step instead of the whole run; with --quick
+# the whole check takes about 4 minutes on an H100, plus the PyTorch steps.
 #
 # Usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--build-dir DIR] [--quick] [--all-tests]
 #   REPORT_DIR  gets report.txt, report.json and one log per step
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
     --all-tests) all_tests=1; shift ;;
     --torch-ref) torch_ref="$2"; shift 2 ;;
     --peak-tflops) peak="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$report" ] || { echo "gpu-check.sh: one REPORT_DIR only" >&2; exit 2; }
        report="$1"; shift ;;
@@ -134,6 +136,34 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
   step bench-train-fp32 240 "$tmx" bench --backends cuda --prompt 16 --decode 4 --batch 1 \
        --repeats 3 "${train_args[@]}" --precision fp32
   step bench-gemm 120 "$tmx" bench --backends "$gpu_backends" --prompt 16 --decode 4 --batch 1 --gemm 8192 --repeats 3
+  if [ $quick -eq 0 ]; then
+    # Does training fit an L4? The largest batch (a multiple of 8) at T512 whose tensors, as
+    # `tmx params` counts them in bf16, stay within 18 GiB, timed; fit-check then holds the
+    # measured peak (CUDA's op scratch included) under 20 GB.
+    fit_batch=$(python3 - "$tmx" "$root/assets/configs/tiny-mixtral.json" << 'EOF'
+import json, subprocess, sys
+tmx, cfg = sys.argv[1:3]
+best = 8
+for b in range(8, 513, 8):
+    out = subprocess.run([tmx, "params", "--config", cfg, "--batch", str(b), "--seq", "512", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    if json.loads(out)["memory"]["engine_training"]["bf16"]["total"] > 18 * 2**30:
+        break
+    best = b
+print(best)
+EOF
+)
+    step bench-train-fit 600 "$tmx" bench --backends cuda --prompt 16 --decode 4 --batch 1 \
+         --repeats 2 --train-batch "$fit_batch" --train-seq 512 --precision bf16 --json
+    step fit-check 10 python3 -c '
+import json, sys
+log = [l for l in open(sys.argv[1]) if l.startswith("{")]
+t = json.loads(log[-1])["backends"][0]["train"]
+print("batch %d x %d (%s): %.0f tokens/s, peak %.2f GB measured, tmx tensors %.2f GB"
+      % (t["batch"], t["seq"], t["precision"], t["tokens_per_s"], t["peak_bytes"] / 1e9,
+         t["engine_bytes"] / 1e9))
+sys.exit(0 if t["peak_bytes"] < 20e9 else 1)' "$report/bench-train-fit.log"
+  fi
 fi
 
 if [ -f "$torch_ref" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
@@ -163,6 +193,11 @@ try:
     out["bench"] = json.loads(lines[-1]) if lines else None
 except OSError:
     out["bench"] = None
+try:
+    lines = [l for l in open(os.path.join(report, "bench-train-fit.log")) if l.startswith("{")]
+    out["largest_batch_under_20gb"] = json.loads(lines[-1])["backends"][0]["train"] if lines else None
+except (OSError, KeyError, IndexError):
+    out["largest_batch_under_20gb"] = None
 out["torch"] = {}
 for s in steps:
     if s["step"].startswith("torch-"):
