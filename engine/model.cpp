@@ -655,7 +655,9 @@ void Model::backward(float loss_scale) {
         // Feed-forward block: h_out = h_mid + ffn(norm(h_mid)); dh flows on to h_mid as is.
         for (const Tensor* t : {&d_pre, &d_act, &d_a}) be.fill(*t, 0.0f);
         if (swiglu) be.fill(d_up, 0.0f);
-        ffn_activation(a);  // a.act is shared by the layers: this layer's, again
+        // a.act is one buffer for every layer: this layer's again (the last layer's is still
+        // there from the forward pass).
+        if (l != c.n_layers - 1) ffn_activation(a);
         if (c.is_moe()) {
             for (const Tensor* t : {&d_xs, &d_ys, &d_gates, &d_router}) be.fill(*t, 0.0f);
             be.moe_combine_backward(a.ys, a.slot_of, a.gates, dh, d_ys, d_gates);
