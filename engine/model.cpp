@@ -294,6 +294,9 @@ LayerWeights Model::bind_layer(const Tensor& flat, int64_t layer) const {
     w.bv = opt(p + ".self_attn.v_proj.bias");
     w.wo = view(flat, p + ".self_attn.o_proj.weight");
     w.bo = opt(p + ".self_attn.o_proj.bias");
+    const int64_t q_begin = w.wq.offset(), k_begin = q_begin + w.wq.numel();
+    if (w.wk.offset() == k_begin && w.wv.offset() == k_begin + w.wk.numel())
+        w.wqkv = flat.slice(q_begin, {c.q_dim() + 2 * c.kv_dim(), c.d_model});
     if (c.is_moe()) {
         const std::string e0 = p + ".block_sparse_moe.experts.0.";
         w.router = view(flat, p + ".block_sparse_moe.gate.weight");
@@ -407,11 +410,18 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
     if (a.h_in.defined()) be.copy(h, a.h_in);
     // Attention block.
     be.norm(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1);
-    be.linear(a.a1, m.wq, w.bq, a.q);
-    be.linear(a.a1, m.wk, w.bk, a.k);
-    be.linear(a.a1, m.wv, w.bv, a.v);
-    be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
-    be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
+    if (a.qkv.defined()) {
+        // One token: its q, k and v are one row, so one matmul makes them and one RoPE turns
+        // q's and k's heads, which lie side by side.
+        be.linear(a.a1, m.wqkv, Tensor{}, a.qkv);
+        be.rope(a.qkv.slice(0, {1, H + Hkv, hd}), positions, c.rope_theta);
+    } else {
+        be.linear(a.a1, m.wq, w.bq, a.q);
+        be.linear(a.a1, m.wk, w.bk, a.k);
+        be.linear(a.a1, m.wv, w.bv, a.v);
+        be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
+        be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
+    }
     const Tensor q = a.q.reshape({B, T, H, hd}), att = a.att.reshape({B, T, H, hd});
     const Tensor k = a.k.reshape({B, T, Hkv, hd}), v = a.v.reshape({B, T, Hkv, hd});
     if (cached) {
@@ -773,6 +783,16 @@ Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<
         state->start = be.alloc({B}, DType::I32);
         state->h = be.alloc({B, c.d_model});
         state->scratch = alloc_activations(B, /*for_backward=*/false, /*cached=*/true);
+        // One sequence: q, k and v as slices of one row (layer_forward makes them at once),
+        // each starting 32-byte aligned as a tensor of its own would.
+        const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+        if (B == 1 && layers_[0].wqkv.defined() && qd % 8 == 0 && kvd % 8 == 0) {
+            LayerActivations& a = state->scratch;
+            a.qkv = be.alloc({1, qd + 2 * kvd});
+            a.q = a.qkv.slice(0, {1, qd});
+            a.k = a.qkv.slice(qd, {1, kvd});
+            a.v = a.qkv.slice(qd + kvd, {1, kvd});
+        }
         cache.decode_state() = state;
     }
     DecodeState& d = *state;

@@ -51,6 +51,9 @@ std::vector<ParamSpec> model_param_specs(const ModelConfig& config);
 struct LayerWeights {
     Tensor input_norm_w, input_norm_b, post_norm_w, post_norm_b;
     Tensor wq, bq, wk, bk, wv, bv, wo, bo;
+    // [q_dim + 2 kv_dim, d]: wq, wk and wv as one matrix, where the layout has them back to
+    // back (no attention biases between them); undefined otherwise.
+    Tensor wqkv;
     Tensor router;  // [E, d]
     // Expert FFN, stacked over experts: w1/w3 [E, d_ff, d], w2 [E, d, d_ff], biases [E, *].
     // For a dense FFN the leading E dimension is absent.
@@ -64,6 +67,8 @@ struct LayerActivations {
                                   // (kept for backward only)
     Tensor a1, a2;                // outputs of the two norms
     Tensor q, k, v, att;          // q and k after RoPE; att = attention output
+    Tensor qkv;                   // decoding one token: [1, q_dim + 2 kv_dim], q, k and v
+                                  // its slices (one matmul, one RoPE); else undefined
     Tensor router_logits, top_idx, gates, offsets, slot_rows, slot_of;  // MoE routing
     Tensor xs;                    // a2 gathered into expert-sorted slots (MoE)
     Tensor pre, up, act;          // FFN: w1 output, w3 output (swiglu), activation output
