@@ -242,11 +242,10 @@ TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
     const double backward = stream + bytes_of(backward_scratch_specs(c, N));
     // A validation pass (forward_loss(), after the step freed its activations): one layer's
     // activations and a chunk of logits.
-    const double validation = !with_validation
-                                  ? 0
-                                  : 2 * ids + stream + forward_locals +
-                                        bytes_of(activation_specs(c, N, false, t)) + normed +
-                                        TensorSpec{{rows, V}}.bytes();
+    m.validation_pass = 2 * ids + stream + forward_locals +
+                        bytes_of(activation_specs(c, N, false, t)) + normed +
+                        TensorSpec{{rows, V}}.bytes();
+    const double validation = with_validation ? m.validation_pass : 0;
     const double peak = std::max({m.activations + classifier, m.activations + backward, validation});
     m.step_scratch = peak - m.activations;
     return m;
@@ -294,8 +293,10 @@ LayerWeights Model::bind_layer(const Tensor& flat, int64_t layer) const {
     w.bv = opt(p + ".self_attn.v_proj.bias");
     w.wo = view(flat, p + ".self_attn.o_proj.weight");
     w.bo = opt(p + ".self_attn.o_proj.bias");
-    const int64_t q_begin = w.wq.offset(), k_begin = q_begin + w.wq.numel();
-    if (w.wk.offset() == k_begin && w.wv.offset() == k_begin + w.wk.numel())
+    // Offsets within flat (views carry theirs from the buffer's start).
+    const int64_t q_begin = w.wq.offset() - flat.offset(), k_begin = q_begin + w.wq.numel();
+    if (w.wk.offset() - flat.offset() == k_begin &&
+        w.wv.offset() - flat.offset() == k_begin + w.wk.numel())
         w.wqkv = flat.slice(q_begin, {c.q_dim() + 2 * c.kv_dim(), c.d_model});
     if (c.is_moe()) {
         const std::string e0 = p + ".block_sparse_moe.experts.0.";

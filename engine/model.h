@@ -137,6 +137,9 @@ public:
     // forward(..., keep_activations = true), accumulated into grads(). The aux gradient flows
     // through the mean router probabilities only.
     void backward(float loss_scale = 1.0f);
+    // Frees what the last forward(..., keep_activations = true) kept, when no backward() will
+    // follow (a step rejected for a non-finite loss).
+    void discard_activations() { saved_ = {}; }
     // The flat gradient tensor (same layout as params()); allocated on first use.
     const Tensor& grads();
     void zero_grads();

@@ -713,6 +713,9 @@ Trainer::StepOutcome Trainer::reject_nonfinite(const std::string& what, double l
                                                std::optional<double> grad_norm) {
     const int64_t step = step_ + 1;
     const bool skip = nonfinite_skipped_ < options_.skip_nonfinite;
+    // A loss rejected before its backward pass leaves the forward's activations: free them
+    // before a validation pass or the next step runs beside them.
+    model_->discard_activations();
     json line = {{"step", step},
                  {"tokens", step * options_.tokens_per_step(seq_len_)},
                  {"lr", learning_rate(options_, step_, max_steps_)},

@@ -26,6 +26,10 @@ struct TrainingMemory {
     // head gradients, or the backward pass's scratch), or what a validation pass holds instead
     // of them (one layer's activations and a chunk of logits), whichever is larger.
     double step_scratch = 0;
+    // What a validation pass (Model::forward_loss) allocates beside the weights: counted in
+    // step_scratch when it is the largest, which it is not for any model with more than a layer
+    // or so; kept apart so that tests can hold the pass to it.
+    double validation_pass = 0;
     double total() const {
         return weights + gradients + optimizer + bf16_weights + activations + step_scratch;
     }

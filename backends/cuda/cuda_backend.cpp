@@ -200,7 +200,10 @@ uint64_t CudaBackend::memory_capacity() const {
     cudaMemPool_t pool = nullptr;
     cuda::check(cudaDeviceGetDefaultMemPool(&pool, state_->device), op,
                 "cudaDeviceGetDefaultMemPool");
-    uint64_t reserved = 0;  // the pool's memory: tensors alive now, and freed memory it keeps
+    // The pool's memory: tensors alive now, and freed memory it keeps. The default pool is the
+    // device's, shared by every CudaBackend of the process on it: callers ask before making
+    // their tensors, so what another backend holds then counts as this one's to use.
+    uint64_t reserved = 0;
     cuda::check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), op,
                 "cudaMemPoolGetAttribute(ReservedMemCurrent)");
     return static_cast<uint64_t>(free) + reserved;

@@ -177,6 +177,40 @@ TEST(ModelMemory, ChunkedTrainingStepsAndValidationPeakAtTheTrainingMemoryEstima
     }
 }
 
+// A validation pass (forward_loss) on a model that has not trained allocates, beside its
+// weights (and their bf16 copy), exactly training_memory()'s validation_pass: one layer's
+// activations and one chunk of logits, never the [B*T, V] logits.
+TEST(ModelMemory, AValidationPassPeaksAtItsEstimate) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    for (const char* name : {"test-tiny", "test-tiny-swiglu", "mini-gpt"}) {
+        for (const Precision precision : {Precision::F32, Precision::BF16}) {
+            const ModelConfig c = load_config(config_path(name));
+            const int64_t V = c.vocab_size, B = 1 + static_cast<int64_t>(rng.below(3));
+            const int64_t T = 3 + static_cast<int64_t>(rng.below(30));
+            const int64_t chunk_values = V * (1 + static_cast<int64_t>(rng.below(3)));
+            SCOPED_TRACE(std::string(name) + " " + to_string(precision) + " B " +
+                         std::to_string(B) + " T " + std::to_string(T) + " chunk " +
+                         std::to_string(chunk_values / V) + " rows");
+            auto be = make_backend("cpu");
+            be->set_matmul_precision(precision);
+            Model model(c, *be);
+            model.init_random(seed);
+            model.set_classifier_chunk_values(chunk_values);
+            const std::vector<int32_t> tokens =
+                test::random_ints(rng, B * T, 0, static_cast<int32_t>(V));
+            const std::vector<int32_t> targets =
+                test::random_ints(rng, B * T, -1, static_cast<int32_t>(V));
+            model.forward_loss(tokens, B, T, targets);
+            const TrainingMemory m = training_memory(c, B, T, precision, true, chunk_values);
+            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes),
+                      m.weights + m.bf16_weights + m.validation_pass);
+            EXPECT_LT(m.validation_pass, m.step_scratch + m.activations);
+        }
+    }
+}
+
 TEST(ModelForward, ScoreTokensCoversEveryTokenOnceAcrossWindows) {
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));

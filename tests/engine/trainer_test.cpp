@@ -393,6 +393,9 @@ TEST(Trainer, SkipNonfiniteSkipsUpToItsLimitWithoutTouchingTheWeights) {
     EXPECT_NE(e.find("more than --skip-nonfinite 2"), std::string::npos) << e;
     EXPECT_EQ(t->step(), 3);
     EXPECT_EQ(t->model().params_to_host(), after_first_step);
+    // A rejected step keeps none of its activations: what stays is the weights, gradients and
+    // AdamW moments (fp32, 16 B/param).
+    EXPECT_EQ(be->memory_stats().live_bytes, 16 * static_cast<size_t>(t->model().num_params()));
     int skipped = 0, fatal = 0;
     for (const nlohmann::json& line : metrics_without_timing(tmp / "run")) {
         if (!line.contains("nonfinite")) continue;
