@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "backends/registry.h"
 #include "engine/checkpoint.h"
@@ -136,6 +140,45 @@ TEST(ModelForward, BatchRowsMatchEachSequenceAlone) {
     }
 }
 
+// The memory tests' cases: three small models in fp32 and bf16, each at a random batch, length
+// and classifier chunk (1 to 3 rows), freshly initialised on a CPU backend of its own.
+struct MemoryCase {
+    ModelConfig config;
+    Precision precision;
+    int64_t B, T, chunk_values;
+    std::unique_ptr<Backend> be;
+    std::unique_ptr<Model> model;
+    std::vector<int32_t> tokens(Rng& rng) const {
+        return test::random_ints(rng, B * T, 0, static_cast<int32_t>(config.vocab_size));
+    }
+    std::vector<int32_t> targets(Rng& rng) const {  // some unscored (-1)
+        return test::random_ints(rng, B * T, -1, static_cast<int32_t>(config.vocab_size));
+    }
+    TrainingMemory estimate(bool with_validation) const {
+        return training_memory(config, B, T, precision, with_validation, chunk_values);
+    }
+    double peak() const { return static_cast<double>(be->memory_stats().peak_bytes); }
+};
+void for_each_memory_case(Rng& rng, uint64_t seed, const std::function<void(MemoryCase&)>& body) {
+    for (const char* name : {"test-tiny", "test-tiny-swiglu", "mini-gpt"}) {
+        for (const Precision precision : {Precision::F32, Precision::BF16}) {
+            MemoryCase m{load_config(config_path(name)), precision, 0, 0, 0, nullptr, nullptr};
+            m.B = 1 + static_cast<int64_t>(rng.below(3));
+            m.T = 3 + static_cast<int64_t>(rng.below(30));
+            m.chunk_values = m.config.vocab_size * (1 + static_cast<int64_t>(rng.below(3)));
+            SCOPED_TRACE(std::string(name) + " " + to_string(precision) + " B " +
+                         std::to_string(m.B) + " T " + std::to_string(m.T) + " chunk " +
+                         std::to_string(m.chunk_values / m.config.vocab_size) + " rows");
+            m.be = make_backend("cpu");
+            m.be->set_matmul_precision(precision);
+            m.model = std::make_unique<Model>(m.config, *m.be);
+            m.model->init_random(seed);
+            m.model->set_classifier_chunk_values(m.chunk_values);
+            body(m);
+        }
+    }
+}
+
 // Training steps as the Trainer runs them, with the classifier in chunks of a few rows, peak at
 // training_memory() to the byte; a validation pass after them at training_memory() with
 // validation. The second step frees the first's activations before making its own.
@@ -143,38 +186,23 @@ TEST(ModelMemory, ChunkedTrainingStepsAndValidationPeakAtTheTrainingMemoryEstima
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
     Rng rng(seed);
-    for (const char* name : {"test-tiny", "test-tiny-swiglu", "mini-gpt"}) {
-        for (const Precision precision : {Precision::F32, Precision::BF16}) {
-            const ModelConfig c = load_config(config_path(name));
-            const int64_t V = c.vocab_size, B = 1 + static_cast<int64_t>(rng.below(3));
-            const int64_t T = 3 + static_cast<int64_t>(rng.below(30));
-            const int64_t chunk_values = V * (1 + static_cast<int64_t>(rng.below(3)));
-            SCOPED_TRACE(std::string(name) + " " + to_string(precision) + " B " +
-                         std::to_string(B) + " T " + std::to_string(T) + " chunk " +
-                         std::to_string(chunk_values / V) + " rows");
-            auto be = make_backend("cpu");
-            be->set_matmul_precision(precision);
-            Model model(c, *be);
-            model.init_random(seed);
-            model.set_classifier_chunk_values(chunk_values);
-            const int64_t P = model.num_params();
-            const Tensor adam_m = be->alloc({P}), adam_v = be->alloc({P});  // as a Trainer holds
-            std::vector<int32_t> tokens, targets;
-            for (int step = 0; step < 2; ++step) {
-                tokens = test::random_ints(rng, B * T, 0, static_cast<int32_t>(V));
-                targets = test::random_ints(rng, B * T, -1, static_cast<int32_t>(V));
-                model.zero_grads();
-                model.forward(tokens, B, T, &targets, /*keep_activations=*/true);
-                model.backward();
-                model.params_changed();
-            }
-            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes),
-                      training_memory(c, B, T, precision, false, chunk_values).total());
-            model.forward_loss(tokens, B, T, targets);  // a validation pass
-            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes),
-                      training_memory(c, B, T, precision, true, chunk_values).total());
+    for_each_memory_case(rng, seed, [&](MemoryCase& m) {
+        Model& model = *m.model;
+        const int64_t P = model.num_params();
+        const Tensor adam_m = m.be->alloc({P}), adam_v = m.be->alloc({P});  // as a Trainer holds
+        std::vector<int32_t> tokens, targets;
+        for (int step = 0; step < 2; ++step) {
+            tokens = m.tokens(rng);
+            targets = m.targets(rng);
+            model.zero_grads();
+            model.forward(tokens, m.B, m.T, &targets, /*keep_activations=*/true);
+            model.backward();
+            model.params_changed();
         }
-    }
+        EXPECT_EQ(m.peak(), m.estimate(false).total());
+        model.forward_loss(tokens, m.B, m.T, targets);  // a validation pass
+        EXPECT_EQ(m.peak(), m.estimate(true).total());
+    });
 }
 
 // A validation pass (forward_loss) on a model that has not trained allocates, beside its
@@ -184,31 +212,13 @@ TEST(ModelMemory, AValidationPassPeaksAtItsEstimate) {
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
     Rng rng(seed);
-    for (const char* name : {"test-tiny", "test-tiny-swiglu", "mini-gpt"}) {
-        for (const Precision precision : {Precision::F32, Precision::BF16}) {
-            const ModelConfig c = load_config(config_path(name));
-            const int64_t V = c.vocab_size, B = 1 + static_cast<int64_t>(rng.below(3));
-            const int64_t T = 3 + static_cast<int64_t>(rng.below(30));
-            const int64_t chunk_values = V * (1 + static_cast<int64_t>(rng.below(3)));
-            SCOPED_TRACE(std::string(name) + " " + to_string(precision) + " B " +
-                         std::to_string(B) + " T " + std::to_string(T) + " chunk " +
-                         std::to_string(chunk_values / V) + " rows");
-            auto be = make_backend("cpu");
-            be->set_matmul_precision(precision);
-            Model model(c, *be);
-            model.init_random(seed);
-            model.set_classifier_chunk_values(chunk_values);
-            const std::vector<int32_t> tokens =
-                test::random_ints(rng, B * T, 0, static_cast<int32_t>(V));
-            const std::vector<int32_t> targets =
-                test::random_ints(rng, B * T, -1, static_cast<int32_t>(V));
-            model.forward_loss(tokens, B, T, targets);
-            const TrainingMemory m = training_memory(c, B, T, precision, true, chunk_values);
-            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes),
-                      m.weights + m.bf16_weights + m.validation_pass);
-            EXPECT_LT(m.validation_pass, m.step_scratch + m.activations);
-        }
-    }
+    for_each_memory_case(rng, seed, [&](MemoryCase& m) {
+        const std::vector<int32_t> tokens = m.tokens(rng), targets = m.targets(rng);
+        m.model->forward_loss(tokens, m.B, m.T, targets);
+        const TrainingMemory e = m.estimate(true);
+        EXPECT_EQ(m.peak(), e.weights + e.bf16_weights + e.validation_pass);
+        EXPECT_LT(e.validation_pass, e.step_scratch + e.activations);
+    });
 }
 
 TEST(ModelForward, ScoreTokensCoversEveryTokenOnceAcrossWindows) {
