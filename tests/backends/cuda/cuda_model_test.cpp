@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_backend.h"
 #include "engine/checkpoint.h"
 #include "engine/generator.h"
 #include "engine/kv_cache.h"
@@ -355,6 +356,35 @@ using CudaGreedy = CudaTest;
 // flip (the texts part ways after it, so the comparison ends there).
 TEST_F(CudaGreedy, DemoModelGenerationMatchesCpu) {
     expect_greedy_demo_matches_cpu(cpu(), cuda(), [](const std::vector<float>&) { return 1e-3; });
+}
+
+// ---------------------------------------------------------------- memory
+
+using CudaMemory = CudaTest;
+
+// memory_capacity() (what Trainer checks a run's estimate against) is the device's free memory
+// plus what the memory pool holds: making a tensor, and freeing it, moves memory between the
+// two, so the capacity stays put (within the pool's and the driver's rounding), and it never
+// passes the device's memory.
+TEST_F(CudaMemory, CapacityIsFreeMemoryPlusWhatThePoolHolds) {
+    SCOPED_TRACE(trace());
+    const auto& device = static_cast<CudaBackend&>(cuda()).device();
+    const double total = static_cast<double>(device.memory_bytes);
+    const double slack = 64.0 * (1 << 20);
+    cuda().synchronize();
+    const double before = static_cast<double>(cuda().memory_capacity());
+    EXPECT_GT(before, 0.5 * total) << "most of an idle device's memory is free";
+    EXPECT_LE(before, total);
+    {
+        Tensor big = cuda().alloc({int64_t{1} << 28});  // 1 GiB
+        cuda().fill(big, 1.0f);
+        cuda().synchronize();
+        EXPECT_NEAR(static_cast<double>(cuda().memory_capacity()), before, slack)
+            << "a live tensor of tmx's own is not memory taken from tmx";
+    }
+    cuda().synchronize();
+    EXPECT_NEAR(static_cast<double>(cuda().memory_capacity()), before, slack)
+        << "the pool keeps what the tensor freed";
 }
 
 // ---------------------------------------------------------------- errors
