@@ -396,7 +396,7 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
         be.sum_squares(model.grads(), norm);
         adamw_step(model, m, v,
                    {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                  .step = ++step});
+                    .step = ++step});
         model.params_changed();
     };
     if (o.progress)

@@ -101,8 +101,8 @@ protected:
                                              float scale, const Tensor& d_logits) override;
     void sum_squares_impl(const Tensor& x, const Tensor& out) override;
     void scale_impl(const Tensor& x, float s) override;
-    void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
-                            const Tensor& v, const AdamWParams& hp) override;
+    void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                    const AdamWParams& hp) override;
 
 private:
     static std::byte* host_ptr(const Tensor& t);
