@@ -1,8 +1,12 @@
-// grouped_matmul for few slots (decode): workgroup (x, y) computes NR outputs of slot y, a
-// dot product of x[y, :] with NR rows of its expert's w, reduced across the workgroup. The
-// slot's expert is looked up in offsets on the device. Where K and both operands' offsets are
-// multiples of 4, invocations read 4 consecutive k at a time (as matmul_gemv.comp does). Also
-// built as grouped_matmul_gemv_fp16w, reading w from its fp16 copy (weights.glsl).
+// grouped_matmul for few slots (decoding, small batches): workgroup (x, j) computes NR outputs
+// for every slot of the j-th expert that has slots, a dot product of x[s, :] with NR rows of the
+// expert's w, reduced across the workgroup. The expert's slots are taken MS at a time, each
+// pass reading the NR weight rows once for all of them (a batch's slots often share experts).
+// Slot s's sum is the same whichever pass holds it: every invocation strides over k alike and
+// the reduction tree is fixed. Expert ranges are read from offsets on the device. Where K and
+// both operands' offsets are multiples of 4, invocations read 4 consecutive k at a time (as
+// matmul_gemv.comp does). Also built as grouped_matmul_gemv_fp16w, reading w from its fp16
+// copy (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "weights.glsl"
@@ -11,7 +15,8 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;  // a power of two
 layout(constant_id = 1) const uint NR = 4;
-const uint PARTS = NR;
+const uint MS = 4;  // slots per pass
+const uint PARTS = MS * NR;
 shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
 
@@ -29,33 +34,58 @@ layout(push_constant) uniform Push {
     uint has_bias;
 } pc;
 
+int offset_of(uint e) {
+    return offsets[pc.off_offsets + e];
+}
+
 void main() {
-    const uint s = gl_WorkGroupID.y, n0 = gl_WorkGroupID.x * NR, t = gl_LocalInvocationID.x;
+    const uint j = gl_WorkGroupID.y, n0 = gl_WorkGroupID.x * NR, t = gl_LocalInvocationID.x;
+    // The j-th expert with slots (the same for the whole workgroup).
     uint e = 0;
-    while (e < pc.E && uint(offsets[pc.off_offsets + e + 1]) <= s) ++e;
-    if (e == pc.E) return;  // uniform across the workgroup
-    float acc[NR];
-    for (uint r = 0; r < NR; ++r) acc[r] = 0.0;
+    for (uint seen = 0; e < pc.E; ++e)
+        if (offset_of(e + 1) > offset_of(e)) {
+            if (seen == j) break;
+            ++seen;
+        }
+    if (e == pc.E) return;  // fewer experts have slots than the grid has rows
+    const uint first = uint(offset_of(e)), end = uint(offset_of(e + 1));
     const uint w_base = pc.off_w * WEIGHTS_PER_WORD + (e * pc.Nout + n0) * pc.K;
-    const uint x_base = pc.off_x + s * pc.K;
-    if (pc.K % 4 == 0 && w_base % 4 == 0 && x_base % 4 == 0) {  // uniform
-        for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
-            const vec4 xv = x4[x_base / 4 + k4];
-            for (uint r = 0; r < NR; ++r)
-                if (n0 + r < pc.Nout) acc[r] += dot(xv, vec4(w4[(w_base + r * pc.K) / 4 + k4]));
+    const bool by_four = pc.K % 4 == 0 && w_base % 4 == 0 && pc.off_x % 4 == 0;
+    for (uint s0 = first; s0 < end; s0 += MS) {  // uniform
+        const uint ms = min(MS, end - s0);
+        float acc[PARTS];
+        for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
+        if (by_four) {
+            for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
+                vec4 wv[NR];
+                for (uint r = 0; r < NR; ++r)
+                    wv[r] = n0 + r < pc.Nout ? vec4(w4[(w_base + r * pc.K) / 4 + k4]) : vec4(0);
+                for (uint m = 0; m < ms; ++m) {
+                    const vec4 xv = x4[(pc.off_x + (s0 + m) * pc.K) / 4 + k4];
+                    for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(xv, wv[r]);
+                }
+            }
+        } else {
+            for (uint k = t; k < pc.K; k += WG) {
+                float wv[NR];
+                for (uint r = 0; r < NR; ++r)
+                    wv[r] = n0 + r < pc.Nout ? float(w[w_base + r * pc.K + k]) : 0.0;
+                for (uint m = 0; m < ms; ++m) {
+                    const float xv = x[pc.off_x + (s0 + m) * pc.K + k];
+                    for (uint r = 0; r < NR; ++r) acc[m * NR + r] += xv * wv[r];
+                }
+            }
         }
-    } else {
-        for (uint k = t; k < pc.K; k += WG) {
-            const float xv = x[x_base + k];
-            for (uint r = 0; r < NR; ++r)
-                if (n0 + r < pc.Nout) acc[r] += xv * float(w[w_base + r * pc.K + k]);
+        for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
+        reduce_parts(ms * NR);
+        if (t < ms * NR) {
+            const uint s = s0 + t / NR, n = n0 + t % NR;
+            if (n < pc.Nout) {
+                float r = part[t * WG];
+                if (pc.has_bias != 0) r += bias[pc.off_bias + e * pc.Nout + n];
+                o[pc.off_o + s * pc.Nout + n] = r;
+            }
         }
-    }
-    for (uint r = 0; r < NR; ++r) part[r * WG + t] = acc[r];
-    reduce_parts(NR);
-    if (t < NR && n0 + t < pc.Nout) {
-        float r = part[t * WG];
-        if (pc.has_bias != 0) r += bias[pc.off_bias + e * pc.Nout + n0 + t];
-        o[pc.off_o + s * pc.Nout + n0 + t] = r;
+        barrier();  // the sums are read before the next pass writes part
     }
 }

@@ -1,16 +1,21 @@
 // Vulkan matmuls: dense (tiled, or matrix-vector for decode-sized M; linear() reads its weight
 // from the fp16 copy when fp16 weights are on, matmul() never) and grouped over experts
 // (tiled, or matrix-vector for few slots), with expert ranges read on the device.
+#include <algorithm>
+
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/errors.h"
 
 namespace tmx {
 namespace {
 
-// Rows of a (dense) or slots (grouped) up to which the matrix-vector shaders beat tiles: they
-// read each weight once per workgroup, where a tile would mostly hold padding.
-constexpr int64_t kGemvMaxRows = 4;  // matmul_gemv.comp's MMAX
-constexpr int64_t kGroupedGemvMaxSlots = 8;
+// Rows of a (dense) or slots (grouped) up to which the matrix-vector shaders are used: they spread
+// each dot product over a workgroup and read each weight once per pass of 4 rows, where a
+// skinny tile would mostly hold padding and loop over K serially (an 8 x 512 x 512 projection
+// is 8 such tiles). The grouped one goes to 32 slots (decoding up to 16 sequences at top-2), as
+// CUDA's does.
+constexpr int64_t kGemvMaxRows = 16;  // a batch's decode step: 4 passes of MMAX rows
+constexpr int64_t kGroupedGemvMaxSlots = 32;
 
 uint32_t ceil_div(int64_t a, int64_t b) {
     return static_cast<uint32_t>((a + b - 1) / b);
@@ -94,11 +99,13 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
     } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
         bias.defined() ? 1u : 0u};
     const bool gemv = S <= kGroupedGemvMaxSlots;
+    if (gemv && E == 0) return;  // no expert: no slot is computed (as the tiled shader)
     std::string shader = gemv ? "grouped_matmul_gemv" : "grouped_matmul";
     const auto bindings = {in(x), weight(w, shader), in(bias), in(offsets), out(out_t)};
     if (gemv) {
+        // A row of workgroups per expert that has slots: at most min(S, E) of them.
         run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, p,
-            ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(S));
+            ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(std::min(S, E)));
         return;
     }
     // Expert slabs are short (each is cut into its own tiles): small tiles waste less.

@@ -135,10 +135,10 @@ TEST_F(VulkanFp16, MatmulDecodeAndTiledShapes) {
     struct Case {
         int64_t M, N, K;
     };
-    // M 1..4: the matrix-vector shader; 5+: tiled; 300 x 257: the large tiles; odd sizes leave
+    // M 1..16: the matrix-vector shader; 17+: tiled; 300 x 257: the large tiles; odd sizes leave
     // partial tiles and an odd weight count.
     for (Case c : {Case{1, 3001, 63}, Case{4, 1001, 257}, Case{2, 7, 1}, Case{5, 129, 65},
-                   Case{300, 257, 129}, Case{129, 65, 301}})
+                   Case{16, 65, 66}, Case{17, 129, 65}, Case{300, 257, 129}, Case{129, 65, 301}})
         for (int form = 0; form < 5; ++form) {
             const bool linear = form == 4, ta = (form & 1) != 0, tb = (form & 2) != 0;
             SCOPED_TRACE("M,N,K " + std::to_string(c.M) + "," + std::to_string(c.N) + "," +
@@ -165,7 +165,8 @@ TEST_F(VulkanFp16, GroupedMatmulDecodeAndTiled) {
         {64, 131, {0, 1, 0, 0, 0, 1, 0, 0}},  // one token, top-2: matrix-vector
         {33, 17, {0, 0, 1}},                  // one token, last expert, odd sizes
         {65, 33, {8, 0, 0, 0}},               // matrix-vector, one expert has all
-        {65, 33, {0, 0, 9, 0}},               // tiled, one expert has all
+        {64, 35, {2, 3, 1, 2, 0, 4, 2, 2}},   // eight tokens, top-2: matrix-vector
+        {65, 33, {0, 0, 33, 0}},              // tiled, one expert has all
         {129, 71, {0, 100, 3, 0, 64, 65, 0, 1}},
     };
     for (const Case& c : cases) {

@@ -17,11 +17,12 @@ TEST_F(VulkanOps, MatmulAcrossTileAndMatrixVectorBoundaries) {
     struct Case {
         int64_t M, N, K;
     };
-    // M 4 | 5: the matrix-vector path and the smallest tiled one (skinny tiles up to M 32);
-    // 129: 64-row tiles; 257+: the large tiles; sizes one past powers of two leave partial
-    // tiles in every dimension.
-    for (Case c : {Case{4, 1001, 257}, Case{5, 129, 65}, Case{30, 70, 40}, Case{1, 3001, 64},
-                   Case{300, 257, 129}, Case{129, 65, 300}, Case{2, 7, 1}})
+    // M 16 | 17: the matrix-vector path (4 rows a pass: 5 and 16 take 2 and 4 passes) and the
+    // smallest tiled one (skinny tiles up to M 32); 129: 64-row tiles; 257+: the large tiles;
+    // sizes one past powers of two leave partial tiles in every dimension.
+    for (Case c : {Case{4, 1001, 257}, Case{5, 129, 65}, Case{16, 70, 40}, Case{17, 129, 65},
+                   Case{30, 70, 40}, Case{1, 3001, 64}, Case{300, 257, 129}, Case{129, 65, 300},
+                   Case{2, 7, 1}})
         for (bool ta : {false, true})
             for (bool tb : {false, true}) {
                 SCOPED_TRACE("M,N,K " + std::to_string(c.M) + "," + std::to_string(c.N) + "," +
@@ -45,11 +46,11 @@ TEST_F(VulkanOps, MatmulAcrossTileAndMatrixVectorBoundaries) {
 
 // The matrix-vector shaders read 4 consecutive k at once where K and every row start are
 // multiples of 4, and one at a time otherwise: operands at every element offset mod 4 inside
-// larger buffers, K a multiple of 4 or not, 1 to 4 rows.
+// larger buffers, K a multiple of 4 or not, 1 to 16 rows (one pass of 4 rows or several).
 TEST_F(VulkanOps, MatrixVectorPathsAtEveryAlignment) {
     SCOPED_TRACE(trace());
     for (int64_t K : {64, 66})
-        for (int64_t M : {1, 3, 4})
+        for (int64_t M : {1, 3, 4, 7, 16})
             for (int64_t a_off : {0, 1, 2, 4})
                 for (int64_t b_off : {0, 3, 4}) {
                     SCOPED_TRACE("K " + std::to_string(K) + " M " + std::to_string(M) +
@@ -74,8 +75,8 @@ TEST_F(VulkanOps, MatrixVectorPathsAtEveryAlignment) {
             for (int64_t w_off : {0, 1, 4}) {
                 SCOPED_TRACE("grouped K " + std::to_string(K) + " offsets " +
                              std::to_string(x_off) + "," + std::to_string(w_off));
-                const int64_t E = 3, Nout = 21, S = 3;
-                const std::vector<int32_t> offsets = {0, 2, 2, 3};
+                const int64_t E = 3, Nout = 21, S = 9;  // 6 slots in one expert: 2 passes
+                const std::vector<int32_t> offsets = {0, 2, 2, 9};
                 auto x = normal(x_off + S * K), w = normal(w_off + E * Nout * K);
                 std::vector<float> results[2];
                 int i = 0;
@@ -92,7 +93,8 @@ TEST_F(VulkanOps, MatrixVectorPathsAtEveryAlignment) {
 }
 
 // grouped_matmul on the device's offsets: decode (one token, top-2: two slots), one expert
-// taking every slot, experts with none, and enough slots for the tiled path.
+// taking every slot, experts with none, and enough slots for the tiled path (past 32; up to
+// there the matrix-vector shader takes an expert's slots 4 at a time).
 TEST_F(VulkanOps, GroupedMatmulDecodeAndSkewedRouting) {
     SCOPED_TRACE(trace());
     struct Case {
@@ -103,7 +105,9 @@ TEST_F(VulkanOps, GroupedMatmulDecodeAndSkewedRouting) {
         {64, 130, {0, 1, 0, 0, 0, 1, 0, 0}},  // one token, top-2
         {33, 17, {0, 0, 1}},                  // one token, top-1, last expert
         {65, 33, {8, 0, 0, 0}},               // matrix-vector path, one expert has all
-        {65, 33, {0, 0, 9, 0}},               // tiled path, one expert has all
+        {64, 33, {2, 3, 1, 2, 0, 4, 2, 2}},   // eight tokens, top-2: matrix-vector
+        {65, 33, {0, 0, 32, 0}},              // matrix-vector path, 32 slots in one expert
+        {65, 33, {0, 0, 33, 0}},              // tiled path, one expert has all
         {129, 70, {0, 100, 3, 0, 64, 65, 0, 1}},  // skinny tiles (few slots per expert)
         {40, 70, {150, 0, 131, 20}},              // 64-row tiles
     };
