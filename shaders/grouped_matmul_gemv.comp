@@ -1,12 +1,11 @@
 // grouped_matmul for few slots (decoding, small batches): workgroup (x, j) computes NR outputs
-// for every slot of the j-th expert that has slots, a dot product of x[s, :] with NR rows of the
-// expert's w, reduced across the workgroup. The expert's slots are taken MS at a time, each
-// pass reading the NR weight rows once for all of them (a batch's slots often share experts).
-// Slot s's sum is the same whichever pass holds it: every invocation strides over k alike and
-// the reduction tree is fixed. Expert ranges are read from offsets on the device. Where K and
-// both operands' offsets are multiples of 4, invocations read 4 consecutive k at a time (as
-// matmul_gemv.comp does). Also built as grouped_matmul_gemv_fp16w, reading w from its fp16
-// copy (weights.glsl).
+// for up to MS slots of one expert, the j-th run of MS slots when each expert's slots are cut
+// into runs of MS (a batch's slots often share experts): dot products of x[s, :] with NR rows
+// of the expert's w, read once for the run, reduced across the workgroup. Slot s's sum is the
+// same whichever run holds it: every invocation strides over k alike and the reduction tree is
+// fixed. Expert ranges are read from offsets on the device. Where K and both operands' offsets
+// are multiples of 4, invocations read 4 consecutive k at a time (as matmul_gemv.comp does).
+// Also built as grouped_matmul_gemv_fp16w, reading w from its fp16 copy (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "weights.glsl"
@@ -15,7 +14,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;  // a power of two
 layout(constant_id = 1) const uint NR = 4;
-const uint MS = 4;  // slots per pass
+const uint MS = 4;  // slots per workgroup
 const uint PARTS = MS * NR;
 shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
@@ -40,52 +39,52 @@ int offset_of(uint e) {
 
 void main() {
     const uint j = gl_WorkGroupID.y, n0 = gl_WorkGroupID.x * NR, t = gl_LocalInvocationID.x;
-    // The j-th expert with slots (the same for the whole workgroup).
-    uint e = 0;
-    for (uint seen = 0; e < pc.E; ++e)
-        if (offset_of(e + 1) > offset_of(e)) {
-            if (seen == j) break;
-            ++seen;
+    // The j-th run of slots: its expert e and first slot s0 (the same for the whole workgroup).
+    uint e = 0, s0 = 0, ms = 0;
+    for (uint runs = 0; e < pc.E; ++e) {
+        const uint first = uint(offset_of(e)), count = uint(offset_of(e + 1)) - first;
+        const uint expert_runs = (count + MS - 1) / MS;
+        if (j < runs + expert_runs) {
+            s0 = first + (j - runs) * MS;
+            ms = min(MS, first + count - s0);
+            break;
         }
-    if (e == pc.E) return;  // fewer experts have slots than the grid has rows
-    const uint first = uint(offset_of(e)), end = uint(offset_of(e + 1));
+        runs += expert_runs;
+    }
+    if (e == pc.E) return;  // the grid may have more rows than there are runs
     const uint w_base = pc.off_w * WEIGHTS_PER_WORD + (e * pc.Nout + n0) * pc.K;
     const bool by_four = pc.K % 4 == 0 && w_base % 4 == 0 && pc.off_x % 4 == 0;
-    for (uint s0 = first; s0 < end; s0 += MS) {  // uniform
-        const uint ms = min(MS, end - s0);
-        float acc[PARTS];
-        for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
-        if (by_four) {
-            for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
-                vec4 wv[NR];
-                for (uint r = 0; r < NR; ++r)
-                    wv[r] = n0 + r < pc.Nout ? vec4(w4[(w_base + r * pc.K) / 4 + k4]) : vec4(0);
-                for (uint m = 0; m < ms; ++m) {
-                    const vec4 xv = x4[(pc.off_x + (s0 + m) * pc.K) / 4 + k4];
-                    for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(xv, wv[r]);
-                }
-            }
-        } else {
-            for (uint k = t; k < pc.K; k += WG) {
-                float wv[NR];
-                for (uint r = 0; r < NR; ++r)
-                    wv[r] = n0 + r < pc.Nout ? float(w[w_base + r * pc.K + k]) : 0.0;
-                for (uint m = 0; m < ms; ++m) {
-                    const float xv = x[pc.off_x + (s0 + m) * pc.K + k];
-                    for (uint r = 0; r < NR; ++r) acc[m * NR + r] += xv * wv[r];
-                }
+    float acc[PARTS];
+    for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
+    if (by_four) {
+        for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
+            vec4 wv[NR];
+            for (uint r = 0; r < NR; ++r)
+                wv[r] = n0 + r < pc.Nout ? vec4(w4[(w_base + r * pc.K) / 4 + k4]) : vec4(0);
+            for (uint m = 0; m < ms; ++m) {
+                const vec4 xv = x4[(pc.off_x + (s0 + m) * pc.K) / 4 + k4];
+                for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(xv, wv[r]);
             }
         }
-        for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
-        reduce_parts(ms * NR);
-        if (t < ms * NR) {
-            const uint s = s0 + t / NR, n = n0 + t % NR;
-            if (n < pc.Nout) {
-                float r = part[t * WG];
-                if (pc.has_bias != 0) r += bias[pc.off_bias + e * pc.Nout + n];
-                o[pc.off_o + s * pc.Nout + n] = r;
+    } else {
+        for (uint k = t; k < pc.K; k += WG) {
+            float wv[NR];
+            for (uint r = 0; r < NR; ++r)
+                wv[r] = n0 + r < pc.Nout ? float(w[w_base + r * pc.K + k]) : 0.0;
+            for (uint m = 0; m < ms; ++m) {
+                const float xv = x[pc.off_x + (s0 + m) * pc.K + k];
+                for (uint r = 0; r < NR; ++r) acc[m * NR + r] += xv * wv[r];
             }
         }
-        barrier();  // the sums are read before the next pass writes part
+    }
+    for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
+    reduce_parts(ms * NR);
+    if (t < ms * NR) {
+        const uint s = s0 + t / NR, n = n0 + t % NR;
+        if (n < pc.Nout) {
+            float r = part[t * WG];
+            if (pc.has_bias != 0) r += bias[pc.off_bias + e * pc.Nout + n];
+            o[pc.off_o + s * pc.Nout + n] = r;
+        }
     }
 }

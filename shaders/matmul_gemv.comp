@@ -1,6 +1,7 @@
 // out[M, N] (+)= op(a) . op(b) (+ bias) for small M (decode): a matrix-vector product per row
-// of a, reading b once for each MMAX rows (the host uses this path for M <= 16: a batch's decode
-// step). A row's sum is the same whichever pass of MMAX rows holds it.
+// of a, reading b once for each MMAX rows: workgroup z takes rows z * MMAX onwards (the host
+// uses this path for M <= 16, a batch's decode step). A row's sum is the same whichever
+// workgroup holds it.
 //   dot mode (b's k contiguous, e.g. x . W^T): a workgroup owns NR output columns; its
 //     invocations stride over k (coalesced reads of b's rows) and the partial dot products
 //     are summed across the workgroup. Where every row of a and b starts on a multiple of 4
@@ -16,7 +17,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;  // a power of two
 layout(constant_id = 1) const uint NR = 4;   // output columns per workgroup in dot mode
-const uint MMAX = 4;                         // rows of a per pass
+const uint MMAX = 4;                         // rows of a per workgroup
 const uint PARTS = MMAX * NR;
 shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
@@ -44,59 +45,53 @@ void store(uint m, uint n, float r) {
 
 void main() {
     const uint t = gl_LocalInvocationID.x, off_b = pc.off_b * WEIGHTS_PER_WORD;
+    const uint m0 = gl_WorkGroupID.z * MMAX, mc = min(MMAX, pc.M - m0);  // this workgroup's rows
     if (pc.dot_mode == 0) {
         const uint n = group_index() * WG + t;
         if (n >= pc.N) return;
-        for (uint m0 = 0; m0 < pc.M; m0 += MMAX) {
-            const uint mc = min(MMAX, pc.M - m0);
-            float acc[MMAX];
-            for (uint m = 0; m < MMAX; ++m) acc[m] = 0.0;
-            for (uint k = 0; k < pc.K; ++k) {
-                const float bv = float(b[off_b + k * pc.b_sk + n]);
-                for (uint m = 0; m < mc; ++m)
-                    acc[m] += a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk] * bv;
-            }
-            for (uint m = 0; m < mc; ++m) store(m0 + m, n, acc[m]);
+        float acc[MMAX];
+        for (uint m = 0; m < MMAX; ++m) acc[m] = 0.0;
+        for (uint k = 0; k < pc.K; ++k) {
+            const float bv = float(b[off_b + k * pc.b_sk + n]);
+            for (uint m = 0; m < mc; ++m)
+                acc[m] += a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk] * bv;
         }
+        for (uint m = 0; m < mc; ++m) store(m0 + m, n, acc[m]);
         return;
     }
 
     const uint n0 = group_index() * NR;
     if (n0 >= pc.N) return;  // uniform: the whole workgroup leaves
+    float acc[PARTS];
+    for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
     // b's rows start at off_b + n * b_sn (b_sn = K); a's at off_a + m * a_sm.
     const bool by_four = pc.K % 4 == 0 && off_b % 4 == 0 && pc.a_sk == 1 &&
                          pc.off_a % 4 == 0 && (pc.M == 1 || pc.a_sm % 4 == 0);
-    for (uint m0 = 0; m0 < pc.M; m0 += MMAX) {  // uniform
-        const uint mc = min(MMAX, pc.M - m0);
-        float acc[PARTS];
-        for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
-        if (by_four) {  // uniform
-            for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
-                vec4 bv[NR];
-                for (uint r = 0; r < NR; ++r)
-                    bv[r] = n0 + r < pc.N ? vec4(b4[(off_b + (n0 + r) * pc.b_sn) / 4 + k4]) : vec4(0);
-                for (uint m = 0; m < mc; ++m) {
-                    const vec4 av = a4[(pc.off_a + (m0 + m) * pc.a_sm) / 4 + k4];
-                    for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(av, bv[r]);
-                }
-            }
-        } else {
-            for (uint k = t; k < pc.K; k += WG) {
-                float bv[NR];
-                for (uint r = 0; r < NR; ++r)
-                    bv[r] = n0 + r < pc.N ? float(b[off_b + k + (n0 + r) * pc.b_sn]) : 0.0;
-                for (uint m = 0; m < mc; ++m) {
-                    const float av = a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk];
-                    for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];
-                }
+    if (by_four) {  // uniform
+        for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
+            vec4 bv[NR];
+            for (uint r = 0; r < NR; ++r)
+                bv[r] = n0 + r < pc.N ? vec4(b4[(off_b + (n0 + r) * pc.b_sn) / 4 + k4]) : vec4(0);
+            for (uint m = 0; m < mc; ++m) {
+                const vec4 av = a4[(pc.off_a + (m0 + m) * pc.a_sm) / 4 + k4];
+                for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(av, bv[r]);
             }
         }
-        for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
-        reduce_parts(mc * NR);
-        if (t < mc * NR) {
-            const uint m = m0 + t / NR, n = n0 + t % NR;
-            if (n < pc.N) store(m, n, part[t * WG]);
+    } else {
+        for (uint k = t; k < pc.K; k += WG) {
+            float bv[NR];
+            for (uint r = 0; r < NR; ++r)
+                bv[r] = n0 + r < pc.N ? float(b[off_b + k + (n0 + r) * pc.b_sn]) : 0.0;
+            for (uint m = 0; m < mc; ++m) {
+                const float av = a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk];
+                for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];
+            }
         }
-        barrier();  // the sums are read before the next pass writes part
+    }
+    for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
+    reduce_parts(mc * NR);
+    if (t < mc * NR) {
+        const uint m = m0 + t / NR, n = n0 + t % NR;
+        if (n < pc.N) store(m, n, part[t * WG]);
     }
 }

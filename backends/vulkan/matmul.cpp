@@ -10,11 +10,12 @@ namespace tmx {
 namespace {
 
 // Rows of a (dense) or slots (grouped) up to which the matrix-vector shaders are used: they spread
-// each dot product over a workgroup and read each weight once per pass of 4 rows, where a
-// skinny tile would mostly hold padding and loop over K serially (an 8 x 512 x 512 projection
-// is 8 such tiles). The grouped one goes to 32 slots (decoding up to 16 sequences at top-2), as
-// CUDA's does.
-constexpr int64_t kGemvMaxRows = 16;  // a batch's decode step: 4 passes of MMAX rows
+// each dot product over a workgroup and read each weight once per 4 rows (one expert's 4 slots),
+// where a skinny tile would mostly hold padding and loop over K serially (an 8 x 512 x 512
+// projection is 8 such tiles). The grouped one goes to 32 slots (decoding up to 16 sequences at
+// top-2), as CUDA's does.
+constexpr int64_t kGemvMaxRows = 16;  // a batch's decode step
+constexpr int64_t kGemvRowsPerGroup = 4;  // matmul_gemv.comp's MMAX, grouped_matmul_gemv's MS
 constexpr int64_t kGroupedGemvMaxSlots = 32;
 
 uint32_t ceil_div(int64_t a, int64_t b) {
@@ -79,7 +80,8 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         const uint64_t groups =
             opts.trans_b ? ceil_div(N, tuning_.gemv_rows) : ceil_div(N, tuning_.gemv_wg);
         auto [gx, gy] = grid(groups, 1);
-        run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, pg, gx, gy);
+        run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, pg, gx, gy,
+            ceil_div(M, kGemvRowsPerGroup));
         return;
     }
     // Large tiles only when there are enough of them to occupy a big GPU.
@@ -103,9 +105,11 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
     std::string shader = gemv ? "grouped_matmul_gemv" : "grouped_matmul";
     const auto bindings = {in(x), weight(w, shader), in(bias), in(offsets), out(out_t)};
     if (gemv) {
-        // A row of workgroups per expert that has slots: at most min(S, E) of them.
+        // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at
+        // most ceil(S / 4) plus one per expert (the shader's extra rows leave at once).
+        const int64_t runs = std::min(S, (S + kGemvRowsPerGroup - 1) / kGemvRowsPerGroup + E);
         run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, p,
-            ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(std::min(S, E)));
+            ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(runs));
         return;
     }
     // Expert slabs are short (each is cut into its own tiles): small tiles waste less.
