@@ -34,13 +34,14 @@ double monotonic_seconds() {
 // A repeat within this long of the first signal is the same request delivered twice: wrappers
 // such as `timeout` signal the command and then its process group, and losing the checkpoint
 // to that would lose the run.
-constexpr double kRepeatedSignalSeconds = 1.0;
+constexpr double kRepeatedSignalSeconds = 0.5;
 std::atomic<double> g_first_signal_at{0.0};
 static_assert(std::atomic<double>::is_always_lock_free, "read and written by a signal handler");
 
 // The first SIGINT/SIGTERM asks the trainer to stop (it checks before every micro-batch) and
-// write its checkpoint; a second one, a second or more later, exits at once, writing nothing:
-// a checkpoint write it cuts short leaves a temporary directory that the next run removes.
+// write its checkpoint; a second one, half a second or more later, exits at once, writing
+// nothing: a checkpoint write it cuts short leaves a temporary directory that the next run
+// removes.
 // (Both signals are blocked while it runs, so two handlers never interleave.)
 extern "C" void on_stop_signal(int sig) {
     const double now = monotonic_seconds();

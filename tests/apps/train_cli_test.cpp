@@ -134,9 +134,12 @@ TEST(TrainCli, PrecisionFlagTrainsInBf16AndTheRunKeepsIt) {
     }
 }
 
-// Runs `train_args` in the background, sends `signals` (kill arguments, in order; "pause"
-// waits 1 s) after 1.5 s, and gives the run 5 s more to end before SIGKILL (exit code 137).
-// The log is in `log`.
+// Runs `train_args` in the background and, once its log says training has begun, sends
+// `signals` (kill arguments, in order; "pause" waits 0.6 s, longer than tmx's 0.5 s window
+// for a repeated signal). Before each signal the shell appends "test: sending SIG" to the log,
+// which the run writes in append mode too, so the log orders the run's lines against the
+// signals. The run then has 5 s to end before SIGKILL (exit code 137). Waiting for the log,
+// not a fixed time, keeps a slow start from eating into the micro-batch the signals must hit.
 test::CommandResult signal_training(const std::string& train_args, const std::string& signals,
                                     const std::string& log) {
     std::string send;
@@ -144,9 +147,13 @@ test::CommandResult signal_training(const std::string& train_args, const std::st
         next = signals.find(' ', at);
         if (next == std::string::npos) next = signals.size();
         const std::string token = signals.substr(at, next - at);
-        send += token == "pause" ? "sleep 1; " : "kill -" + token + " $pid; ";
+        send += token == "pause" ? "sleep 0.6; "
+                                 : "echo 'test: sending SIG" + token + "' >>" + log +
+                                       "; kill -" + token + " $pid; ";
     }
-    return test::run_tmx(train_args + " 2>" + log + " & pid=$!; sleep 1.5; " + send +
+    return test::run_tmx(train_args + " 2>>" + log + " & pid=$!; " +
+                         "for i in $(seq 400); do grep -q '^training ' " + log +
+                         " 2>/dev/null && break; sleep 0.05; done; sleep 0.2; " + send +
                          "for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.05; "
                          "done; kill -KILL $pid 2>/dev/null; wait $pid");
 }
@@ -165,12 +172,18 @@ TEST(TrainCli, ASignalStopsALongStepWithinAMicroBatchAndASecondExitsAtOnce) {
 
     // Two signals a while apart: the first asks for a checkpoint, the second exits at once,
     // without one. (Two different ones, since a signal sent twice before delivery arrives once.)
-    // Micro-batches of 16384 sequences (several seconds each), so the run is still inside one
-    // when the second signal comes.
+    // One micro-batch of 16384 sequences (5 s on a 2-core CI machine, 1.8 GB), so the run is
+    // still inside it when the second signal comes 0.8 s after training begins.
     const std::string slow = "train --config " + tiny() + " --data " + (tmp / "data") +
                              " --batch-size 16384 --seq-len 16 --max-steps 1 --threads 1 --out ";
     r = signal_training(slow + (tmp / "run2"), "TERM pause INT", tmp / "log2");
     log = read_file(tmp / "log2");
+    // Had the micro-batch ended before the second signal was sent, this test would prove
+    // nothing: say so rather than blame the signal handling.
+    const size_t second_sent = log.find("test: sending SIGINT");
+    for (const char* end_of_step : {"step 1/", "stopped by", "done:"})
+        ASSERT_GT(log.find(end_of_step), second_sent)
+            << "the micro-batch ended before the second signal was sent; make it longer\n" << log;
     EXPECT_EQ(r.exit_code, 130) << "(137: it did not exit on the second signal)\n" << log;
     EXPECT_NE(log.find("second signal: exiting without a checkpoint"), std::string::npos) << log;
     EXPECT_EQ(log.find("stopped by"), std::string::npos) << log;
