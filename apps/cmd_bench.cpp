@@ -1,4 +1,5 @@
 // tmx bench: backend comparison runs at a model's real shapes (engine/bench.h).
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -40,7 +41,31 @@ std::vector<std::string> split_names(const std::string& list) {
     return names;
 }
 
-void print_table(const std::vector<BackendBench>& results, const std::string& model) {
+void print_profile(const DecodeProfile& p) {
+    double device = 0;
+    int64_t commands = 0;
+    for (const Backend::ProfiledCommands& c : p.commands) {
+        device += c.seconds;
+        commands += c.count;
+    }
+    const double steps = static_cast<double>(p.steps);
+    std::printf("  decode profile, batch %lld, %lld steps: %.3f ms a step, the device busy %.3f ms "
+                "of it; %.1f commands a step\n",
+                static_cast<long long>(p.batch), static_cast<long long>(p.steps),
+                1e3 * p.wall_seconds / steps, 1e3 * device / steps,
+                static_cast<double>(commands) / steps);
+    std::vector<Backend::ProfiledCommands> by_time = p.commands;
+    std::stable_sort(by_time.begin(), by_time.end(),
+                     [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+    std::printf("    %-32s %10s %12s %7s\n", "command", "per step", "us a step", "share");
+    for (const Backend::ProfiledCommands& c : by_time)
+        std::printf("    %-32s %10.1f %12.1f %6.1f%%\n", c.name.c_str(),
+                    static_cast<double>(c.count) / steps, 1e6 * c.seconds / steps,
+                    device > 0 ? 100 * c.seconds / device : 0.0);
+}
+
+void print_table(const std::vector<BackendBench>& results, const std::string& model,
+                 const BenchOptions& o) {
     std::printf("model: %s\n", model.c_str());
     for (const BackendBench& r : results) {
         std::printf("\n%s\n", r.description.c_str());
@@ -59,6 +84,10 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
         std::printf("  logits vs cpu: max error %.1e; greedy tokens matching cpu %lld of %lld\n",
                     m.logits_error, static_cast<long long>(m.greedy_matching),
                     static_cast<long long>(m.greedy_steps));
+        for (const DecodeProfile& p : m.profiles) print_profile(p);
+        if (o.profile && m.profiles.empty())
+            std::printf("  decode profile: none (the %s backend cannot time its commands)\n",
+                        r.backend.c_str());
         const TrainBench& t = r.train;
         if (t.measured) {
             char mfu[32] = "";
@@ -100,6 +129,15 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                  {"logits_max_error_vs_cpu", m.logits_error},
                                  {"greedy_matching", m.greedy_matching},
                                  {"greedy_steps", m.greedy_steps}});
+        for (const DecodeProfile& p : m.profiles) {
+            nlohmann::json commands = nlohmann::json::array();
+            for (const Backend::ProfiledCommands& c : p.commands)
+                commands.push_back({{"name", c.name}, {"count", c.count}, {"seconds", c.seconds}});
+            j["backends"].back()["decode_profiles"].push_back({{"batch", p.batch},
+                                                               {"steps", p.steps},
+                                                               {"wall_seconds", p.wall_seconds},
+                                                               {"commands", commands}});
+        }
         const TrainBench& t = r.train;
         if (t.measured)
             j["backends"].back()["train"] = {{"batch", o.train_batch},
@@ -179,6 +217,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--seed", b.seed, "Seed of the inputs (and of random weights)")
         ->check(in_range<uint64_t>(0))
         ->capture_default_str();
+    sub->add_flag("--profile", b.profile,
+                  "Also profile the batch-1 and batch-N decode steps: device time per shader "
+                  "(Vulkan: timestamps after every command; other backends are not profiled)");
     sub->add_flag("--json", opts->json, "Print one JSON object instead of the table");
     add_common_options(*sub, common);
 
@@ -209,7 +250,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         }
         const std::vector<BackendBench> results = run_bench(config, std::move(weights), o);
         if (opts->json) std::printf("%s\n", to_json(results, described, o).dump().c_str());
-        else print_table(results, described);
+        else print_table(results, described, o);
     });
 }
 

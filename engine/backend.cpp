@@ -82,6 +82,14 @@ Tensor Backend::alloc(Shape shape, DType dtype) {
     return Tensor(std::move(counted), std::move(shape), dtype);
 }
 
+void Backend::begin_profile() {
+    throw Error("the " + name() + " backend cannot time its commands");
+}
+
+std::vector<Backend::ProfiledCommands> Backend::end_profile() {
+    throw std::logic_error("end_profile() without begin_profile()");
+}
+
 void Backend::upload(const Tensor& dst, const void* host) {
     OpCheck{"upload"}.defined(dst, "dst");
     upload_impl(dst, host);

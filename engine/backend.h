@@ -116,6 +116,23 @@ public:
         body();
     }
 
+    // ---- device timing (tmx bench --profile)
+    // Where a step's device time goes. Between begin_profile() and end_profile(), a backend
+    // that can_profile() times every command it runs on the device; end_profile() waits for
+    // them and returns, per kind of command (a kernel or shader, or a copy), how many ran and
+    // the time they took, in the order each kind first ran. A command's time runs from the end
+    // of the command before it to its own end, so a wait between two commands counts towards
+    // the second, and the times add up to the span the device was working on the step. While
+    // profiling, run_recorded() runs body() every time, so each op's commands are timed.
+    struct ProfiledCommands {
+        std::string name;
+        int64_t count = 0;
+        double seconds = 0;
+    };
+    virtual bool can_profile() const { return false; }
+    virtual void begin_profile();  // throws tmx::Error when !can_profile()
+    virtual std::vector<ProfiledCommands> end_profile();  // logic_error without begin_profile()
+
     // ---- forward ops
     // out[n, :] = table[ids[n], :].   table [V, d], ids [N] (I32, each in [0, V)), out [N, d].
     void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);

@@ -347,10 +347,34 @@ public:
             be_, [&] { decode(batch_cache, firsts, starts, D, nullptr); }, o_.warmup, o_.repeats,
             reset_batch);
         r.batch_decode_tokens_per_s = static_cast<double>(B * D) / t_batch;
+
+        if (o_.profile && be_.can_profile()) {
+            if (o_.progress)
+                o_.progress(be_.name() + ": profiled decode, batch 1 and " + std::to_string(B));
+            reset();
+            r.profiles.push_back(profile_decode(cache, {first}, {static_cast<int32_t>(P_)}));
+            reset_batch();
+            r.profiles.push_back(profile_decode(batch_cache, firsts, starts));
+        }
         return r;
     }
 
 private:
+    DecodeProfile profile_decode(const KvCache& cache, const std::vector<int32_t>& firsts,
+                                 const std::vector<int32_t>& starts) {
+        DecodeProfile p;
+        p.batch = cache.batch();
+        p.steps = decode_steps();
+        be_.synchronize();
+        be_.begin_profile();
+        const auto t0 = std::chrono::steady_clock::now();
+        decode(cache, firsts, starts, p.steps, nullptr);
+        p.commands = be_.end_profile();
+        p.wall_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return p;
+    }
+
     int64_t decode_steps() const {
         const int64_t limit = kv_cache_max_positions(c_);
         return limit < 0 ? o_.decode_tokens : std::min(o_.decode_tokens, limit - P_);

@@ -32,6 +32,9 @@ struct BenchOptions {
     // The training step's matmul precision (the CPU's loss on the same batch uses it too); unset:
     // each backend's default_training_precision(). Every other measurement runs fp32.
     std::optional<Precision> train_precision;
+    // Also profile the batch-1 and batch-N decode steps on the backends that can_profile():
+    // device time per kind of command (Backend::begin_profile).
+    bool profile = false;
     uint64_t seed = 0;            // inputs and, with no weights given, the model's init
     // Opens a backend by name (the front end passes make_backend from backends/registry.h;
     // the engine knows no backend). "cpu" must open the CPU backend, the reference.
@@ -48,11 +51,20 @@ struct OpBench {
     double max_error = 0;   // max |out - cpu| / max(1, max |cpu|)
 };
 
+// decode_steps decode steps of `batch` sequences, profiled: wall time (host and device, with the
+// profiler's timestamps) and the device's time per kind of command, summed over the steps.
+struct DecodeProfile {
+    int64_t batch = 0, steps = 0;
+    double wall_seconds = 0;
+    std::vector<Backend::ProfiledCommands> commands;
+};
+
 struct ModelBench {
     double prefill_tokens_per_s = 0, decode_tokens_per_s = 0, batch_decode_tokens_per_s = 0;
     double logits_error = 0;        // prefill's last logits and every decode step's, vs CPU
     int64_t greedy_matching = 0;    // greedy batch-1 decode steps that chose the CPU's token,
     int64_t greedy_steps = 0;       // out of this many (counted up to the first difference)
+    std::vector<DecodeProfile> profiles;  // --profile: batch 1, then batch N
 };
 
 // One training step: forward with kept activations, backward, the global gradient norm, and

@@ -2,7 +2,8 @@
 # Checks a GPU machine end to end and writes one report: configures with CUDA (required),
 # builds, runs every CUDA and Vulkan test (each in its own process, through ctest; a CUDA test
 # that skips fails the step), runs the CUDA op suites under compute-sanitizer (memcheck,
-# racecheck, synccheck, side by side), times `tmx bench` on the GPU backends, and, when
+# racecheck, synccheck, side by side), times `tmx bench` on the GPU backends (and profiles
+# Vulkan's decode steps: `tmx bench --profile`), and, when
 # ../shared/tools/torch_reference.py and PyTorch are there, times PyTorch on the same model and
 # GPU. Without --quick it also trains at the largest batch (T512, bf16) whose tensors tmx counts
 # at most 18 GiB, and fails unless tmx's peak and the device memory in use stay under 20 GB. Every
@@ -136,6 +137,11 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
   step bench-train-fp32 240 "$tmx" bench --backends cuda --prompt 16 --decode 4 --batch 1 \
        --repeats 3 "${train_args[@]}" --precision fp32
   step bench-gemm 120 "$tmx" bench --backends "$gpu_backends" --prompt 16 --decode 4 --batch 1 --gemm 8192 --repeats 3
+  # Where Vulkan's decode step spends its time: device time per shader, against the wall time.
+  if [ "$gpu_backends" = cuda,vulkan ]; then
+    step bench-profile 200 "$tmx" bench --backends vulkan --prompt 512 --decode 32 --batch 8 \
+         --repeats 1 --profile
+  fi
   if [ $quick -eq 0 ]; then
     # Does training fit an L4? The largest batch (a multiple of 8) at T512 whose tensors, as
     # `tmx params` counts them in bf16, stay within 18 GiB, timed; fit-check then holds under

@@ -42,7 +42,6 @@ std::string status_message(const std::array<uint32_t, 4>& s) {
     }
 }
 
-
 }  // namespace
 
 std::unique_ptr<Backend> make_vulkan_backend(const vk::VulkanOptions& options) {
@@ -139,7 +138,26 @@ struct VulkanStep {
 
 }  // namespace
 
+void VulkanBackend::begin_profile() { stream_->start_timing(); }
+
+std::vector<Backend::ProfiledCommands> VulkanBackend::end_profile() {
+    if (!stream_->timing()) throw std::logic_error("end_profile() without begin_profile()");
+    std::vector<ProfiledCommands> out;
+    for (vk::Stream::TimedCommands& t : stream_->stop_timing())
+        out.push_back({std::move(t.name), static_cast<int64_t>(t.count), t.seconds});
+    check_status();
+    return out;
+}
+
 void VulkanBackend::run_recorded(StepRecording& rec, const std::function<void()>& body) {
+    if (stream_->timing()) {
+        // Each command timed as body issues it. A replay would not be, and body may not run
+        // beside a recording of itself (it may allocate anew): drop it, record afresh later.
+        rec.graph.reset();
+        ++rec.runs;
+        body();
+        return;
+    }
     const uint64_t drops = fp16_ ? fp16_->drops() : 0;
     if (rec.graph) {
         const auto* step = static_cast<const VulkanStep*>(rec.graph.get());

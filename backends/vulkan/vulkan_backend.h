@@ -41,6 +41,11 @@ class VulkanBackend final : public Backend {
     // Records the step into a secondary command buffer on its second run; from the third, the
     // submit runs that buffer instead of recording every dispatch again.
     void run_recorded(StepRecording& rec, const std::function<void()>& body) override;
+    // Timestamps after every command (vk::Stream's timing); while profiling, steps are not
+    // recorded, nor recordings replayed.
+    bool can_profile() const override { return stream_->can_time(); }
+    void begin_profile() override;
+    std::vector<ProfiledCommands> end_profile() override;
 
     // For tests and `tmx devices`: the device, the allocator and the stream's counters.
     const vk::Context& context() const { return *ctx_; }

@@ -16,6 +16,8 @@ constexpr uint32_t kMaxBindings = 8;
 // Staging per submit: chunks of 16 MiB, at most 4; larger transfers go in pieces.
 constexpr VkDeviceSize kStagingChunk = 16ull << 20;
 constexpr size_t kMaxStagingChunks = 4;
+// Timestamps per submit while timing; a submit with more commands is cut in two.
+constexpr uint32_t kTimestampsPerSubmit = 8192;
 
 constexpr VkPipelineStageFlags kDeviceStages =
     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
@@ -45,6 +47,13 @@ Stream::Stream(std::shared_ptr<Context> ctx, std::shared_ptr<Allocator> allocato
     check(vkCreateFence(ctx_->device(), &fi, nullptr, &fence_), "vkCreateFence");
     status_ = allocator_->allocate(4 * sizeof(uint32_t), MemoryKind::Host);
     std::memset(status_.mapped, 0, 4 * sizeof(uint32_t));
+    uint32_t families = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(ctx_->physical_device(), &families, nullptr);
+    std::vector<VkQueueFamilyProperties> props(families);
+    vkGetPhysicalDeviceQueueFamilyProperties(ctx_->physical_device(), &families, props.data());
+    const uint32_t bits = props.at(ctx_->queue_family()).timestampValidBits;
+    timestamp_mask_ = bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+    timestamp_ns_ = ctx_->limits().timestampPeriod;
 }
 
 Stream::~Stream() {
@@ -52,6 +61,7 @@ Stream::~Stream() {
     if (recording_) vkEndCommandBuffer(cmd_);  // recorded work that was never asked for
     vkQueueWaitIdle(ctx_->queue());
     for (VkDescriptorPool p : descriptor_pools_) vkDestroyDescriptorPool(dev, p, nullptr);
+    if (timestamps_) vkDestroyQueryPool(dev, timestamps_, nullptr);
     vkDestroyFence(dev, fence_, nullptr);
     vkDestroyCommandPool(dev, pool_, nullptr);
     for (const Allocation& a : staging_chunks_) allocator_->release(a);
@@ -99,6 +109,7 @@ void Stream::execute(const Recording& rec) {
     barrier();
     vkCmdExecuteCommands(cmd(), 1, &rec.cmd_);
     barrier_next_ = true;
+    timestamp("recorded step");
 }
 
 void Stream::barrier() {
@@ -120,6 +131,11 @@ VkCommandBuffer Stream::cmd() {
         bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
         check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
         recording_ = true;
+        if (timing_) {
+            vkCmdResetQueryPool(cmd_, timestamps_, 0, kTimestampsPerSubmit);
+            vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps_, 0);
+            timestamps_used_ = 1;
+        }
     }
     return cmd_;
 }
@@ -221,6 +237,7 @@ void Stream::dispatch(const Pipeline& p, std::span<const Binding> bindings, cons
     vkCmdPushConstants(c, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, Pipelines::kPushBytes, data);
     vkCmdDispatch(c, gx, gy, gz);
     ++counters_.dispatches;
+    timestamp(p.shader);
 }
 
 void Stream::fill(const BufferRange& dst, uint32_t word) {
@@ -229,6 +246,7 @@ void Stream::fill(const BufferRange& dst, uint32_t word) {
     access({&b, 1});
     vkCmdFillBuffer(cmd(), dst.buffer, dst.offset, dst.size, word);
     ++counters_.transfers;
+    timestamp("fill");
 }
 
 void Stream::copy(const BufferRange& src, const BufferRange& dst) {
@@ -238,6 +256,7 @@ void Stream::copy(const BufferRange& src, const BufferRange& dst) {
     VkBufferCopy region{src.offset, dst.offset, src.size};
     vkCmdCopyBuffer(cmd(), src.buffer, dst.buffer, 1, &region);
     ++counters_.transfers;
+    timestamp("copy");
 }
 
 bool Stream::staging(VkDeviceSize bytes, BufferRange* range, std::byte** host) {
@@ -313,6 +332,7 @@ void Stream::submit_and_wait() {
         check(vkWaitForFences(ctx_->device(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
         check(vkResetFences(ctx_->device(), 1, &fence_), "vkResetFences");
         check(vkResetCommandPool(ctx_->device(), pool_, 0), "vkResetCommandPool");
+        if (timing_) collect_timestamps();
     }
     for (size_t i = 0; i <= descriptor_pool_ && i < descriptor_pools_.size(); ++i)
         check(vkResetDescriptorPool(ctx_->device(), descriptor_pools_[i], 0),
@@ -324,6 +344,56 @@ void Stream::submit_and_wait() {
     staging_chunk_ = 0;
     staging_used_ = 0;
     allocator_->collect();
+}
+
+void Stream::start_timing() {
+    if (!can_time())
+        throw Error("Vulkan: " + ctx_->info().name +
+                    "'s compute queue writes no timestamps, so its commands cannot be timed");
+    if (into_) throw std::logic_error("Vulkan: timing cannot start inside a recording");
+    submit_and_wait();  // what came before is not timed
+    if (!timestamps_) {
+        VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+        qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+        qi.queryCount = kTimestampsPerSubmit;
+        check(vkCreateQueryPool(ctx_->device(), &qi, nullptr, &timestamps_), "vkCreateQueryPool");
+    }
+    timed_.clear();
+    timing_ = true;
+}
+
+std::vector<Stream::TimedCommands> Stream::stop_timing() {
+    submit_and_wait();
+    timing_ = false;
+    return std::move(timed_);
+}
+
+void Stream::timestamp(const std::string& name) {
+    if (!timing_ || into_) return;
+    size_t i = 0;
+    while (i < timed_.size() && timed_[i].name != name) ++i;
+    if (i == timed_.size()) timed_.push_back({name});
+    ++timed_[i].count;
+    vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps_,
+                        timestamps_used_++);
+    timestamp_command_.push_back(i);
+    if (timestamps_used_ == kTimestampsPerSubmit) submit_and_wait();
+}
+
+void Stream::collect_timestamps() {
+    const uint32_t n = timestamps_used_;
+    timestamps_used_ = 0;
+    std::vector<uint64_t> ticks(n);
+    if (n > 1)
+        check(vkGetQueryPoolResults(ctx_->device(), timestamps_, 0, n, n * sizeof(uint64_t),
+                                    ticks.data(), sizeof(uint64_t),
+                                    VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+              "vkGetQueryPoolResults");
+    // The mask makes a difference across a wrap of the counter's valid bits come out right.
+    for (uint32_t q = 1; q < n; ++q)
+        timed_[timestamp_command_[q - 1]].seconds +=
+            static_cast<double>((ticks[q] - ticks[q - 1]) & timestamp_mask_) * timestamp_ns_ * 1e-9;
+    timestamp_command_.clear();
 }
 
 Binding Stream::status_binding() const {

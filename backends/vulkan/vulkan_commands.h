@@ -10,6 +10,12 @@
 // to minStorageBufferOffsetAlignment; the view's first element within the binding is passed to
 // the shader as a uint push constant, one per binding, ahead of the op's own push constants.
 // A view larger than maxStorageBufferRange cannot be bound and is reported as an error.
+//
+// Timing (Backend::begin_profile): while on, every command of a submit is followed by a
+// timestamp written when it and everything before it have finished, behind one at the
+// submit's start; after the submit, each command is charged the time from the timestamp
+// before it to its own. Commands inside a recording are not timed (the backend does not
+// record while timing).
 #pragma once
 
 #include <vulkan/vulkan.h>
@@ -20,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backends/vulkan/vulkan_context.h"
@@ -99,11 +106,29 @@ class Stream {
     };
     const Counters& counters() const { return counters_; }
 
+    // Timing (see the top of the file). can_time(): the queue writes timestamps.
+    // start_timing() submits what is recorded first; stop_timing() submits and waits for what
+    // is recorded, and returns the commands timed since start_timing(), per shader (or
+    // "fill", "copy", "recorded step"), in the order each first ran.
+    struct TimedCommands {
+        std::string name;
+        uint64_t count = 0;
+        double seconds = 0;
+    };
+    bool can_time() const { return timestamp_mask_ != 0; }
+    void start_timing();
+    std::vector<TimedCommands> stop_timing();
+    bool timing() const { return timing_; }
+
   private:
     VkCommandBuffer cmd();  // begins recording on first use after a submit (or `into_`'s)
     void access(std::span<const Binding> bindings);
     VkDescriptorSet descriptor_set(VkDescriptorSetLayout layout);
     void barrier();
+    // While timing, outside a recording: a timestamp after the command just recorded.
+    void timestamp(const std::string& name);
+    // While timing: charges each command of the submit that just ended its time.
+    void collect_timestamps();
     // Host-visible staging memory for one transfer, or false when this submit's staging is
     // used up (the caller submits and retries).
     bool staging(VkDeviceSize bytes, BufferRange* range, std::byte** host);
@@ -133,6 +158,14 @@ class Stream {
 
     Allocation status_;
     Counters counters_;
+
+    uint64_t timestamp_mask_ = 0;  // the valid bits of a timestamp; 0: none
+    double timestamp_ns_ = 0;      // nanoseconds per timestamp tick
+    VkQueryPool timestamps_ = VK_NULL_HANDLE;
+    bool timing_ = false;
+    uint32_t timestamps_used_ = 0;           // in this submit, the start's included
+    std::vector<size_t> timestamp_command_;  // per timestamp after the start: its command
+    std::vector<TimedCommands> timed_;
     std::function<void(const BufferRange&)> write_observer_;
 };
 

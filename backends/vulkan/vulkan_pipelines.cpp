@@ -65,6 +65,7 @@ const Pipeline& Pipelines::get(const std::string& shader, uint32_t bindings,
     if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
 
     Pipeline p;
+    p.shader = shader;
     p.bindings = bindings;
     p.set_layout = set_layout(bindings);
     p.layout = layouts_.at(bindings);

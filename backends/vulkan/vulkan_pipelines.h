@@ -17,6 +17,7 @@
 namespace tmx::vk {
 
 struct Pipeline {
+    std::string shader;  // the shader it runs, as Pipelines::get() was given it
     VkPipeline pipeline = VK_NULL_HANDLE;
     VkPipelineLayout layout = VK_NULL_HANDLE;
     VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
@@ -14,7 +15,8 @@ namespace {
 TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
     const std::string config = test::source_dir() + "/assets/configs/test-tiny.json";
     auto r = test::run_tmx("bench --config " + config +
-                           " --prompt 20 --decode 6 --batch 3 --gemm 37 --repeats 2 --json --threads 2");
+                           " --prompt 20 --decode 6 --batch 3 --gemm 37 --repeats 2 --profile --json"
+                           " --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const nlohmann::json j = nlohmann::json::parse(r.out);
     ASSERT_GE(j["backends"].size(), 1u);
@@ -42,6 +44,27 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
             EXPECT_GT(b[key].get<double>(), 0.0) << key;
         EXPECT_LT(b["logits_max_error_vs_cpu"].get<double>(), tol);
         EXPECT_EQ(b["greedy_steps"], 6);
+        // --profile: on the backends that time their commands (Vulkan), batch 1 and batch 3,
+        // six steps each; each kind of command once, its device time within the wall time.
+        if (name == "cpu") EXPECT_FALSE(b.contains("decode_profiles"));
+        if (name != "vulkan") continue;
+        ASSERT_EQ(b["decode_profiles"].size(), 2u);
+        for (size_t i = 0; i < 2; ++i) {
+            const auto& p = b["decode_profiles"][i];
+            EXPECT_EQ(p["batch"], i == 0 ? 1 : 3);
+            EXPECT_EQ(p["steps"], 6);
+            double device = 0;
+            std::set<std::string> names;
+            for (const auto& c : p["commands"]) {
+                EXPECT_TRUE(names.insert(c["name"].get<std::string>()).second) << c["name"];
+                EXPECT_GE(c["count"].get<int64_t>(), 6) << c["name"] << ": once a step at least";
+                EXPECT_GE(c["seconds"].get<double>(), 0.0) << c["name"];
+                device += c["seconds"].get<double>();
+            }
+            EXPECT_TRUE(names.count("norm")) << "every layer's norms";
+            EXPECT_GT(device, 0.0);
+            EXPECT_LE(device, p["wall_seconds"].get<double>());
+        }
     }
     // The CPU against itself is exact.
     EXPECT_EQ(j["backends"][0]["logits_max_error_vs_cpu"].get<double>(), 0.0);

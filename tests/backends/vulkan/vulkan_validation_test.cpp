@@ -2,8 +2,8 @@
 // shader path (matrix-vector and tiled matmuls, cached and plain attention: split, tiled and
 // per-query), transfers, fill and copy, with the debug-utils messenger counting errors; once
 // with the fp32 matmuls and once with fp16 weights (their conversions, 16-bit storage, and a
-// copy remade after its weight is re-uploaded). The test skips when the layer is not
-// installed (Debian: vulkan-validationlayers).
+// copy remade after its weight is re-uploaded); recorded steps; profiling. The tests skip when
+// the layer is not installed (Debian: vulkan-validationlayers).
 #ifdef TMX_HAS_VULKAN
 
 #include <cstdio>
@@ -152,6 +152,39 @@ TEST_P(VulkanValidation, RecordedStepsRunWithoutValidationErrors) {
     be.synchronize();
     EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";
     EXPECT_EQ(calls, be.fp16_weights() ? 3 : 2);
+}
+
+// Profiling under the layer: timestamps after every command of a submit that a download cuts
+// short, of a recorded step (dropped and run op by op), and of a submit with more commands than
+// its timestamps (cut in two); every command counted once.
+TEST_P(VulkanValidation, ProfiledCommandsRunWithoutValidationErrors) {
+    SCOPED_TRACE(trace());
+    VulkanBackend& be = vk();
+    if (!be.can_profile()) GTEST_SKIP() << "this Vulkan device writes no timestamps";
+    const int64_t n = 3, d = 32, F = 40;
+    Tensor x = be.alloc({n, d}), w = be.alloc({F, d}), out = be.alloc({n, F});
+    be.upload(x, normal(n * d).data());
+    be.upload(w, normal(F * d).data());
+    Backend::StepRecording rec;
+    const auto step = [&] { be.linear(x, w, Tensor{}, out); };
+    for (int run = 0; run < 3; ++run) be.run_recorded(rec, step);  // recorded, then replayed
+    be.synchronize();
+    const auto commands = [&] { return be.counters().dispatches + be.counters().transfers; };
+    const uint64_t before = commands(), submits = be.counters().submits;
+    be.begin_profile();
+    be.run_recorded(rec, step);
+    const std::vector<float> mid = down(be, out);  // a submit inside the profile
+    be.upload(x, normal(n * d).data());
+    be.run_recorded(rec, step);
+    for (int i = 0; i < 8200; ++i) be.fill(out, static_cast<float>(i));
+    int64_t timed = 0;
+    for (const Backend::ProfiledCommands& c : be.end_profile()) timed += c.count;
+    EXPECT_EQ(static_cast<uint64_t>(timed), commands() - before);
+    EXPECT_GE(be.counters().submits - submits, 3u);
+    EXPECT_EQ(down(be, out)[0], 8199.0f);
+    be.run_recorded(rec, step);  // recorded afresh
+    be.synchronize();
+    EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";
 }
 
 // The messenger does count: a buffer of size 0 is invalid usage the layer reports.
