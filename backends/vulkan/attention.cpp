@@ -93,9 +93,12 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
         return;
     }
 
-    const uint64_t tile_shared = ((tu.attention_tile_q + tu.attention_tile_k) * kTiledMaxHeadDim +
-                                  2 * tu.attention_tile_q * tu.attention_tile_k) *
-                                 4;
+    // attention_tiled.comp's shared arrays, with their padded rows.
+    const uint64_t tile_lanes = tu.attention_tile_wg / tu.attention_tile_q;
+    const uint64_t tile_shared =
+        ((tu.attention_tile_q + tu.attention_tile_k) * (kTiledMaxHeadDim + 1) +
+         2 * tu.attention_tile_q * (tu.attention_tile_k + tile_lanes)) *
+        4;
     if (T >= tu.attention_tile_min_t && hd <= kTiledMaxHeadDim && tile_shared <= shared_limit) {
         run("attention_tiled", {tu.attention_tile_wg, tu.attention_tile_q, tu.attention_tile_k},
             {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,
