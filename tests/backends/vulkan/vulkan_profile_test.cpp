@@ -1,7 +1,7 @@
 // The Vulkan backend's profiler (Backend::begin_profile, tmx bench --profile): every command is
 // counted under its shader, the times are the device's and add up to no more than the wall
 // time, and decode steps profiled compute what unprofiled (recorded) ones do, with recording
-// resuming afterwards.
+// resuming afterwards. A backend that cannot time: tests/engine/backend_profile_test.cpp.
 #ifdef TMX_HAS_VULKAN
 
 #include <chrono>
@@ -109,19 +109,6 @@ TEST_F(VulkanProfile, ProfiledDecodeStepsComputeWhatRecordedOnesDoAndRecordingRe
         }
         EXPECT_TRUE(Close(down(vk(), logits), want, 1e-6));
     }
-}
-
-TEST(BackendProfile, ABackendThatCannotTimeSaysSo) {
-    auto cpu = make_backend("cpu");
-    EXPECT_FALSE(cpu->can_profile());
-    try {
-        cpu->begin_profile();
-        FAIL() << "begin_profile() on the CPU backend";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("cpu backend cannot time"), std::string::npos)
-            << e.what();
-    }
-    EXPECT_THROW(cpu->end_profile(), std::logic_error);
 }
 
 }  // namespace
