@@ -24,11 +24,12 @@ void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
                    "CUDA device 0; the first discrete Vulkan GPU)")
         ->check(in_range(0, INT32_MAX));
     sub.add_option("--precision", choice.precision,
-                   training ? "Matmul and attention precision: auto (bf16 on CUDA, fp32 on the CPU), "
+                   training ? "Matmul and attention precision: auto (bf16 on CUDA, fp32 elsewhere), "
                               "fp32, or bf16 (operands rounded to bf16, fp32 sums; weights, "
                               "gradients and the optimizer stay fp32)"
-                            : "Matmul and attention precision: auto (fp32), fp32, or bf16 "
-                              "(operands rounded to bf16, fp32 sums)")
+                            : "Matmul and attention precision: auto (bf16 on CUDA, fp32 "
+                              "elsewhere), fp32, or bf16 (bf16 copies of the weights and "
+                              "matmul operands, fp32 sums)")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();
     choice.training = training;
@@ -42,7 +43,7 @@ Precision BackendChoice::resolve_precision(const Backend& be) const {
                              " backend has no " + to_string(p) + " matmuls; use fp32");
         return p;
     }
-    return training ? be.default_training_precision() : Precision::F32;
+    return be.default_precision();
 }
 
 std::string with_device(const std::string& name, int device) {

@@ -122,6 +122,7 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
         const ModelBench& m = r.model;
         j["backends"].push_back({{"backend", r.backend},
                                  {"description", r.description},
+                                 {"precision", to_string(r.precision)},
                                  {"ops", ops},
                                  {"prefill_tokens_per_s", m.prefill_tokens_per_s},
                                  {"decode_tokens_per_s", m.decode_tokens_per_s},
@@ -188,8 +189,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--train-seq", b.train_seq, "Tokens per sequence of the training step")
         ->check(in_range<int64_t>(1));
     sub->add_option("--precision", opts->precision,
-                    "Matmul and attention precision of the training step: auto (bf16 on CUDA, fp32 on the "
-                    "CPU), fp32 or bf16; everything else is timed in fp32")
+                    "Matmul and attention precision of every measurement (but --gemm's fp32): auto "
+                    "(each backend's default: bf16 on CUDA, fp32 elsewhere), fp32 or bf16; each "
+                    "backend is checked against the CPU in the same precision")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();
     sub->add_option("--peak-tflops", b.peak_tflops,
@@ -226,7 +228,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->callback([opts]() {
         BenchOptions o = opts->bench;
         if (opts->precision != "auto")
-            o.train_precision = parse_precision(opts->precision, "--precision");
+            o.precision = parse_precision(opts->precision, "--precision");
         o.backends = opts->backends.empty() ? present_backends() : split_names(opts->backends);
         if (opts->device >= 0)
             for (std::string& name : o.backends)

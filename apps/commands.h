@@ -47,8 +47,7 @@ struct BackendChoice {
     std::unique_ptr<Backend> open(bool announce = true) const;
     void announce(const Backend& be) const;
     // --precision for `backend`: fp32 or bf16 as given; auto is the backend's
-    // default_training_precision() for training (bf16 on CUDA), fp32 for inference (whose
-    // matmuls read fp32 weights either way, so bf16 would only lose precision).
+    // default_precision() (bf16 on CUDA, fp32 elsewhere), for training and inference alike.
     Precision resolve_precision(const Backend& backend) const;
     bool precision_given() const { return precision != "auto"; }
 };

@@ -52,9 +52,10 @@ public:
     // (attention_in_bf16; their comments say which values); attention_cached() and every other
     // op are fp32 either way. BF16 where a backend lacks it is a tmx::Error naming the backend.
     virtual bool supports_precision(Precision p) const { return p == Precision::F32; }
-    // What training uses unless told otherwise: BF16 where the hardware multiplies bf16 faster
-    // (tensor cores), F32 elsewhere (the CPU only emulates bf16's rounding).
-    virtual Precision default_training_precision() const { return Precision::F32; }
+    // What training and inference use unless told otherwise: BF16 where the hardware multiplies
+    // bf16 faster (tensor cores; the model then also reads bf16 copies of its weights, half the
+    // bytes a decode step moves), F32 elsewhere (the CPU only emulates bf16's rounding).
+    virtual Precision default_precision() const { return Precision::F32; }
     void set_matmul_precision(Precision p);
     Precision matmul_precision() const { return matmul_precision_; }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -67,6 +68,31 @@ Tensor upload(Backend& be, const std::vector<float>& host, Shape shape) {
     return t;
 }
 
+// A matmul operand as the model holds it in the backend's precision: BF16 in bf16 (the model's
+// bf16 weight copy and the activations only matmuls read), F32 otherwise.
+Tensor upload_operand(Backend& be, const std::vector<float>& host, Shape shape) {
+    Tensor t = upload(be, host, std::move(shape));
+    if (be.matmul_precision() != Precision::BF16) return t;
+    Tensor bf16 = be.alloc(t.shape(), DType::BF16);
+    be.convert(t, bf16);
+    return bf16;
+}
+
+// Sets a backend's matmul precision for a scope and restores the one before, however it ends.
+class PrecisionScope {
+public:
+    PrecisionScope(Backend& be, Precision p) : be_(be), before_(be.matmul_precision()) {
+        be.set_matmul_precision(p);
+    }
+    ~PrecisionScope() { be_.set_matmul_precision(before_); }
+    PrecisionScope(const PrecisionScope&) = delete;
+    PrecisionScope& operator=(const PrecisionScope&) = delete;
+
+private:
+    Backend& be_;
+    Precision before_;
+};
+
 Tensor upload_ids(Backend& be, const std::vector<int32_t>& host, Shape shape) {
     Tensor t = be.alloc(std::move(shape), DType::I32);
     be.upload(t, host.data());
@@ -83,11 +109,15 @@ std::string dims(std::initializer_list<int64_t> d) {
 }
 
 // One op at one shape: what it costs, and how to set it up on a backend (inputs uploaded,
-// output allocated) and launch it. Inputs are host data fixed at construction, so every
-// backend sees the same ones.
+// output allocated) and launch it in the backend's precision. Inputs are host data fixed at
+// construction, so every backend sees the same ones.
 struct OpCase {
     std::string name, shape;
-    double flops = 0, bytes = 0;
+    double flops = 0, bytes = 0;  // bytes: with fp32 operands
+    double operand_elements = 0;  // of matmul operands, which bf16 precision holds in 2 bytes
+    double bytes_in(Precision p) const {
+        return p == Precision::BF16 ? bytes - 2.0 * operand_elements : bytes;
+    }
     struct Prepared {
         std::function<void()> launch;
         Tensor out;
@@ -115,10 +145,12 @@ private:
 
 // out = a b^T (a linear layer), M rows.
 OpCase linear_case(const std::string& name, int64_t M, int64_t N, int64_t K, InputMaker& in) {
-    OpCase c{name, dims({M, N, K}), 2.0 * M * N * K, 4.0 * (M * K + N * K + M * N), {}};
+    OpCase c{name, dims({M, N, K}), 2.0 * M * N * K, 4.0 * (M * K + N * K + M * N),
+             double(M * K + N * K), {}};
     auto a = in.normal(M * K), b = in.normal(N * K, 0.05);
     c.prepare = [=](Backend& be) {
-        Tensor at = upload(be, a, {M, K}), bt = upload(be, b, {N, K}), out = be.alloc({M, N});
+        Tensor at = upload_operand(be, a, {M, K}), bt = upload_operand(be, b, {N, K});
+        Tensor out = be.alloc({M, N});
         return OpCase::Prepared{[&be, at, bt, out] { be.linear(at, bt, Tensor{}, out); }, out};
     };
     return c;
@@ -138,10 +170,10 @@ OpCase experts_case(const std::string& name, const ModelConfig& c, int64_t token
     int64_t used = 0;
     for (int64_t e = 0; e < E; ++e) used += offsets[e + 1] > offsets[e];
     OpCase op{name, dims({S, N, K}) + " (" + std::to_string(E) + " experts)", 2.0 * S * N * K,
-              4.0 * (S * K + used * N * K + S * N), {}};
+              4.0 * (S * K + used * N * K + S * N), double(S * K + used * N * K), {}};
     auto x = in.normal(S * K), w = in.normal(E * N * K, 0.05), bias = in.normal(E * N, 0.1);
     op.prepare = [=, has_bias = c.ffn_bias](Backend& be) {
-        Tensor xt = upload(be, x, {S, K}), wt = upload(be, w, {E, N, K});
+        Tensor xt = upload_operand(be, x, {S, K}), wt = upload_operand(be, w, {E, N, K});
         Tensor bt = has_bias ? upload(be, bias, {E, N}) : Tensor{};
         Tensor off = upload_ids(be, offsets, {E + 1}), out = be.alloc({S, N});
         return OpCase::Prepared{
@@ -150,14 +182,18 @@ OpCase experts_case(const std::string& name, const ModelConfig& c, int64_t token
     return op;
 }
 
-// out = a b, square and fp32 on every backend (b is not a linear layer's weight, so no
-// reduced-precision weight path applies): the GEMM peak that GPU fp32 figures quote.
+// out = a b, square and fp32 on every backend, whatever the other ops' precision: the GEMM
+// peak that GPU fp32 figures quote.
 OpCase square_gemm_case(int64_t n, InputMaker& in) {
-    OpCase c{"gemm (fp32)", dims({n, n, n}), 2.0 * n * n * n, 4.0 * 3 * n * n, {}};
+    OpCase c{"gemm (fp32)", dims({n, n, n}), 2.0 * n * n * n, 4.0 * 3 * n * n, 0, {}};
     auto a = in.normal(n * n), b = in.normal(n * n);
     c.prepare = [=](Backend& be) {
         Tensor at = upload(be, a, {n, n}), bt = upload(be, b, {n, n}), out = be.alloc({n, n});
-        return OpCase::Prepared{[&be, at, bt, out] { be.matmul(at, bt, out); }, out};
+        return OpCase::Prepared{[&be, at, bt, out] {
+                                    PrecisionScope fp32(be, Precision::F32);
+                                    be.matmul(at, bt, out);
+                                },
+                                out};
     };
     return c;
 }
@@ -392,15 +428,10 @@ private:
 // Training steps on random tokens: the median step time after warm-up, and the first step's
 // loss (the same weights and batch on every backend, so comparable with the CPU's).
 TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weights, Backend& be,
-                            const BenchOptions& o) {
+                            const BenchOptions& o, Precision precision) {
     TrainBench r;
-    r.precision = o.train_precision.value_or(be.default_training_precision());
-    // The other measurements run fp32: restored however this returns.
-    struct PrecisionScope {
-        Backend& be;
-        ~PrecisionScope() { be.set_matmul_precision(Precision::F32); }
-    } scope{be};
-    be.set_matmul_precision(r.precision);
+    r.precision = precision;
+    PrecisionScope scope(be, precision);
     const int64_t B = o.train_batch, T = o.train_seq, N = B * T;
     Rng rng(o.seed ^ 0x7a1d);
     std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
@@ -462,18 +493,29 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
 
     // The CPU results everything is checked against.
     auto cpu = o.open_backend("cpu");
+    // Each backend measures in options.precision, else in its default; a backend without the
+    // precision asked for is refused before anything is measured.
+    auto precision_of = [&](const Backend& be) { return o.precision.value_or(be.default_precision()); };
+    for (const std::unique_ptr<Backend>& other : others) {
+        const Backend& be = other ? *other : *cpu;
+        if (!be.supports_precision(precision_of(be)))
+            throw UsageError("--precision " + std::string(to_string(precision_of(be))) + ": the " +
+                             be.name() + " backend has none; leave --precision out to run each "
+                             "backend in its default");
+    }
     // A training batch that cannot fit (on a backend that trains, or on the CPU, which takes the
     // reference step) is refused before anything is measured.
     if (o.train_batch > 0) {
         const TrainingMemoryFlags flags{"--train-batch", "--train-seq", ""};
-        auto check = [&](const Backend& be) {
-            check_training_memory(config, o.train_batch, o.train_seq,
-                                  o.train_precision.value_or(be.default_training_precision()), be,
-                                  flags);
+        auto check = [&](const Backend& be, Precision p) {
+            check_training_memory(config, o.train_batch, o.train_seq, p, be, flags);
         };
-        check(*cpu);
-        for (const std::unique_ptr<Backend>& other : others)
-            if (other && other->supports_training()) check(*other);
+        for (const std::unique_ptr<Backend>& other : others) {
+            const Backend& be = other ? *other : *cpu;
+            if (!be.supports_training()) continue;
+            check(be, precision_of(be));
+            check(*cpu, precision_of(be));  // the reference step
+        }
     }
     Model cpu_model(config, *cpu);
     if (weights.empty()) {
@@ -483,22 +525,36 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
         cpu_model.params_from_host(weights);
     }
     const std::vector<OpCase> ops = op_cases(config, P, o.seed, o.gemm);
-    std::vector<std::vector<float>> cpu_outputs;
-    for (const OpCase& op : ops) {
-        OpCase::Prepared p = op.prepare(*cpu);
-        p.launch();
-        cpu_outputs.push_back(download(*cpu, p.out));
-    }
-    ModelRun cpu_run;
-    ModelBench cpu_model_bench;
-    bool cpu_measured = false;
+    // The CPU's results in each precision a backend measures in, made when first needed.
+    struct Reference {
+        std::vector<std::vector<float>> op_outputs;
+        ModelRun run;
+        bool model_run = false;
+    };
+    std::map<Precision, Reference> references;
+    auto reference = [&](Precision p) -> Reference& {
+        Reference& ref = references[p];
+        if (ref.op_outputs.empty()) {
+            PrecisionScope scope(*cpu, p);
+            for (const OpCase& op : ops) {
+                OpCase::Prepared prepared = op.prepare(*cpu);
+                prepared.launch();
+                ref.op_outputs.push_back(download(*cpu, prepared.out));
+            }
+        }
+        return ref;
+    };
 
     std::vector<BackendBench> results;
     for (const std::unique_ptr<Backend>& other : others) {
         Backend& be = other ? *other : *cpu;
+        const Precision precision = precision_of(be);
+        Reference& ref = reference(precision);
+        PrecisionScope scope(be, precision);
         BackendBench r;
         r.backend = be.name();
         r.description = be.description();
+        r.precision = precision;
         for (size_t i = 0; i < ops.size(); ++i) {
             const OpCase& op = ops[i];
             if (o.progress) o.progress(r.backend + ": " + op.name + " " + op.shape);
@@ -506,35 +562,37 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             {
                 OpCase::Prepared check = op.prepare(be);
                 check.launch();
-                ob.max_error = max_error(download(be, check.out), cpu_outputs[i]);
+                ob.max_error = max_error(download(be, check.out), ref.op_outputs[i]);
             }
             OpCase::Prepared p = op.prepare(be);
             const double s = median_seconds(be, p.launch, o.warmup, o.repeats);
             ob.ms = s * 1e3;
             ob.gflops = op.flops / s * 1e-9;
-            ob.gbytes_per_s = op.bytes / s * 1e-9;
+            ob.gbytes_per_s = op.bytes_in(precision) / s * 1e-9;
             r.ops.push_back(ob);
         }
 
         ModelRun run;
         if (&be == cpu.get()) {
-            r.model = ModelRunner(cpu_model, o, P).measure(cpu_run);
-            cpu_model_bench = r.model;
-            cpu_measured = true;
-            run = cpu_run;
+            r.model = ModelRunner(cpu_model, o, P).measure(ref.run);
+            ref.model_run = true;
+            run = ref.run;
         } else {
-            if (!cpu_measured) {  // the reference run, untimed repeats kept small
+            if (!ref.model_run) {  // the reference run, untimed repeats kept small
                 BenchOptions once = o;
                 once.warmup = 0;
                 once.repeats = 1;
+                once.profile = false;
                 once.progress = {};
-                ModelRunner(cpu_model, once, P).measure(cpu_run);
-                cpu_measured = true;
+                PrecisionScope cpu_scope(*cpu, precision);
+                ModelRunner(cpu_model, once, P).measure(ref.run);
+                ref.model_run = true;
             }
             Model model(config, be);
             model.params_from_host(weights);
             r.model = ModelRunner(model, o, P).measure(run);
         }
+        const ModelRun& cpu_run = ref.run;
         ModelBench& mb = r.model;
         mb.logits_error = max_error(run.prefill_logits, cpu_run.prefill_logits);
         for (size_t s = 0; s < run.greedy.size() && s < cpu_run.greedy.size(); ++s) {
@@ -545,15 +603,14 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             ++mb.greedy_matching;
         }
         if (o.train_batch > 0 && be.supports_training()) {
-            r.train = measure_training(config, weights, be, o);
+            r.train = measure_training(config, weights, be, o, precision);
             r.train.cpu_loss = r.train.loss;
             if (&be != cpu.get()) {  // the CPU's loss on the same batch, one untimed step
                 BenchOptions once = o;
-                once.train_precision = r.train.precision;
                 once.warmup = 0;
                 once.repeats = 1;
                 once.progress = {};
-                r.train.cpu_loss = measure_training(config, weights, *cpu, once).loss;
+                r.train.cpu_loss = measure_training(config, weights, *cpu, once, precision).loss;
             }
         }
         results.push_back(std::move(r));

@@ -29,9 +29,10 @@ struct BenchOptions {
     // sequences of train_seq tokens, on the backends that train.
     int64_t train_batch = 0, train_seq = 0;
     double peak_tflops = 0;       // > 0: the device's peak, for the training step's MFU
-    // The training step's matmul precision (the CPU's loss on the same batch uses it too); unset:
-    // each backend's default_training_precision(). Every other measurement runs fp32.
-    std::optional<Precision> train_precision;
+    // The matmul precision of every measurement (ops, prefill, decode, the training step) but
+    // the fp32 --gemm; unset: each backend's default_precision(). The CPU results a backend is
+    // checked against are made in its precision too.
+    std::optional<Precision> precision;
     // Also profile the batch-1 and batch-N decode steps on the backends that can_profile():
     // device time per kind of command (Backend::begin_profile).
     bool profile = false;
@@ -87,6 +88,7 @@ struct TrainBench {
 struct BackendBench {
     std::string backend;
     std::string description;  // Backend::description(): the device and its precision
+    Precision precision = Precision::F32;  // of every measurement's matmuls (BenchOptions)
     std::vector<OpBench> ops;
     ModelBench model;
     TrainBench train;

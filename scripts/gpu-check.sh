@@ -131,11 +131,10 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
     esac
   fi
   [ -n "$peak" ] && train_args+=(--peak-tflops "$peak")
-  # The training step runs in each backend's default precision (bf16 matmuls on CUDA); the
-  # second run times CUDA's step in fp32 for comparison.
+  # Each backend runs in its default precision (CUDA bf16, Vulkan fp32 with fp16 weights); the
+  # second run times CUDA in fp32 (ops, prefill, decode and the training step) for comparison.
   step bench 400 "$tmx" bench --backends "$gpu_backends" "${bench_args[@]}" "${train_args[@]}" --json
-  step bench-train-fp32 240 "$tmx" bench --backends cuda --prompt 16 --decode 4 --batch 1 \
-       --repeats 3 "${train_args[@]}" --precision fp32
+  step bench-fp32 300 "$tmx" bench --backends cuda "${bench_args[@]}" "${train_args[@]}" --precision fp32
   step bench-gemm 120 "$tmx" bench --backends "$gpu_backends" --prompt 16 --decode 4 --batch 1 --gemm 8192 --repeats 3
   # Where Vulkan's decode step spends its time: device time per shader, against the wall time.
   if [ "$gpu_backends" = cuda,vulkan ]; then

@@ -14,7 +14,7 @@ namespace tmx {
 // its decimal number, or 0 for "max" and for anything that is not a whole number of bytes.
 uint64_t parse_cgroup_memory_limit(std::string_view text);
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
 public:
     std::string name() const override { return "cpu"; }
     std::string description() const override {

@@ -87,7 +87,7 @@ public:
     bool supports_precision(Precision p) const override {
         return p == Precision::F32 || info_.cc_major >= 8;
     }
-    Precision default_training_precision() const override {
+    Precision default_precision() const override {
         return supports_precision(Precision::BF16) ? Precision::BF16 : Precision::F32;
     }
     // What tmx's tensors can take now: the device's free memory (so less this process's CUDA

@@ -358,6 +358,21 @@ TEST_F(CudaGreedy, DemoModelGenerationMatchesCpu) {
     expect_greedy_demo_matches_cpu(cpu(), cuda(), [](const std::vector<float>&) { return 1e-3; });
 }
 
+// The same in bf16 on both (generation's default on CUDA): the bf16 weight copy and matmul
+// operands. Both round alike, so logits differ by summation order and the occasional operand
+// sent to the neighbouring bf16 value; the model tests above allow 1e-2 of max|logit| for
+// that, so two top logits within twice that are a near-tie.
+TEST_F(CudaGreedy, DemoModelGenerationMatchesCpuInBf16) {
+    if (!cuda().supports_precision(Precision::BF16)) GTEST_SKIP() << "no bf16 on this GPU";
+    cpu().set_matmul_precision(Precision::BF16);
+    cuda().set_matmul_precision(Precision::BF16);
+    expect_greedy_demo_matches_cpu(cpu(), cuda(), [](const std::vector<float>& cpu_logits) {
+        double scale = 1.0;
+        for (float v : cpu_logits) scale = std::max(scale, double(std::abs(v)));
+        return 2 * 1e-2 * scale;
+    });
+}
+
 // ---------------------------------------------------------------- memory
 
 using CudaMemory = CudaTest;

@@ -1,0 +1,95 @@
+// run_bench's precision: each backend measures in --precision, else in its own default (bf16 on
+// CUDA), and is checked against the CPU's results in that same precision. A second CPU backend
+// whose default is bf16 stands in for CUDA here, so the check runs without a GPU: its results
+// equal the CPU's in bf16 (the same code) and would miss the CPU's fp32 ones by bf16 rounding.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "engine/bench.h"
+#include "engine/errors.h"
+#include "tests/model_scenarios.h"
+
+namespace tmx {
+namespace {
+
+class Bf16DefaultCpu : public CpuBackend {
+public:
+    std::string name() const override { return "cpu-bf16"; }
+    Precision default_precision() const override { return Precision::BF16; }
+};
+
+BenchOptions tiny_bench(std::vector<std::string> backends) {
+    BenchOptions o;
+    o.backends = std::move(backends);
+    o.prompt_tokens = 12;
+    o.decode_tokens = 4;
+    o.batch = 2;
+    o.warmup = 0;
+    o.repeats = 1;
+    o.gemm = 9;
+    o.train_batch = 2;
+    o.train_seq = 8;
+    o.seed = 7;
+    o.open_backend = [](const std::string& name) -> std::unique_ptr<Backend> {
+        if (name == "cpu") return std::make_unique<CpuBackend>();
+        if (name == "cpu-bf16") return std::make_unique<Bf16DefaultCpu>();
+        throw UsageError("no backend " + name);
+    };
+    return o;
+}
+
+// Results of one backend against the CPU's in the same precision: the same code, so equal
+// (1e-6 allows for nothing but summation order; a reference in the other precision misses by
+// bf16's rounding, ~1e-3 and more).
+void expect_equal_to_its_reference(const BackendBench& r) {
+    SCOPED_TRACE(r.description);
+    ASSERT_FALSE(r.ops.empty());
+    for (const OpBench& op : r.ops) EXPECT_LT(op.max_error, 1e-6) << op.op;
+    EXPECT_EQ(r.ops.back().op, "gemm (fp32)");
+    EXPECT_LT(r.model.logits_error, 1e-6);
+    EXPECT_EQ(r.model.greedy_steps, 4);
+    EXPECT_EQ(r.model.greedy_matching, 4);
+    ASSERT_TRUE(r.train.measured);
+    EXPECT_EQ(r.train.precision, r.precision);
+    EXPECT_NEAR(r.train.loss, r.train.cpu_loss, 1e-6 * r.train.cpu_loss);
+}
+
+TEST(BenchPrecision, EachBackendRunsInItsDefaultAndIsCheckedAgainstTheCpuInIt) {
+    const std::vector<BackendBench> results =
+        run_bench(test::test_config("test-tiny"), {}, tiny_bench({"cpu", "cpu-bf16"}));
+    ASSERT_EQ(results.size(), 2u);
+    EXPECT_EQ(results[0].precision, Precision::F32);
+    EXPECT_EQ(results[0].description, "cpu, fp32 matmuls");
+    EXPECT_EQ(results[1].precision, Precision::BF16);
+    EXPECT_EQ(results[1].description, "cpu, bf16 matmuls");
+    for (const BackendBench& r : results) expect_equal_to_its_reference(r);
+    // The two precisions' runs are different computations: the bf16 loss is not the fp32 one.
+    EXPECT_NE(results[0].train.loss, results[1].train.loss);
+}
+
+TEST(BenchPrecision, AGivenPrecisionAppliesToEveryBackend) {
+    BenchOptions o = tiny_bench({"cpu-bf16", "cpu"});
+    o.precision = Precision::F32;
+    const std::vector<BackendBench> fp32 = run_bench(test::test_config("test-tiny"), {}, o);
+    ASSERT_EQ(fp32.size(), 2u);
+    for (const BackendBench& r : fp32) {
+        EXPECT_EQ(r.precision, Precision::F32);
+        EXPECT_EQ(r.description, "cpu, fp32 matmuls");
+        expect_equal_to_its_reference(r);
+    }
+    o.precision = Precision::BF16;
+    o.train_batch = o.train_seq = 0;
+    const std::vector<BackendBench> bf16 = run_bench(test::test_config("test-tiny"), {}, o);
+    ASSERT_EQ(bf16.size(), 2u);
+    for (const BackendBench& r : bf16) {
+        EXPECT_EQ(r.precision, Precision::BF16);
+        EXPECT_LT(r.model.logits_error, 1e-6) << r.backend;
+        EXPECT_FALSE(r.train.measured);
+    }
+}
+
+}  // namespace
+}  // namespace tmx
