@@ -100,12 +100,14 @@ __device__ __forceinline__ void report_error(int* status, int code, int value, i
 
 // ---- float element types: an F32 tensor holds float, a BF16 one __nv_bfloat16
 
-// An element as the fp32 value it holds (a bf16 widens exactly).
+// An element as the fp32 value it holds. A bf16 widens by taking its 16 bits as the upper half
+// of a float, as the CPU does: exact for every pattern, NaN payloads included
+// (__bfloat162float becomes cvt.f32.bf16 on sm_90, which PTX lets canonicalise a NaN).
 __device__ __forceinline__ float to_float(float v) {
     return v;
 }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-    return __bfloat162float(v);
+    return __uint_as_float(static_cast<uint32_t>(__bfloat16_as_ushort(v)) << 16);
 }
 
 // Stores v as the element type: a float as it is, a bf16 rounded to nearest even (the CPU's

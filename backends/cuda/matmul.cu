@@ -649,7 +649,7 @@ __device__ __forceinline__ float maybe_bf16(float v, bool round_bf16) {
     return round_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 __device__ __forceinline__ float maybe_bf16(__nv_bfloat16 v, bool) {
-    return __bfloat162float(v);
+    return cuda::to_float(v);
 }
 
 template <typename XT, typename WT>
