@@ -11,11 +11,19 @@
 # the whole check takes about 4 minutes on an H100, plus the PyTorch steps.
 #
 # Usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--build-dir DIR] [--quick] [--all-tests]
+#                              [--only GROUPS]
 #   REPORT_DIR  gets report.txt, report.json and one log per step
 #   --deps      a prefix holding the build's Debian packages unpacked (scripts/fetch-deps.sh
 #               makes it), for a machine without apt; searched before the system
 #   --quick     training benchmarks at batch 8 instead of 32, and no torch.compile run
 #   --all-tests also run the CPU tests (CI runs those on every change)
+#   --only GROUPS  run only these comma-separated groups of steps (default: all): tests (the
+#               CUDA and Vulkan tests), sanitizers, bench (tmx bench: both precisions, the
+#               GEMM, Vulkan's profile), fit (the largest batch under 20 GB), torch (PyTorch).
+#               The full check takes longer than one 10-minute command on a lent machine;
+#               split it, e.g. `--only tests,sanitizers`, then `--only bench`, then
+#               `--only fit,torch`, each into its own REPORT_DIR with the same --build-dir
+#               (configure and build run each time, and are quick once built).
 #   --torch-ref FILE  torch_reference.py (default: ../shared/tools/torch_reference.py)
 # CUDAARCHS=90 (say) builds for that architecture alone, which is quicker than the default set.
 #   --peak-tflops N  the GPU's dense bf16 peak for the training step's MFU (default: 989 on an
@@ -25,7 +33,7 @@
 # Exit status: 0 when every step passed, 1 otherwise (the report says which).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-report="" deps="" build_dir="$root/build-gpu" quick=0 all_tests=0 peak=""
+report="" deps="" build_dir="$root/build-gpu" quick=0 all_tests=0 peak="" only=""
 torch_ref="$root/../shared/tools/torch_reference.py"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,13 +43,22 @@ while [ $# -gt 0 ]; do
     --all-tests) all_tests=1; shift ;;
     --torch-ref) torch_ref="$2"; shift 2 ;;
     --peak-tflops) peak="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$report" ] || { echo "gpu-check.sh: one REPORT_DIR only" >&2; exit 2; }
        report="$1"; shift ;;
   esac
 done
-[ -n "$report" ] || { echo "usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--quick]" >&2; exit 2; }
+[ -n "$report" ] || { echo "usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--quick] [--only GROUPS]" >&2; exit 2; }
+for group in ${only//,/ }; do
+  case "$group" in
+    tests|sanitizers|bench|fit|torch) ;;
+    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, torch)" >&2; exit 2 ;;
+  esac
+done
+# wanted GROUP: whether --only includes it (everything without --only).
+wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 mkdir -p "$report" && report=$(cd "$report" && pwd)
 : > "$report/report.txt"
 : > "$report/steps.tsv"
@@ -97,9 +114,11 @@ export -f gpu_tests
 if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTMX_CUDA=ON &&
    step build 900 cmake --build "$build_dir" --parallel "$(nproc)"; then
   step devices 60 "$tmx" devices
-  step gpu-tests 600 bash -c gpu_tests
+  wanted tests && step gpu-tests 600 bash -c gpu_tests
   [ $all_tests -eq 1 ] && step all-tests 1200 ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)"
-  if command -v compute-sanitizer > /dev/null; then
+  if ! wanted sanitizers; then
+    :
+  elif command -v compute-sanitizer > /dev/null; then
     # Side by side (one GPU holds them all). Racecheck leaves out the training-size
     # reproducibility test: its kernels are the ones the smaller tests run, at 40x the time.
     for tool in memcheck racecheck synccheck; do
@@ -133,15 +152,17 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
   [ -n "$peak" ] && train_args+=(--peak-tflops "$peak")
   # Each backend runs in its default precision (CUDA bf16, Vulkan fp32 with fp16 weights); the
   # second run times CUDA in fp32 (ops, prefill, decode and the training step) for comparison.
-  step bench 400 "$tmx" bench --backends "$gpu_backends" "${bench_args[@]}" "${train_args[@]}" --json
-  step bench-fp32 300 "$tmx" bench --backends cuda "${bench_args[@]}" "${train_args[@]}" --precision fp32
-  step bench-gemm 120 "$tmx" bench --backends "$gpu_backends" --prompt 16 --decode 4 --batch 1 --gemm 8192 --repeats 3
-  # Where Vulkan's decode step spends its time: device time per shader, against the wall time.
-  if [ "$gpu_backends" = cuda,vulkan ]; then
-    step bench-profile 200 "$tmx" bench --backends vulkan --prompt 512 --decode 32 --batch 8 \
-         --repeats 1 --profile
+  if wanted bench; then
+    step bench 400 "$tmx" bench --backends "$gpu_backends" "${bench_args[@]}" "${train_args[@]}" --json
+    step bench-fp32 300 "$tmx" bench --backends cuda "${bench_args[@]}" "${train_args[@]}" --precision fp32
+    step bench-gemm 120 "$tmx" bench --backends "$gpu_backends" --prompt 16 --decode 4 --batch 1 --gemm 8192 --repeats 3
+    # Where Vulkan's decode step spends its time: device time per shader, against the wall time.
+    if [ "$gpu_backends" = cuda,vulkan ]; then
+      step bench-profile 200 "$tmx" bench --backends vulkan --prompt 512 --decode 32 --batch 8 \
+           --repeats 1 --profile
+    fi
   fi
-  if [ $quick -eq 0 ]; then
+  if [ $quick -eq 0 ] && wanted fit; then
     # Does training fit an L4? The largest batch (a multiple of 8) at T512 whose tensors, as
     # `tmx params` counts them in bf16, stay within 18 GiB, timed; fit-check then holds under
     # 20 GB both tmx's measured peak (its tensors and CUDA ops' scratch) and the device memory
@@ -185,7 +206,9 @@ sys.exit(0 if t["peak_bytes"] < 20e9 and (device or 0) < 20e9 else 1)' \
   fi
 fi
 
-if [ -f "$torch_ref" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
+if ! wanted torch; then
+  :
+elif [ -f "$torch_ref" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
   cfg="$root/assets/configs/tiny-mixtral.json"
   tb=32; [ $quick -eq 1 ] && tb=8
   step torch-train-eager-bf16 300 python3 "$torch_ref" bench-train "$cfg" --batch $tb --seq 512 --bf16
