@@ -3,7 +3,8 @@
 # builds, runs every CUDA and Vulkan test (each in its own process, through ctest; a CUDA test
 # that skips fails the step), runs the CUDA op suites under compute-sanitizer (memcheck,
 # racecheck, synccheck, side by side), times `tmx bench` on the GPU backends (and profiles
-# Vulkan's decode steps: `tmx bench --profile`), and, when
+# Vulkan's decode steps: `tmx bench --profile`), runs a user's commands on CUDA end to end
+# (scripts/user-flow.sh), and, when
 # ../shared/tools/torch_reference.py and PyTorch are there, times PyTorch on the same model and
 # GPU. Without --quick it also trains at the largest batch (T512, bf16) whose tensors tmx counts
 # at most 18 GiB, and fails unless tmx's peak and the device memory in use stay under 20 GB. Every
@@ -19,9 +20,11 @@
 #   --all-tests also run the CPU tests (CI runs those on every change)
 #   --only GROUPS  run only these comma-separated groups of steps (default: all): tests (the
 #               CUDA and Vulkan tests), sanitizers, bench (tmx bench: both precisions, the
-#               GEMM, Vulkan's profile), fit (the largest batch under 20 GB), torch (PyTorch).
+#               GEMM, Vulkan's profile), fit (the largest batch under 20 GB), flow
+#               (scripts/user-flow.sh on CUDA: generate, prepare, train, SIGINT, resume,
+#               eval, a refused batch), torch (PyTorch).
 #               The full check takes longer than one 10-minute command on a lent machine;
-#               split it, e.g. `--only tests,sanitizers`, then `--only bench`, then
+#               split it, e.g. `--only tests,sanitizers`, then `--only bench,flow`, then
 #               `--only fit,torch`, each into its own REPORT_DIR with the same --build-dir
 #               (configure and build run each time, and are quick once built).
 #   --torch-ref FILE  torch_reference.py (default: ../shared/tools/torch_reference.py)
@@ -53,8 +56,8 @@ done
 [ -n "$report" ] || { echo "usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--quick] [--only GROUPS]" >&2; exit 2; }
 for group in ${only//,/ }; do
   case "$group" in
-    tests|sanitizers|bench|fit|torch) ;;
-    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, torch)" >&2; exit 2 ;;
+    tests|sanitizers|bench|fit|flow|torch) ;;
+    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, flow, torch)" >&2; exit 2 ;;
   esac
 done
 # wanted GROUP: whether --only includes it (everything without --only).
@@ -162,6 +165,9 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
            --repeats 1 --profile
     fi
   fi
+  # A user's commands on CUDA with their defaults (bf16), end to end; its files stay in the
+  # build directory (checkpoints are too large for a report).
+  wanted flow && step user-flow 300 bash "$root/scripts/user-flow.sh" "$tmx" cuda "$build_dir/user-flow"
   if [ $quick -eq 0 ] && wanted fit; then
     # Does training fit an L4? The largest batch (a multiple of 8) at T512 whose tensors, as
     # `tmx params` counts them in bf16, stay within 18 GiB, timed; fit-check then holds under
