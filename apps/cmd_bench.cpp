@@ -72,6 +72,11 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
         std::printf("  %-24s %-34s %10s %10s %9s %10s\n", "op", "shape", "ms", "GFLOP/s", "GB/s",
                     "err vs cpu");
         for (const OpBench& op : r.ops) {
+            if (!op.skipped.empty()) {
+                std::printf("  %-24s %-34s skipped: %s\n", op.op.c_str(), op.shape.c_str(),
+                            op.skipped.c_str());
+                continue;
+            }
             char gflops[32] = "-";
             if (op.gflops > 0) std::snprintf(gflops, sizeof gflops, "%.1f", op.gflops);
             std::printf("  %-24s %-34s %10.3f %10s %9.1f %10.1e\n", op.op.c_str(),
@@ -112,13 +117,18 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                         {"backends", nlohmann::json::array()}};
     for (const BackendBench& r : results) {
         nlohmann::json ops = nlohmann::json::array();
-        for (const OpBench& op : r.ops)
+        for (const OpBench& op : r.ops) {
+            if (!op.skipped.empty()) {
+                ops.push_back({{"op", op.op}, {"shape", op.shape}, {"skipped", op.skipped}});
+                continue;
+            }
             ops.push_back({{"op", op.op},
                            {"shape", op.shape},
                            {"ms", op.ms},
                            {"gflops", op.gflops},
                            {"gbytes_per_s", op.gbytes_per_s},
                            {"max_error_vs_cpu", op.max_error}});
+        }
         const ModelBench& m = r.model;
         j["backends"].push_back({{"backend", r.backend},
                                  {"description", r.description},
@@ -146,7 +156,9 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                              {"precision", to_string(t.precision)},
                                              {"tokens_per_s", t.tokens_per_s},
                                              {"model_tflops", t.model_tflops},
-                                             {"mfu", t.mfu},
+                                             // null without --peak-tflops: no peak, no MFU
+                                             {"mfu", t.mfu > 0 ? nlohmann::json(t.mfu)
+                                                               : nlohmann::json(nullptr)},
                                              {"peak_bytes", t.peak_bytes},
                                              {"engine_bytes", t.engine_bytes},
                                              {"loss", t.loss},

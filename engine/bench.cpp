@@ -559,16 +559,22 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             const OpCase& op = ops[i];
             if (o.progress) o.progress(r.backend + ": " + op.name + " " + op.shape);
             OpBench ob{op.name, op.shape};
-            {
-                OpCase::Prepared check = op.prepare(be);
-                check.launch();
-                ob.max_error = max_error(download(be, check.out), ref.op_outputs[i]);
+            try {
+                {
+                    OpCase::Prepared check = op.prepare(be);
+                    check.launch();
+                    ob.max_error = max_error(download(be, check.out), ref.op_outputs[i]);
+                }
+                OpCase::Prepared p = op.prepare(be);
+                const double s = median_seconds(be, p.launch, o.warmup, o.repeats);
+                ob.ms = s * 1e3;
+                ob.gflops = op.flops / s * 1e-9;
+                ob.gbytes_per_s = op.bytes_in(precision) / s * 1e-9;
+            } catch (const Error& e) {  // this op, at this shape, on this backend: say why
+                ob = OpBench{op.name, op.shape};
+                ob.skipped = e.what();
+                if (o.progress) o.progress(r.backend + ": " + op.name + " skipped: " + e.what());
             }
-            OpCase::Prepared p = op.prepare(be);
-            const double s = median_seconds(be, p.launch, o.warmup, o.repeats);
-            ob.ms = s * 1e3;
-            ob.gflops = op.flops / s * 1e-9;
-            ob.gbytes_per_s = op.bytes_in(precision) / s * 1e-9;
             r.ops.push_back(ob);
         }
 

@@ -50,6 +50,10 @@ struct OpBench {
     double gflops = 0;      // 0 when the op is not about arithmetic
     double gbytes_per_s = 0;  // main memory traffic the op cannot avoid, per second
     double max_error = 0;   // max |out - cpu| / max(1, max |cpu|)
+    // Non-empty: the op could not run on this backend at this shape (e.g. an operand past what
+    // a Vulkan device can bind), and this is why; the other fields are then unset. The rest of
+    // the bench goes on.
+    std::string skipped;
 };
 
 // decode_steps decode steps of `batch` sequences, profiled: wall time (host and device, with the

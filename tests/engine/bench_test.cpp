@@ -1,9 +1,14 @@
-// run_bench's precision: each backend measures in --precision, else in its own default (bf16 on
-// CUDA), and is checked against the CPU's results in that same precision. A second CPU backend
-// whose default is bf16 stands in for CUDA here, so the check runs without a GPU: its results
-// equal the CPU's in bf16 (the same code) and would miss the CPU's fp32 ones by bf16 rounding.
+// run_bench (engine/bench.h) with CPU backends standing in for GPUs, so that these run without
+// one:
+// - precision: each backend measures in --precision, else in its own default (bf16 on CUDA),
+//   and is checked against the CPU's results in that same precision. A CPU backend whose default
+//   is bf16 stands in for CUDA: its results equal the CPU's in bf16 (the same code) and would
+//   miss the CPU's fp32 ones by bf16 rounding.
+// - an op a backend cannot run at its shape (a Vulkan device that cannot bind --gemm's
+//   operands) is reported as skipped, with the reason, and the rest of the bench goes on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -21,6 +26,24 @@ public:
     Precision default_precision() const override { return Precision::BF16; }
 };
 
+// Refuses square matmuls of `refused` rows, as a device refuses operands it cannot bind.
+class CpuWithoutLargeMatmuls : public CpuBackend {
+public:
+    explicit CpuWithoutLargeMatmuls(int64_t refused) : refused_(refused) {}
+    std::string name() const override { return "cpu-small"; }
+
+protected:
+    void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
+                     const Tensor& bias) override {
+        if (a.dim(0) == refused_ && a.dim(1) == refused_)
+            throw Error("matmul: operands of " + std::to_string(refused_) + " rows exceed this device");
+        CpuBackend::matmul_impl(a, b, out, opts, bias);
+    }
+
+private:
+    int64_t refused_;
+};
+
 BenchOptions tiny_bench(std::vector<std::string> backends) {
     BenchOptions o;
     o.backends = std::move(backends);
@@ -36,6 +59,7 @@ BenchOptions tiny_bench(std::vector<std::string> backends) {
     o.open_backend = [](const std::string& name) -> std::unique_ptr<Backend> {
         if (name == "cpu") return std::make_unique<CpuBackend>();
         if (name == "cpu-bf16") return std::make_unique<Bf16DefaultCpu>();
+        if (name == "cpu-small") return std::make_unique<CpuWithoutLargeMatmuls>(9);
         throw UsageError("no backend " + name);
     };
     return o;
@@ -89,6 +113,40 @@ TEST(BenchPrecision, AGivenPrecisionAppliesToEveryBackend) {
         EXPECT_LT(r.model.logits_error, 1e-6) << r.backend;
         EXPECT_FALSE(r.train.measured);
     }
+}
+
+// --gemm 9 is the one square matmul of 9 rows: refused on cpu-small, which reports it as skipped,
+// with the device's reason, and measures and checks everything else; the CPU measures it.
+TEST(BenchOps, AnOpABackendCannotRunIsSkippedWithItsReasonAndTheRestIsMeasured) {
+    BenchOptions o = tiny_bench({"cpu-small", "cpu"});
+    std::vector<std::string> progress;
+    o.progress = [&](const std::string& what) { progress.push_back(what); };
+    const std::vector<BackendBench> results = run_bench(test::test_config("test-tiny"), {}, o);
+    ASSERT_EQ(results.size(), 2u);
+    const BackendBench& small = results[0];
+    ASSERT_EQ(small.backend, "cpu-small");
+    ASSERT_GT(small.ops.size(), 2u);
+    const OpBench& gemm = small.ops.back();
+    EXPECT_EQ(gemm.op, "gemm (fp32)");
+    EXPECT_EQ(gemm.shape, "9x9x9");
+    EXPECT_EQ(gemm.skipped, "matmul: operands of 9 rows exceed this device");
+    EXPECT_EQ(gemm.ms, 0.0);
+    EXPECT_EQ(std::count_if(progress.begin(), progress.end(),
+                            [](const std::string& p) {
+                                return p == "cpu-small: gemm (fp32) skipped: matmul: operands of "
+                                            "9 rows exceed this device";
+                            }),
+              1);
+    for (size_t i = 0; i + 1 < small.ops.size(); ++i) {
+        EXPECT_EQ(small.ops[i].skipped, "") << small.ops[i].op;
+        EXPECT_GT(small.ops[i].ms, 0.0) << small.ops[i].op;
+        EXPECT_LT(small.ops[i].max_error, 1e-6) << small.ops[i].op;
+    }
+    EXPECT_GT(small.model.decode_tokens_per_s, 0.0);
+    EXPECT_EQ(small.model.greedy_matching, 4);
+    EXPECT_TRUE(small.train.measured);
+    EXPECT_EQ(results[1].ops.back().skipped, "");
+    EXPECT_GT(results[1].ops.back().ms, 0.0);
 }
 
 }  // namespace
