@@ -252,6 +252,21 @@ TEST(ParamReport, SwitchBase8EncoderDecoder) {
     EXPECT_LT(rel_diff(r.total_params, 619e6), 0.005);
 }
 
+// google/switch-base-128 is switch-base-8 with 128 experts (its config differs only in
+// num_experts): 7.4B published.
+TEST(ParamReport, SwitchBase128IsSwitchBase8With128Experts) {
+    json j = json::parse(read_file(fixture("switch-base-8.json")));
+    j["num_experts"] = 128;
+    const ParamReport r = build_param_report(j, "switch-base-128.json");
+    const int64_t d = 768, ff = 3072, ffn = 2 * d * ff;
+    // 12 sparse blocks (6 per stack), each with 120 more experts and 120 more router rows.
+    EXPECT_EQ(r.total_params, 619'339'008 + 12 * 120 * (ffn + d));
+    EXPECT_EQ(r.total_params, 7'415'217'408);
+    EXPECT_EQ(r.active_params, r.total_params - 12 * 127 * ffn);  // top-1
+    EXPECT_EQ(r.active_params, 224'083'200);
+    EXPECT_LT(rel_diff(r.total_params, 7.4e9), 0.005);
+}
+
 TEST(ParamReport, SwitchDefaultsDeriveTheSparseStepFromTheSparseLayerCount) {
     json j = {{"model_type", "switch_transformers"},
               {"vocab_size", 100},
