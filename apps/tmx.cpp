@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "apps/commands.h"
 #include "engine/errors.h"
@@ -55,6 +56,20 @@ int main(int argc, char** argv) {
     cli::add_convert_command(app, common);
     cli::add_devices_command(app, common);
     cli::check_integer_options(app);
+    // An unknown command word: CLI11 would only say that a subcommand is required.
+    if (argc > 1 && argv[1][0] != '-') {
+        std::string names;
+        bool known = false;
+        for (const CLI::App* sub : app.get_subcommands({})) {
+            names += (names.empty() ? "" : ", ") + sub->get_name();
+            known = known || sub->check_name(argv[1]);
+        }
+        if (!known) {
+            std::cerr << "tmx: unknown command '" << argv[1] << "' (commands: " << names
+                      << "; run 'tmx --help')\n";
+            return 2;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {  // --help, --version
