@@ -1,9 +1,11 @@
 // The fp16 copies of matmul weights (shaders/weights.glsl), kept by the backend when fp16
 // weights are on (vulkan_context.h says when): the *_fp16w shaders read half the bytes.
 //
-// A copy is keyed by its source's byte range and made on first use: the backend records the
-// conversion (shaders/to_fp16.comp) before the matmul that reads it, in the same stream, whose
-// barriers order it after the source's last write. Every write the stream records to a range
+// A copy is keyed by its source's byte range and made on first use; a source inside a copied
+// range (at an even element of it) is read from that copy, and a new copy takes over the
+// copies of the parts it covers, so the fused QKV weight and its q, k and v views share one.
+// The backend records the conversion (shaders/to_fp16.comp) before the matmul that reads it,
+// in the same stream, whose barriers order it after the source's last write. Every write the stream records to a range
 // overlapping a source (Stream::on_write), and the release of the source's buffer, drops the
 // copy, so a matmul never reads a stale one: the next use makes it again. A dropped copy's
 // range goes back to the allocator at once, like a freed tensor's: the stream's hazard

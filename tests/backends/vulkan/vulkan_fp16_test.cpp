@@ -277,6 +277,68 @@ TEST_F(VulkanFp16, WritesToAWeightAreSeenByTheNextMatmul) {
     }
 }
 
+// One copy serves a weight and its parts (the fused QKV weight [3N, K] and its q, k, v views),
+// in either order of first use: a part starting at an even element reads the whole's copy (no
+// conversion), and a whole made after its parts takes over their copies. A part at an odd
+// element cannot start on a word of the copy and gets its own. A write to one part drops the
+// shared copy, and every view then reads the new values.
+TEST_F(VulkanFp16, AWeightAndItsPartsShareOneCopy) {
+    SCOPED_TRACE(trace());
+    const int64_t M = 3, N = 6, K = 11;  // parts of N * K = 66 elements: even offsets
+    const std::vector<float> a = normal(M * K);
+    std::vector<float> w = normal(3 * N * K);
+    Tensor at = up(vk(), a, {M, K});
+    for (const bool whole_first : {true, false}) {
+        SCOPED_TRACE(whole_first ? "the whole first" : "the parts first");
+        Tensor whole = up(vk(), w, {3 * N, K});
+        const Tensor parts[] = {whole.rows(0, N), whole.rows(N, 2 * N), whole.rows(2 * N, 3 * N)};
+        // linear(a, view) on Vulkan against the CPU on the rounded weights of those rows; the
+        // dispatches it took (1: the matmul; 2: a conversion too).
+        auto check = [&](const Tensor& view, int64_t first_row, const std::vector<float>& weights) {
+            const int64_t rows = view.dim(0);
+            Tensor out = vk().alloc({M, rows});
+            const uint64_t before = vk().counters().dispatches;
+            vk().linear(at, view, Tensor{}, out);
+            const uint64_t took = vk().counters().dispatches - before;
+            const std::vector<float> part(weights.begin() + first_row * K,
+                                          weights.begin() + (first_row + rows) * K);
+            Tensor want = cpu().alloc({M, rows});
+            cpu().linear(up(cpu(), a, {M, K}), up(cpu(), rounded(part), {rows, K}), Tensor{},
+                         want);
+            EXPECT_TRUE(Close(down(vk(), out), down(cpu(), want), reduction_tol(K)))
+                << "rows " << first_row << " .. " << first_row + rows;
+            return took;
+        };
+        if (whole_first) {
+            EXPECT_EQ(check(whole, 0, w), 2u);
+        } else {
+            for (int i = 0; i < 3; ++i) EXPECT_EQ(check(parts[i], i * N, w), 2u) << "part " << i;
+            EXPECT_EQ(vk().fp16_weight_copies(), 3u);
+            EXPECT_EQ(check(whole, 0, w), 2u);
+        }
+        EXPECT_EQ(vk().fp16_weight_copies(), 1u);
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(check(parts[i], i * N, w), 1u) << "part " << i;
+        EXPECT_EQ(check(whole, 0, w), 1u);
+        EXPECT_EQ(vk().fp16_weight_copies(), 1u);
+
+        // Rows 1 .. N + 1 start at element K = 11, odd: a copy of their own.
+        EXPECT_EQ(check(whole.rows(1, N + 1), 1, w), 2u);
+        EXPECT_EQ(vk().fp16_weight_copies(), 2u);
+
+        // New values in the second part: the copies overlapping it go, and every view reads them.
+        std::vector<float> w2 = w;
+        const std::vector<float> fresh = normal(N * K);
+        std::copy(fresh.begin(), fresh.end(), w2.begin() + N * K);
+        vk().upload(parts[1], fresh.data());
+        EXPECT_EQ(vk().fp16_weight_copies(), 0u);
+        EXPECT_EQ(check(parts[1], N, w2), 2u);
+        EXPECT_EQ(check(whole, 0, w2), 2u);
+        EXPECT_EQ(check(parts[2], 2 * N, w2), 1u);
+        w = normal(3 * N * K);  // the next round's weights
+        vk().synchronize();
+    }
+}
+
 // Model::params_from_host uploads new weights into the same parameter buffer: the next
 // forward uses them.
 TEST_F(VulkanFp16, NewModelParametersAreSeen) {
