@@ -95,8 +95,11 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
                         r.backend.c_str());
         const TrainBench& t = r.train;
         if (t.measured) {
-            char mfu[32] = "";
-            if (t.mfu > 0) std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%", 100 * t.mfu);
+            char mfu[96] = "";
+            if (t.mfu > 0)
+                std::snprintf(mfu, sizeof mfu, ", MFU %.1f%% of %.0f TFLOP/s (%s)", 100 * t.mfu,
+                              t.peak_tflops,
+                              t.peak_from_spec ? "the device's published peak" : "--peak-tflops");
             std::printf("  training step (%s matmuls): %.0f tokens/s, %.2f model TFLOP/s%s, peak "
                         "memory %s (the step's engine tensors %s); loss %.6f (cpu "
                         "%.6f)\n",
@@ -156,9 +159,15 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                              {"precision", to_string(t.precision)},
                                              {"tokens_per_s", t.tokens_per_s},
                                              {"model_tflops", t.model_tflops},
-                                             // null without --peak-tflops: no peak, no MFU
+                                             // null without a peak: no MFU
                                              {"mfu", t.mfu > 0 ? nlohmann::json(t.mfu)
                                                                : nlohmann::json(nullptr)},
+                                             {"peak_tflops", t.peak_tflops > 0
+                                                                 ? nlohmann::json(t.peak_tflops)
+                                                                 : nlohmann::json(nullptr)},
+                                             {"peak_source", t.peak_tflops <= 0   ? "none"
+                                                             : t.peak_from_spec ? "spec"
+                                                                                : "flag"},
                                              {"peak_bytes", t.peak_bytes},
                                              {"engine_bytes", t.engine_bytes},
                                              {"loss", t.loss},
@@ -207,8 +216,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();
     sub->add_option("--peak-tflops", b.peak_tflops,
-                    "The GPU's peak TFLOP/s (e.g. dense bf16: H100 SXM 989, L4 121), for the "
-                    "training step's MFU")
+                    "The GPU's peak TFLOP/s in the step's precision, for the training step's "
+                    "MFU (default: the published dense peak of the NVIDIA GPUs tmx knows: H100, "
+                    "H200, A100, L40S, L4, RTX 4090; e.g. bf16 on an H100 SXM 989, an L4 121)")
         ->check(CLI::PositiveNumber);
     sub->add_option("--prompt", b.prompt_tokens, "Prompt tokens for prefill (and op shapes)")
         ->check(in_range<int64_t>(1))

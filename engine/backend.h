@@ -56,6 +56,9 @@ public:
     // bf16 faster (tensor cores; the model then also reads bf16 copies of its weights, half the
     // bytes a decode step moves), F32 elsewhere (the CPU only emulates bf16's rounding).
     virtual Precision default_precision() const { return Precision::F32; }
+    // The device's published dense peak for matmuls in precision p, in TFLOP/s (tmx bench's MFU
+    // when no --peak-tflops is given); 0 where unknown, as on every CPU.
+    virtual double spec_peak_tflops(Precision) const { return 0.0; }
     void set_matmul_precision(Precision p);
     Precision matmul_precision() const { return matmul_precision_; }
 

@@ -466,7 +466,9 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
     const ParamReport report =
         build_param_report(config_to_json(c), "bench", ReportOptions{.batch = B, .seq = T});
     r.model_tflops = report.training_flops * r.tokens_per_s * 1e-12;
-    if (o.peak_tflops > 0) r.mfu = r.model_tflops / o.peak_tflops;
+    r.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : be.spec_peak_tflops(precision);
+    r.peak_from_spec = o.peak_tflops <= 0 && r.peak_tflops > 0;
+    if (r.peak_tflops > 0) r.mfu = r.model_tflops / r.peak_tflops;
     return r;
 }
 

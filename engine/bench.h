@@ -28,7 +28,9 @@ struct BenchOptions {
     // > 0: also time training steps (forward, backward, gradient norm, AdamW) of train_batch
     // sequences of train_seq tokens, on the backends that train.
     int64_t train_batch = 0, train_seq = 0;
-    double peak_tflops = 0;       // > 0: the device's peak, for the training step's MFU
+    // > 0: the device's peak for the training step's MFU; else the backend's published one
+    // (Backend::spec_peak_tflops), where it knows it.
+    double peak_tflops = 0;
     // The matmul precision of every measurement (ops, prefill, decode, the training step) but
     // the fp32 --gemm; unset: each backend's default_precision(). The CPU results a backend is
     // checked against are made in its precision too.
@@ -78,7 +80,11 @@ struct TrainBench {
     bool measured = false;          // false: the backend does not train, or not asked
     double tokens_per_s = 0;
     double model_tflops = 0;        // training FLOPs of the model (3x forward) per second
-    double mfu = 0;                 // model_tflops / peak_tflops (0 when no peak was given)
+    double mfu = 0;                 // model_tflops / peak_tflops (0 without a peak)
+    // The peak MFU is against: BenchOptions::peak_tflops, else the backend's
+    // spec_peak_tflops() in the step's precision (peak_from_spec); 0 when neither is known.
+    double peak_tflops = 0;
+    bool peak_from_spec = false;
     Precision precision = Precision::F32;  // of the step's matmuls
     size_t peak_bytes = 0;          // the backend's peak allocation during the step
     // training_memory() of the step (no validation pass): its engine tensors. peak_bytes adds

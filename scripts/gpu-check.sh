@@ -29,8 +29,9 @@
 #               (configure and build run each time, and are quick once built).
 #   --torch-ref FILE  torch_reference.py (default: ../shared/tools/torch_reference.py)
 # CUDAARCHS=90 (say) builds for that architecture alone, which is quicker than the default set.
-#   --peak-tflops N  the GPU's dense bf16 peak for the training step's MFU (default: 989 on an
-#               H100 SXM, 756 on an H100 PCIe, 121 on an L4, else no MFU)
+#   --peak-tflops N  the GPU's peak for the training steps' MFU (default: tmx bench's table
+#               of published peaks, in each step's precision: H100, H200, A100, L40S, L4,
+#               RTX 4090; other GPUs get no MFU)
 # Needs: the CUDA toolkit >= 12.0 (nvcc), CMake >= 3.25, Ninja, a C++20 g++, python3, and the
 # Debian packages scripts/setup.sh lists (installed, or unpacked under --deps).
 # Exit status: 0 when every step passed, 1 otherwise (the report says which).
@@ -147,11 +148,7 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
   "$tmx" devices --json 2> /dev/null | python3 -c \
     'import json,sys; d=json.load(sys.stdin); sys.exit(0 if any(x.get("type")!="cpu" for x in d.get("devices",[])) else 1)' \
     && gpu_backends=cuda,vulkan
-  if [ -z "$peak" ]; then
-    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)" in
-      *H100*PCIe*) peak=756 ;; *H100*) peak=989 ;; *L4*) peak=121 ;;
-    esac
-  fi
+  # Without --peak-tflops, tmx bench takes the published peak of the GPUs it knows.
   [ -n "$peak" ] && train_args+=(--peak-tflops "$peak")
   # Each backend runs in its default precision (CUDA bf16, Vulkan fp32 with fp16 weights); the
   # second run times CUDA in fp32 (ops, prefill, decode and the training step) for comparison.

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_peaks.h"
 #include "engine/backend.h"
 
 namespace tmx {
@@ -89,6 +90,9 @@ public:
     }
     Precision default_precision() const override {
         return supports_precision(Precision::BF16) ? Precision::BF16 : Precision::F32;
+    }
+    double spec_peak_tflops(Precision p) const override {  // cuda_peaks.h's table
+        return cuda::spec_peak_tflops(info_.name, info_.sm_count, p == Precision::BF16);
     }
     // What tmx's tensors can take now: the device's free memory (so less this process's CUDA
     // context, cuBLASLt's workspace and what other processes hold) plus what the memory pool

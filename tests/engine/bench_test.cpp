@@ -24,6 +24,8 @@ class Bf16DefaultCpu : public CpuBackend {
 public:
     std::string name() const override { return "cpu-bf16"; }
     Precision default_precision() const override { return Precision::BF16; }
+    // A published peak, as CUDA gives for the GPUs it knows (a different one per precision).
+    double spec_peak_tflops(Precision p) const override { return p == Precision::BF16 ? 2e-3 : 1e-3; }
 };
 
 // Refuses square matmuls of `refused` rows, as a device refuses operands it cannot bind.
@@ -147,6 +149,36 @@ TEST(BenchOps, AnOpABackendCannotRunIsSkippedWithItsReasonAndTheRestIsMeasured) 
     EXPECT_TRUE(small.train.measured);
     EXPECT_EQ(results[1].ops.back().skipped, "");
     EXPECT_GT(results[1].ops.back().ms, 0.0);
+}
+
+// The training step's MFU: against --peak-tflops where given, else the backend's published peak
+// in the step's precision, else none (the CPU knows no peak).
+TEST(BenchTraining, MfuIsAgainstTheGivenPeakElseThePublishedOne) {
+    BenchOptions o = tiny_bench({"cpu", "cpu-bf16"});
+    o.gemm = 0;
+    std::vector<BackendBench> r = run_bench(test::test_config("test-tiny"), {}, o);
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_EQ(r[0].train.peak_tflops, 0.0);
+    EXPECT_EQ(r[0].train.mfu, 0.0);
+    const TrainBench& t = r[1].train;
+    EXPECT_EQ(t.precision, Precision::BF16);
+    EXPECT_EQ(t.peak_tflops, 2e-3);
+    EXPECT_TRUE(t.peak_from_spec);
+    ASSERT_GT(t.model_tflops, 0.0);
+    EXPECT_DOUBLE_EQ(t.mfu, t.model_tflops / 2e-3);
+
+    o.precision = Precision::F32;  // the fp32 peak
+    r = run_bench(test::test_config("test-tiny"), {}, o);
+    EXPECT_EQ(r[1].train.peak_tflops, 1e-3);
+    EXPECT_DOUBLE_EQ(r[1].train.mfu, r[1].train.model_tflops / 1e-3);
+
+    o.peak_tflops = 5e-3;  // the flag wins, on every backend
+    r = run_bench(test::test_config("test-tiny"), {}, o);
+    for (const BackendBench& b : r) {
+        EXPECT_EQ(b.train.peak_tflops, 5e-3) << b.backend;
+        EXPECT_FALSE(b.train.peak_from_spec) << b.backend;
+        EXPECT_DOUBLE_EQ(b.train.mfu, b.train.model_tflops / 5e-3) << b.backend;
+    }
 }
 
 }  // namespace
