@@ -1,5 +1,5 @@
-// tmx devices: the GPUs on this machine. CUDA devices with their compute capability, SMs and
-// memory; Vulkan devices with what the backend picks pipelines by (type, memory, subgroup
+// tmx devices: the GPUs on this machine. CUDA devices with their compute capability, SMs,
+// memory (and its theoretical bandwidth) and published peak where tmx knows it; Vulkan devices with what the backend picks pipelines by (type, memory, subgroup
 // size, shared memory, fp16, cooperative matrix), whether it reads matmul weights as fp16
 // there, and which one make_backend("vulkan") uses by default.
 #include <cstdio>
@@ -26,6 +26,14 @@ namespace {
     return buf;
 }
 
+#ifdef TMX_HAS_CUDA
+// A device's published peak (backends/cuda/cuda_peaks.h), or null where tmx does not know it.
+nlohmann::json peak_or_null(const cuda::DeviceInfo& d, bool bf16) {
+    const double peak = cuda::spec_peak_tflops(d.name, d.sm_count, bf16);
+    return peak > 0 ? nlohmann::json(peak) : nlohmann::json(nullptr);
+}
+#endif
+
 // The CUDA devices into out["cuda_devices"] (and out["cuda_error"] when none can be listed),
 // or as a table.
 void print_cuda_devices(bool json, nlohmann::json& out) {
@@ -49,7 +57,11 @@ void print_cuda_devices(bool json, nlohmann::json& out) {
                  {"shared_memory_per_block_bytes", d.shared_memory_per_block_optin},
                  {"memory_bus_width_bits", d.memory_bus_width_bits},
                  {"memory_clock_khz", d.memory_clock_khz},
-                 {"sm_clock_khz", d.sm_clock_khz}});
+                 {"memory_bandwidth_gbps", cuda::memory_bandwidth_gbps(d.memory_clock_khz,
+                                                                       d.memory_bus_width_bits)},
+                 {"sm_clock_khz", d.sm_clock_khz},
+                 {"peak_bf16_tflops", peak_or_null(d, true)},
+                 {"peak_fp32_tflops", peak_or_null(d, false)}});
         if (!error.empty()) out["cuda_error"] = error;
         return;
     }
@@ -57,13 +69,21 @@ void print_cuda_devices(bool json, nlohmann::json& out) {
         std::printf("CUDA: no devices (%s)\n\n", error.empty() ? "none found" : error.c_str());
         return;
     }
-    std::printf("CUDA\n  %-3s %-36s %-8s %-6s %-10s %s\n", "#", "name", "sm", "SMs", "memory",
-                "memory bus");
-    for (const cuda::DeviceInfo& d : devices)
-        std::printf("  %-3d %-36s %-8s %-6d %-10s %d-bit, %.0f MHz\n", d.index, d.name.c_str(),
+    std::printf("CUDA\n  %-3s %-36s %-8s %-6s %-10s %-30s %s\n", "#", "name", "sm", "SMs",
+                "memory", "memory bus", "published peak (dense)");
+    for (const cuda::DeviceInfo& d : devices) {
+        char bus[64], peak[64] = "unknown";
+        std::snprintf(bus, sizeof bus, "%d-bit, %.0f MHz, %.0f GB/s", d.memory_bus_width_bits,
+                      d.memory_clock_khz / 1e3,
+                      cuda::memory_bandwidth_gbps(d.memory_clock_khz, d.memory_bus_width_bits));
+        const double bf16 = cuda::spec_peak_tflops(d.name, d.sm_count, true);
+        if (bf16 > 0)
+            std::snprintf(peak, sizeof peak, "bf16 %.0f, fp32 %.1f TFLOP/s", bf16,
+                          cuda::spec_peak_tflops(d.name, d.sm_count, false));
+        std::printf("  %-3d %-36s %-8s %-6d %-10s %-30s %s\n", d.index, d.name.c_str(),
                     ("sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor)).c_str(),
-                    d.sm_count, gib(d.memory_bytes).c_str(), d.memory_bus_width_bits,
-                    d.memory_clock_khz / 1e3);
+                    d.sm_count, gib(d.memory_bytes).c_str(), bus, peak);
+    }
     std::printf("backend \"cuda\" uses device 0 (or TMX_CUDA_DEVICE); choose another with "
                 "\"cuda:N\" or --device N\n\n");
 #else

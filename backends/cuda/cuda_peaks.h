@@ -1,6 +1,7 @@
-// Published dense peak TFLOP/s of NVIDIA GPUs, for the training step's MFU in `tmx bench`
-// when --peak-tflops is not given. Header-only and free of CUDA, so that the tests check the
-// matching without a GPU (and in builds without the toolkit).
+// Published dense peak TFLOP/s of NVIDIA GPUs (the training step's MFU in `tmx bench` when
+// --peak-tflops is not given; `tmx devices`), and a memory's theoretical bandwidth. Header-only
+// and free of CUDA, so that the tests check them without a GPU (and in builds without the
+// toolkit).
 #pragma once
 
 #include <string>
@@ -64,6 +65,15 @@ inline double spec_peak_tflops(std::string_view name, int sm_count, bool bf16) {
         return full * sm_count / p.sm_count;
     }
     return 0.0;
+}
+
+// A memory's theoretical bandwidth in GB/s from what CUDA reports: its clock in kHz (the data
+// moves on both edges, so twice per cycle: DDR, GDDR and HBM alike as CUDA reports them) and
+// its bus width in bits; 0 when either is unknown. An H100 SXM (2,619 MHz, 5,120 bits) gives
+// 3,352 GB/s, an L4 (6,251 MHz, 192 bits) 300 GB/s, their datasheets' 3.35 TB/s and 300 GB/s.
+inline double memory_bandwidth_gbps(int memory_clock_khz, int bus_width_bits) {
+    if (memory_clock_khz <= 0 || bus_width_bits <= 0) return 0.0;
+    return 2.0 * memory_clock_khz * 1e3 * (bus_width_bits / 8.0) / 1e9;
 }
 
 }  // namespace tmx::cuda

@@ -1,5 +1,6 @@
-// The published peaks tmx bench takes for MFU when no --peak-tflops is given
-// (backends/cuda/cuda_peaks.h), matched on the names CUDA reports; no GPU needed.
+// The published peaks tmx bench takes for MFU when no --peak-tflops is given, matched on the
+// names CUDA reports, and the memory bandwidth tmx devices shows (backends/cuda/cuda_peaks.h);
+// no GPU needed.
 #include "backends/cuda/cuda_peaks.h"
 
 #include <gtest/gtest.h>
@@ -52,6 +53,15 @@ TEST(CudaSpecPeaks, AMigSliceGetsItsShareOfThePeak) {
                      989.4 * 16 / 132);
     EXPECT_DOUBLE_EQ(spec_peak_tflops("NVIDIA A100-SXM4-40GB MIG 3g.20gb", 42, false),
                      19.5 * 42 / 108);
+}
+
+// Theoretical bandwidth from the memory clock and bus width CUDA reports, against datasheets.
+TEST(CudaMemoryBandwidth, FromTheClockAndBusWidthCudaReports) {
+    EXPECT_NEAR(memory_bandwidth_gbps(2'619'000, 5120), 3352.3, 0.1);  // H100 SXM: 3.35 TB/s
+    EXPECT_NEAR(memory_bandwidth_gbps(6'251'000, 192), 300.0, 0.1);    // L4: 300 GB/s
+    EXPECT_NEAR(memory_bandwidth_gbps(1'593'000, 5120), 2039.0, 0.1);  // A100 80GB SXM: 2,039 GB/s
+    EXPECT_EQ(memory_bandwidth_gbps(0, 5120), 0.0);
+    EXPECT_EQ(memory_bandwidth_gbps(2'619'000, 0), 0.0);
 }
 
 }  // namespace
