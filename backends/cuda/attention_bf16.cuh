@@ -357,10 +357,16 @@ __device__ __forceinline__ void mask_scores(float (&s)[N / 8][4], const int (&t)
         }
 }
 
-// Stores two adjacent outputs (lo at p[0]): fp32 as one float2; bf16 one by one, as a BF16 view
-// is only 2-byte aligned.
+// Stores two adjacent outputs (lo at p[0]): fp32 as one float2 where p is 8-byte aligned (an F32
+// view may start at any element: then one by one); bf16 one by one, as a BF16 view is only
+// 2-byte aligned.
 __device__ __forceinline__ void store_pair(float* p, float lo, float hi) {
-    *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+    if (reinterpret_cast<uintptr_t>(p) % 8 == 0) {
+        *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+    } else {
+        p[0] = lo;
+        p[1] = hi;
+    }
 }
 __device__ __forceinline__ void store_pair(bf16* p, float lo, float hi) {
     store_as(p, lo);

@@ -261,6 +261,42 @@ TEST_P(Bf16Attention, TheWeightsAndGradientsAreRoundedBeforeTheirProducts) {
     expect_nearer("d_v", got.d_v, in.init_v, g.d_v, gu.d_v);
 }
 
+// q, k, v and out as F32 views at odd element offsets into larger buffers (the engine's views
+// are only 4-byte aligned; a kernel storing pairs of floats as one 8-byte store would fault on
+// out): the same results, bit for bit, as fresh tensors, and the elements around the output view
+// as they were.
+TEST_P(Bf16Attention, ViewsAtOddOffsetsGiveTheSameResults) {
+    SCOPED_TRACE(trace());
+    const Case c{2, 37, 4, 2, 64, 16};
+    const Inputs in = inputs(c);
+    const Results fresh = run(c, in, Precision::BF16);
+    Backend& b = be();
+    const int64_t nq = shape_numel(in.qs);
+    // A buffer of `pad` random values, then `host`, then 3 more; the view of host within it.
+    auto view_at = [&](const std::vector<float>& host, const Shape& shape, int64_t pad,
+                       Tensor& buffer) {
+        std::vector<float> whole = normal(pad);
+        whole.insert(whole.end(), host.begin(), host.end());
+        const std::vector<float> tail = normal(3);
+        whole.insert(whole.end(), tail.begin(), tail.end());
+        buffer = up(b, whole, {static_cast<int64_t>(whole.size())});
+        return buffer.slice(pad, shape);
+    };
+    Tensor q_buf, k_buf, v_buf, out_buf;
+    const Tensor q = view_at(in.q, in.qs, 1, q_buf), k = view_at(in.k, in.ks, 3, k_buf);
+    const Tensor v = view_at(in.v, in.ks, 5, v_buf);
+    const std::vector<float> out_init = normal(nq);
+    const Tensor out = view_at(out_init, in.qs, 1, out_buf);
+    const std::vector<float> out_before = down(b, out_buf);
+    b.attention(q, k, v, out, c.window);
+    const std::vector<float> after = down(b, out_buf);
+    const std::vector<float> got(after.begin() + 1, after.begin() + 1 + nq);
+    EXPECT_TRUE(got == fresh.out) << "the output through views differs from fresh tensors'";
+    EXPECT_EQ(after.front(), out_before.front()) << "the element before the view was written";
+    EXPECT_TRUE(std::equal(after.end() - 3, after.end(), out_before.end() - 3))
+        << "an element after the view was written";
+}
+
 // Past kBf16AttentionMaxHeadDim, BF16 precision leaves attention in fp32: the same result as the
 // fp32 run, within fp32's tolerance.
 TEST_P(Bf16Attention, LongerHeadsKeepFp32) {
