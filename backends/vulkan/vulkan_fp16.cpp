@@ -46,13 +46,10 @@ Fp16Weights::Copy Fp16Weights::get(const BufferRange& src, size_t elements) {
     // memory reused after the reads already recorded, as invalidate() does.
     for (auto it = copies_.lower_bound({src.buffer, key.begin, 0});
          it != copies_.end() && it->first.buffer == src.buffer && it->first.begin < key.end;) {
-        if (it->first.end <= key.end && starts_on_a_word(it->first.begin - key.begin)) {
-            allocator_->release(it->second);
-            it = copies_.erase(it);
-            ++drops_;
-        } else {
+        if (it->first.end <= key.end && starts_on_a_word(it->first.begin - key.begin))
+            it = drop(it);
+        else
             ++it;
-        }
     }
     const Allocation a = allocator_->allocate(bytes, MemoryKind::Device);
     copies_.emplace(key, a);
@@ -64,14 +61,17 @@ void Fp16Weights::invalidate(const BufferRange& changed) {
     // Sources in changed.buffer, in order of their start: those starting before `end`.
     for (auto it = copies_.lower_bound({changed.buffer, 0, 0});
          it != copies_.end() && it->first.buffer == changed.buffer && it->first.begin < end;) {
-        if (it->first.end > begin) {
-            allocator_->release(it->second);
-            it = copies_.erase(it);
-            ++drops_;
-        } else {
+        if (it->first.end > begin)
+            it = drop(it);
+        else
             ++it;
-        }
     }
+}
+
+Fp16Weights::Copies::iterator Fp16Weights::drop(Copies::iterator it) {
+    allocator_->release(it->second);
+    ++drops_;
+    return copies_.erase(it);
 }
 
 }  // namespace tmx::vk

@@ -56,7 +56,11 @@ class Fp16Weights {
     };
 
     std::shared_ptr<Allocator> allocator_;
-    std::map<Key, Allocation, Less> copies_;
+    using Copies = std::map<Key, Allocation, Less>;
+    // Releases a copy and counts the drop; returns the next one.
+    Copies::iterator drop(Copies::iterator it);
+
+    Copies copies_;
     uint64_t drops_ = 0;
 };
 
