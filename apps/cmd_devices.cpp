@@ -1,7 +1,8 @@
 // tmx devices: the GPUs on this machine. CUDA devices with their compute capability, SMs,
-// memory (and its theoretical bandwidth) and published peak where tmx knows it; Vulkan devices with what the backend picks pipelines by (type, memory, subgroup
-// size, shared memory, fp16, cooperative matrix), whether it reads matmul weights as fp16
-// there, and which one make_backend("vulkan") uses by default.
+// memory (and its theoretical bandwidth) and published peak where tmx knows it; Vulkan devices
+// with what the backend picks pipelines by (type, memory, subgroup size, shared memory, fp16,
+// cooperative matrix), whether it reads matmul weights as fp16 there, and which one
+// make_backend("vulkan") uses by default.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
