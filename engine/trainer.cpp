@@ -556,6 +556,14 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         if (overrides.contains("max_steps")) options_json["max_tokens"] = 0;
         if (overrides.contains("max_tokens")) options_json["max_steps"] = 0;
         TrainOptions options = train_options_from_json(options_json, state_path + ": options");
+        // A run keeps its precision (above): where this backend lacks it, --precision fp32 is
+        // no way out, so say where the run can go on.
+        if (!backend.supports_precision(options.precision))
+            throw UsageError(state_path + ": the run trains in " + to_string(options.precision) +
+                             " matmuls, which the " + backend.name() +
+                             " backend has not (CUDA: bf16 needs compute capability 8.0 or "
+                             "newer); a run keeps its precision: resume it with --backend cpu "
+                             "or on a GPU that has them");
         const ModelConfig config = load_checkpoint_config(ckpt);
         validate_options(options, config);
         check_run_memory(config, options, backend);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "engine/checkpoint.h"
 #include "engine/errors.h"
@@ -159,6 +160,27 @@ TEST(Trainer, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
             << e.what();
         EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
     }
+
+    // A backend without bf16 (a CUDA GPU older than Ampere) cannot resume it: the error says
+    // where the run can go on (--precision fp32 would be refused as above), and leaves the run
+    // as it was.
+    struct CpuWithoutBf16 : CpuBackend {
+        std::string name() const override { return "no-bf16"; }
+        bool supports_precision(Precision p) const override { return p == Precision::F32; }
+    } no_bf16;
+    const std::string metrics = read_file(tmp / "parts/metrics.jsonl");
+    try {
+        Trainer::resume(tmp / "parts", no_bf16, nlohmann::json::object());
+        ADD_FAILURE() << "a backend without bf16 resumed a bf16 run";
+    } catch (const UsageError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("trainer_state.json"), std::string::npos) << what;
+        EXPECT_NE(what.find("bf16 matmuls, which the no-bf16 backend has not"), std::string::npos)
+            << what;
+        EXPECT_NE(what.find("--backend cpu"), std::string::npos) << what;
+    }
+    EXPECT_EQ(read_file(tmp / "parts/metrics.jsonl"), metrics);
+    EXPECT_EQ(no_bf16.memory_stats().peak_bytes, 0u);  // refused before allocating
 }
 
 TEST(Trainer, LearningRateWarmsUpThenDecaysToTheFloor) {
