@@ -24,12 +24,13 @@ void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
                    "CUDA device 0; the first discrete Vulkan GPU)")
         ->check(in_range(0, INT32_MAX));
     sub.add_option("--precision", choice.precision,
-                   training ? "Matmul and attention precision: auto (bf16 on CUDA, fp32 elsewhere), "
-                              "fp32, or bf16 (operands rounded to bf16, fp32 sums; weights, "
-                              "gradients and the optimizer stay fp32)"
-                            : "Matmul and attention precision: auto (bf16 on CUDA, fp32 "
-                              "elsewhere), fp32, or bf16 (bf16 copies of the weights and "
-                              "matmul operands, fp32 sums)")
+                   training ? "Matmul and attention precision: auto (bf16 on CUDA GPUs of compute "
+                              "capability 8.0 or newer, fp32 elsewhere; a resumed run keeps its "
+                              "own), fp32, or bf16 (operands rounded to bf16, fp32 sums; "
+                              "weights, gradients and the optimizer stay fp32)"
+                            : "Matmul and attention precision: auto (bf16 on CUDA GPUs of compute "
+                              "capability 8.0 or newer, fp32 elsewhere), fp32, or bf16 (bf16 "
+                              "copies of the weights and matmul operands, fp32 sums)")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();
     choice.training = training;
@@ -66,8 +67,8 @@ std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
 }
 
 void BackendChoice::announce(const Backend& be) const {
-    std::fprintf(stderr, "backend: %s%s\n", be.description().c_str(),
-                 backend == "auto" ? " (auto)" : "");
+    std::fprintf(stderr, "backend%s: %s\n", backend == "auto" ? " (auto)" : "",
+                 be.description().c_str());
 }
 
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag, int64_t vocab_size) {

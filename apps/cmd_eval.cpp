@@ -93,7 +93,12 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
         }
         TokenScore s = score_tokens(*model, tokens, c.max_seq_len);
         const double loss = s.total_nats / static_cast<double>(s.tokens);
-        nlohmann::json j = {{"loss", loss}, {"ppl", std::exp(loss)}, {"tokens", s.tokens}};
+        // The backend and precision: a bf16 loss differs from the fp32 one a run reported.
+        nlohmann::json j = {{"loss", loss},
+                            {"ppl", std::exp(loss)},
+                            {"tokens", s.tokens},
+                            {"backend", backend->name()},
+                            {"precision", to_string(backend->matmul_precision())}};
         if (bytes > 0) {
             j["bytes"] = bytes;
             j["bits_per_byte"] = s.total_nats / std::log(2.0) / static_cast<double>(bytes);

@@ -149,7 +149,9 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                                     {"ids", t.ids},
                                     {"stop_reason", to_string(t.stop_reason)},
                                     {"prefill_tokens_per_s", prefill_rate},
-                                    {"decode_tokens_per_s", decode_rate}};
+                                    {"decode_tokens_per_s", decode_rate},
+                                    {"backend", backend->name()},
+                                    {"precision", to_string(backend->matmul_precision())}};
                 std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
             } else if (single) {
                 std::printf("\n");

@@ -21,7 +21,8 @@ std::vector<nlohmann::json> json_lines(const std::string& out) {
 }
 
 nlohmann::json generate_one(const std::string& args) {
-    auto r = test::run_tmx("generate --model " + demo() + " --json --threads 2 " + args);
+    // On the CPU: auto would take a GPU (in bf16, on CUDA) where one is.
+    auto r = test::run_tmx("generate --model " + demo() + " --backend cpu --json --threads 2 " + args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     auto lines = json_lines(r.out);
     EXPECT_EQ(lines.size(), 1u) << r.out;
@@ -63,7 +64,7 @@ TEST(GenerateCli, BatchGivesWhatEachPromptGivesAlone) {
     for (const auto& p : prompts) file += p + "\n\n";  // blank lines are skipped
     test::write_text(tmp / "prompts.txt", file);
     const std::string sampling = " --max-new-tokens 24 --seed 9 --temperature 0.9 --top-k 0";
-    auto r = test::run_tmx("generate --model " + demo() + " --json --threads 2 --prompts-file " +
+    auto r = test::run_tmx("generate --model " + demo() + " --backend cpu --json --threads 2 --prompts-file " +
                            (tmp / "prompts.txt") + sampling);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto batch = json_lines(r.out);
@@ -91,10 +92,12 @@ TEST(GenerateCli, StopStringCutsTheText) {
 TEST(GenerateCli, StreamsThePromptAndTheContinuationToStdout) {
     const std::string greedy = " --prompt 'The sun' --max-new-tokens 15 --temperature 0";
     const nlohmann::json j = generate_one(greedy);
-    auto r = test::run_tmx("generate --model " + demo() + " --threads 2" + greedy);
+    auto r = test::run_tmx("generate --model " + demo() + " --backend cpu --threads 2" + greedy);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, "The sun" + j["text"].get<std::string>() + "\n");
-    EXPECT_NE(r.err.find("backend: cpu"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("backend: cpu, fp32 matmuls"), std::string::npos) << r.err;
+    EXPECT_EQ(j["backend"], "cpu");
+    EXPECT_EQ(j["precision"], "fp32");
     EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
 }
 

@@ -29,7 +29,8 @@ TEST(InitEvalCli, InitThenEvalMatchesTheEngine) {
     EXPECT_EQ(loaded->params_to_host(), fresh.params_to_host());
 
     const std::vector<int32_t> tokens = {1, 50, 3, 77, 12, 96, 0, 41};
-    r = test::run_tmx("eval --model " + dir + " --tokens 1,50,3,77,12,96,0,41 --json");
+    // On the CPU, as the in-process score below (auto would take a GPU in bf16 where one is).
+    r = test::run_tmx("eval --model " + dir + " --backend cpu --tokens 1,50,3,77,12,96,0,41 --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);
     TokenScore s = score_tokens(*loaded, tokens, loaded->config().max_seq_len);
@@ -37,6 +38,16 @@ TEST(InitEvalCli, InitThenEvalMatchesTheEngine) {
     EXPECT_NEAR(j["loss"].get<double>(), s.total_nats / 7, 1e-9);
     EXPECT_NEAR(j["ppl"].get<double>(), std::exp(s.total_nats / 7), 1e-6);
     EXPECT_TRUE(j["tokens"].is_number_integer());
+    EXPECT_EQ(j["backend"], "cpu");
+    EXPECT_EQ(j["precision"], "fp32");
+    // The JSON says which precision scored: bf16 moves the loss by bf16's rounding, not more.
+    r = test::run_tmx("eval --model " + dir +
+                      " --backend cpu --precision bf16 --tokens 1,50,3,77,12,96,0,41 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json b = nlohmann::json::parse(r.out);
+    EXPECT_EQ(b["precision"], "bf16");
+    EXPECT_NE(b["loss"].get<double>(), j["loss"].get<double>());
+    EXPECT_NEAR(b["loss"].get<double>(), j["loss"].get<double>(), 1e-2 * j["loss"].get<double>());
 }
 
 TEST(InitEvalCli, RefusesToOverwriteWithoutForce) {

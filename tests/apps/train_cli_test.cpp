@@ -101,18 +101,20 @@ TEST(TrainCli, BadFlagsAndVocabularyMismatchAreClearErrors) {
 TEST(TrainCli, PrecisionFlagTrainsInBf16AndTheRunKeepsIt) {
     test::TempDir tmp;
     write_dataset(tmp / "data");
-    const std::string base = "train --config " + tiny() + " --data " + (tmp / "data") +
-                             " --batch-size 2 --seq-len 16 --eval-every 0";
+    // On the CPU throughout: auto would take CUDA (bf16 by default) where a GPU is.
+    const std::string base = "train --backend cpu --config " + tiny() + " --data " +
+                             (tmp / "data") + " --batch-size 2 --seq-len 16 --eval-every 0";
     auto r = test::run_tmx(base + " --out " + (tmp / "run") + " --max-steps 3 --precision bf16");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("(bf16 matmuls)"), std::string::npos) << r.err;
-    r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps 5");
+    r = test::run_tmx("train --backend cpu --resume " + (tmp / "run") + " --max-steps 5");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("(bf16 matmuls)"), std::string::npos) << r.err;
     // The backend line names the run's precision too, not the CPU's default (fp32).
     EXPECT_NE(r.err.find("backend: cpu, bf16 matmuls"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("fp32"), std::string::npos) << r.err;
-    r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps 7 --precision fp32");
+    r = test::run_tmx("train --backend cpu --resume " + (tmp / "run") +
+                      " --max-steps 7 --precision fp32");
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--precision cannot change"), std::string::npos) << r.err;
     // The default on the CPU is fp32.
