@@ -761,8 +761,11 @@ void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& ou
     const void* b_p = operand(b, b_bf16);
     // The bias through cuBLASLt's epilogue only when overwriting (D = A B + bias, beta = 0): with
     // accumulate it is added to out first, so it is added exactly once whatever cuBLASLt's
-    // order of beta * C and the epilogue; likewise where the epilogue has no algorithm.
-    if (bias_p && !opts.accumulate &&
+    // order of beta * C and the epilogue; likewise where the epilogue has no algorithm. And only
+    // for a 16-byte-aligned bias: the alignments the heuristic is told are A's, B's and D's, and
+    // an epilogue may load the bias in 16-byte vectors (a bias view at an odd element of the
+    // flat parameters is 4-byte aligned).
+    if (bias_p && !opts.accumulate && cuda::aligned16(bias_p) &&
         lt_matmul(*this, type, a_p, b_p, o, bias_p, M, N, K, opts.trans_a, opts.trans_b, 0.0f))
         return;
     float beta = opts.accumulate ? 1.0f : 0.0f;

@@ -422,6 +422,47 @@ TEST_P(Bf16Tensors, RecordedDecodeStepsReadTheWeightsOfTheLastOptimizerStep) {
         << "the step after the update decoded with the old weights; " << trace();
 }
 
+// Batched decoding in bf16, generation's default on CUDA: B sequences in one KvCache, prefilled
+// together, then a token each per step (steps after the first replay a recording: a CUDA graph
+// on CUDA), through the rolling buffer's wrap, against the CPU doing the same in bf16. Both
+// round alike, so the logits differ by summation order and the occasional value sent to the
+// neighbouring bf16 one: 1e-2 of their scale, as the model tests allow, while a wrong row,
+// slot or expert moves them by far more. 8 sequences put 16 slots through the experts'
+// matrix-vector path; 17 put 34, past it, onto the tiled kernels.
+TEST_P(Bf16Tensors, BatchedDecodingMatchesTheCpuInBf16) {
+    be().set_matmul_precision(Precision::BF16);
+    cpu().set_matmul_precision(Precision::BF16);
+    const ModelConfig config = test_config("test-tiny");
+    const int32_t V = static_cast<int32_t>(config.vocab_size);
+    const int64_t prompt = 5, steps = 6;  // 11 positions: past the window of 8
+    // Weights spread as a trained model's are (init's small ones leave the experts' share of
+    // the logits too small for a wrong slot to show).
+    auto on_cpu = spread_model(config, cpu(), static_cast<uint64_t>(ints(1, 0, 1 << 30)[0]));
+    Model on_be(config, be());
+    on_be.params_from_host(on_cpu->params_to_host());
+    const auto host = [](Backend& b, const Tensor& t) {
+        std::vector<float> h(static_cast<size_t>(t.numel()));
+        b.download(t, h.data());
+        return h;
+    };
+    for (int64_t B : {8, 17}) {
+        SCOPED_TRACE("batch " + std::to_string(B));
+        KvCache cache_cpu(config, cpu(), B), cache_be(config, be(), B);
+        const std::vector<int32_t> head = ints(B * prompt, 0, V);
+        const std::vector<int32_t> zeros(static_cast<size_t>(B), 0);
+        expect_same_result(host(be(), on_be.forward_cached(head, B, prompt, zeros, cache_be)),
+                           host(cpu(), on_cpu->forward_cached(head, B, prompt, zeros, cache_cpu)),
+                           1e-2, "prefill");
+        for (int64_t s = 0; s < steps; ++s) {
+            const std::vector<int32_t> next = ints(B, 0, V);
+            const std::vector<int32_t> at(static_cast<size_t>(B), static_cast<int32_t>(prompt + s));
+            expect_same_result(host(be(), on_be.forward_cached(next, B, 1, at, cache_be)),
+                               host(cpu(), on_cpu->forward_cached(next, B, 1, at, cache_cpu)), 1e-2,
+                               "decode step " + std::to_string(s));
+        }
+    }
+}
+
 // An op the contract does not list for a BF16 input refuses one, naming the op and the
 // argument, before the backend reads two-byte elements as four-byte floats.
 TEST_P(Bf16Tensors, OpsOffTheContractRefuseABf16Input) {

@@ -323,27 +323,33 @@ TEST_P(OpTest, Matmul) {
 }
 
 // linear(x, w, b, y) is matmul(x, w, y, {.trans_b = true}, b): with and without a bias,
-// overwriting and accumulating; decode-sized and tiled row counts.
+// overwriting and accumulating; decode-sized and tiled row counts. A bias may be a view at an
+// odd element of the flat parameters (a GPU must not load it as if it were 16-byte aligned).
 TEST_P(OpTest, Linear) {
     SCOPED_TRACE(trace());
     struct Case {
         int64_t N, out_f, in_f;
     };
+    enum class Bias { None, Fresh, OddView };
     for (const Case& c : {Case{1, 65, 33}, Case{3, 17, 257}, Case{130, 70, 65}}) {
         const int64_t N = c.N, out_f = c.out_f, in_f = c.in_f;
-        for (bool bias : {false, true})
+        for (Bias bias : {Bias::None, Bias::Fresh, Bias::OddView})
             for (bool acc : {false, true}) {
                 SCOPED_TRACE("N,out,in " + std::to_string(N) + "," + std::to_string(out_f) + "," +
-                             std::to_string(in_f) + " bias " + std::to_string(bias) +
-                             " accumulate " + std::to_string(acc));
-                auto x = normal(N * in_f), w = normal(out_f * in_f), b = normal(out_f);
+                             std::to_string(in_f) + " bias " +
+                             std::to_string(static_cast<int>(bias)) + " accumulate " +
+                             std::to_string(acc));
+                auto x = normal(N * in_f), w = normal(out_f * in_f), b = normal(out_f + 1);
                 auto init = normal(N * out_f);
                 Tensor y = acc ? up(init, {N, out_f}) : poisoned({N, out_f});
-                be().linear(up(x, {N, in_f}), up(w, {out_f, in_f}),
-                            bias ? up(b, {out_f}) : Tensor{}, y, acc);
+                const Tensor b_t = bias == Bias::Fresh     ? up(std::vector<float>(b.begin() + 1, b.end()), {out_f})
+                                   : bias == Bias::OddView ? up(b, {out_f + 1}).slice(1, {out_f})
+                                                           : Tensor{};
+                b.erase(b.begin());  // the bias's values, either way
+                be().linear(up(x, {N, in_f}), up(w, {out_f, in_f}), b_t, y, acc);
                 Vec b_d = ref::to_double(b), init_d = ref::to_double(init);
                 auto want = ref::matmul(ref::to_double(x), ref::to_double(w), N, out_f, in_f,
-                                        false, true, bias ? &b_d : nullptr,
+                                        false, true, bias != Bias::None ? &b_d : nullptr,
                                         acc ? &init_d : nullptr);
                 EXPECT_TRUE(Close(down(y), want, reduction_tol(in_f)));
             }
