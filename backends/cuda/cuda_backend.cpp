@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cuda/cuda_driver.h"
 #include "engine/errors.h"
 
 namespace tmx {
@@ -26,9 +27,25 @@ void check(cublasStatus_t status, const char* op, const char* call) {
                 cublasLtGetStatusString(status) + " (" + cublasLtGetStatusName(status) + ")");
 }
 
-std::vector<DeviceInfo> list_cuda_devices() {
+// cudaGetDeviceCount, with what to do when the driver cannot run this build.
+static int device_count(const char* op) {
     int count = 0;
-    check(cudaGetDeviceCount(&count), "devices", "cudaGetDeviceCount");
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status == cudaErrorInsufficientDriver) {
+        int driver = 0, runtime = 0;
+        cudaDriverGetVersion(&driver);  // 0 when no driver is loaded
+        cudaRuntimeGetVersion(&runtime);
+        cudaGetLastError();
+        throw Error(std::string("cuda: ") + op + ": cudaGetDeviceCount failed: " +
+                    cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + "); " +
+                    insufficient_driver_advice(driver, runtime));
+    }
+    check(status, op, "cudaGetDeviceCount");
+    return count;
+}
+
+std::vector<DeviceInfo> list_cuda_devices() {
+    const int count = device_count("devices");
     std::vector<DeviceInfo> list;
     for (int i = 0; i < count; ++i) {
         cudaDeviceProp p{};
@@ -162,8 +179,7 @@ std::unique_ptr<Backend> make_cuda_backend(const cuda::CudaOptions& options) {
 
 CudaBackend::CudaBackend(const cuda::CudaOptions& options) : state_(std::make_shared<State>()) {
     const char* op = "init";
-    int count = 0;
-    cuda::check(cudaGetDeviceCount(&count), op, "cudaGetDeviceCount");
+    const int count = cuda::device_count(op);
     if (count == 0) throw Error("cuda: no CUDA device present");
     State& s = *state_;
     s.device = choose_device(options, count);
