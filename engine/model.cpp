@@ -738,7 +738,8 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
     be.embedding(embed_, ids, h);
     for (int64_t l = 0; l < c.n_layers; ++l)
         layer_forward(l, h, scratch, positions, B, T, Tensor{}, &cached);
-    // Only each sequence's last token is needed (T > 1: decode_step took one token): the LM head is the largest matmul.
+    // Only each sequence's last token is needed (T > 1 here: decode_step takes one token): the
+    // LM head is the largest matmul.
     std::vector<int32_t> last(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) last[b] = static_cast<int32_t>(b * T + T - 1);
     Tensor rows = be.alloc({B}, DType::I32);

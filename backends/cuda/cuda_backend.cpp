@@ -13,12 +13,13 @@ namespace tmx {
 
 namespace cuda {
 
-void check(cudaError_t status, const char* op, const char* call) {
+void check(cudaError_t status, const char* op, const char* call, const std::string& advice) {
     if (status == cudaSuccess) return;
     // Clears a non-sticky error, so that the backend stays usable after a reported one.
     cudaGetLastError();
     throw Error(std::string("cuda: ") + op + ": " + call + " failed: " +
-                cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
+                cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")" +
+                (advice.empty() ? "" : "; " + advice));
 }
 
 void check(cublasStatus_t status, const char* op, const char* call) {
@@ -31,16 +32,14 @@ void check(cublasStatus_t status, const char* op, const char* call) {
 static int device_count(const char* op) {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
+    std::string advice;
     if (status == cudaErrorInsufficientDriver) {
         int driver = 0, runtime = 0;
         cudaDriverGetVersion(&driver);  // 0 when no driver is loaded
         cudaRuntimeGetVersion(&runtime);
-        cudaGetLastError();
-        throw Error(std::string("cuda: ") + op + ": cudaGetDeviceCount failed: " +
-                    cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + "); " +
-                    insufficient_driver_advice(driver, runtime));
+        advice = insufficient_driver_advice(driver, runtime);
     }
-    check(status, op, "cudaGetDeviceCount");
+    check(status, op, "cudaGetDeviceCount", advice);
     return count;
 }
 

@@ -56,7 +56,8 @@ struct CudaOptions {
 };
 
 // Throws tmx::Error naming `op`, `call` and CUDA's message when `status` is an error.
-void check(cudaError_t status, const char* op, const char* call);
+// advice, when given, is appended to the message.
+void check(cudaError_t status, const char* op, const char* call, const std::string& advice = {});
 void check(cublasStatus_t status, const char* op, const char* call);
 
 // Error codes a kernel records in the status word (cuda_common.cuh: report_error()).
