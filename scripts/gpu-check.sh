@@ -9,10 +9,17 @@
 # GPU. Without --quick it also trains at the largest batch (T512, bf16) whose tensors tmx counts
 # at most 18 GiB, and fails unless tmx's peak and the device memory in use stay under 20 GB. Every
 # step has a time limit, so a hung kernel fails its step instead of the whole run; with --quick
-# the whole check takes about 4 minutes on an H100, plus the PyTorch steps.
+# the whole check takes about 4 minutes on an H100, plus the PyTorch steps. The group l4 builds
+# the CUDA code a second time as PTX for compute_89 alone (no machine code for any GPU), so that
+# the driver compiles the L4's (sm_89) variants of every kernel and runs them on this GPU, and
+# runs the CUDA tests and compute-sanitizer's memcheck on that build.
+#
+# Tests run with TMX_REQUIRE_BACKENDS=cuda,vulkan (override it in the environment, e.g. =cuda on
+# a machine without a Vulkan driver): a test whose backend cannot be opened fails instead of
+# skipping, since on a GPU machine a skip checks nothing.
 #
 # Usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--build-dir DIR] [--quick] [--all-tests]
-#                              [--only GROUPS]
+#                              [--only GROUPS] [--prebuilt]
 #   REPORT_DIR  gets report.txt, report.json and one log per step
 #   --deps      a prefix holding the build's Debian packages unpacked (scripts/fetch-deps.sh
 #               makes it), for a machine without apt; searched before the system
@@ -22,11 +29,15 @@
 #               CUDA and Vulkan tests), sanitizers, bench (tmx bench: both precisions, the
 #               GEMM, Vulkan's profile), fit (the largest batch under 20 GB), flow
 #               (scripts/user-flow.sh on CUDA: generate, prepare, train, SIGINT, resume,
-#               eval, a refused batch), torch (PyTorch).
+#               eval, a refused batch), torch (PyTorch), l4 (the compute_89 PTX build's CUDA
+#               tests and memcheck, run through the driver's JIT; not part of the default set).
 #               The full check takes longer than one 10-minute command on a lent machine;
 #               split it, e.g. `--only tests,sanitizers`, then `--only bench,flow`, then
 #               `--only fit,torch`, each into its own REPORT_DIR with the same --build-dir
 #               (configure and build run each time, and are quick once built).
+#   --prebuilt  use the binaries already in --build-dir (and, for l4, DIR-l4) instead of
+#               configuring and building: for a lent machine without the build's packages,
+#               given binaries built elsewhere at the same absolute path
 #   --torch-ref FILE  torch_reference.py (default: ../shared/tools/torch_reference.py)
 # CUDAARCHS=90 (say) builds for that architecture alone, which is quicker than the default set.
 #   --peak-tflops N  the GPU's peak for the training steps' MFU (default: tmx bench's table
@@ -37,7 +48,7 @@
 # Exit status: 0 when every step passed, 1 otherwise (the report says which).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-report="" deps="" build_dir="$root/build-gpu" quick=0 all_tests=0 peak="" only=""
+report="" deps="" build_dir="$root/build-gpu" quick=0 all_tests=0 peak="" only="" prebuilt=0
 torch_ref="$root/../shared/tools/torch_reference.py"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,6 +59,7 @@ while [ $# -gt 0 ]; do
     --torch-ref) torch_ref="$2"; shift 2 ;;
     --peak-tflops) peak="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
+    --prebuilt) prebuilt=1; shift ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$report" ] || { echo "gpu-check.sh: one REPORT_DIR only" >&2; exit 2; }
@@ -57,12 +69,13 @@ done
 [ -n "$report" ] || { echo "usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--quick] [--only GROUPS]" >&2; exit 2; }
 for group in ${only//,/ }; do
   case "$group" in
-    tests|sanitizers|bench|fit|flow|torch) ;;
-    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, flow, torch)" >&2; exit 2 ;;
+    tests|sanitizers|bench|fit|flow|torch|l4) ;;
+    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, flow, torch, l4)" >&2; exit 2 ;;
   esac
 done
-# wanted GROUP: whether --only includes it (everything without --only).
-wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+# wanted GROUP: whether --only includes it (everything but l4 without --only).
+wanted() { if [ -z "$only" ]; then [ "$1" != l4 ]; else [[ ",$only," == *",$1,"* ]]; fi; }
+export TMX_REQUIRE_BACKENDS="${TMX_REQUIRE_BACKENDS-cuda,vulkan}"
 mkdir -p "$report" && report=$(cd "$report" && pwd)
 : > "$report/report.txt"
 : > "$report/steps.tsv"
@@ -103,22 +116,35 @@ tests="$build_dir/tests/tmx_tests"
 # Every CUDA and Vulkan test in its own process (NVIDIA's Vulkan driver refuses new instances
 # after about 70 in one process). A CUDA test that skips on a GPU machine is a failure here: it
 # checked nothing.
+# gpu_tests BUILD_DIR NAME [REGEX]: the tests matching REGEX (default: CUDA and Vulkan).
 gpu_tests() {
-  ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)" \
-        --output-junit "$report/gpu-tests.xml" -R '[Cc]uda|[Vv]ulkan' > "$report/gpu-ctest.log" 2>&1
+  local dir=$1 name=$2 regex=${3:-'[Cc]uda|[Vv]ulkan'}
+  ctest --test-dir "$dir" --output-on-failure --parallel "$(nproc)" \
+        --output-junit "$report/$name.xml" -R "$regex" > "$report/$name-ctest.log" 2>&1
   local rc=$?
-  cat "$report/gpu-ctest.log"
+  cat "$report/$name-ctest.log"
   local skipped
-  skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*[Cc]uda.*\(Skipped\)' "$report/gpu-ctest.log")
+  skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*[Cc]uda.*\(Skipped\)' "$report/$name-ctest.log")
   [ "$skipped" -eq 0 ] || echo "gpu-check: $skipped CUDA tests skipped on a GPU machine"
   [ $rc -eq 0 ] && [ "$skipped" -eq 0 ]
 }
 export build_dir report
 export -f gpu_tests
-if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTMX_CUDA=ON &&
-   step build 900 cmake --build "$build_dir" --parallel "$(nproc)"; then
+# build DIR NAME [CUDAARCHS]: configures and builds DIR (nothing with --prebuilt but a check
+# that the binaries are there).
+build() {
+  local dir=$1 name=$2 archs=${3:-${CUDAARCHS:-}}
+  if [ $prebuilt -eq 1 ]; then
+    step "$name-prebuilt" 10 ls -l "$dir/tmx" "$dir/tests/tmx_tests"
+    return
+  fi
+  step "$name-configure" 300 env ${archs:+CUDAARCHS=$archs} cmake -S "$root" -B "$dir" -G Ninja \
+       -DCMAKE_BUILD_TYPE=Release -DTMX_CUDA=ON &&
+    step "$name-build" 900 cmake --build "$dir" --parallel "$(nproc)"
+}
+if build "$build_dir" main; then
   step devices 60 "$tmx" devices
-  wanted tests && step gpu-tests 600 bash -c gpu_tests
+  wanted tests && step gpu-tests 600 bash -c "gpu_tests '$build_dir' gpu-tests"
   [ $all_tests -eq 1 ] && step all-tests 1200 ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)"
   if ! wanted sanitizers; then
     :
@@ -160,6 +186,19 @@ if step configure 300 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TY
     if [ "$gpu_backends" = cuda,vulkan ]; then
       step bench-profile 200 "$tmx" bench --backends vulkan --prompt 512 --decode 32 --batch 8 \
            --repeats 1 --profile
+    fi
+  fi
+  # The L4's code path on this GPU: PTX for compute_89 only, so the driver JIT-compiles every
+  # kernel's sm_89 variant (one block per SM, at most 99 KiB of shared memory) and no sm_90 code
+  # exists to run instead; cuobjdump proves the build holds no machine code.
+  if wanted l4; then
+    l4_dir="$build_dir-l4"
+    if build "$l4_dir" l4 89-virtual; then
+      step l4-ptx-only 30 bash -c "cuobjdump --list-ptx '$l4_dir/tests/tmx_tests' | grep -q compute_89 &&
+        ! cuobjdump --list-elf '$l4_dir/tests/tmx_tests' | grep -q sm_ && echo 'PTX for compute_89 only'"
+      step l4-tests 600 bash -c "gpu_tests '$l4_dir' l4-tests '[Cc]uda'"
+      step l4-memcheck 420 compute-sanitizer --tool memcheck --error-exitcode 99 \
+           "$l4_dir/tests/tmx_tests" --gtest_filter='Backends/*/cuda'
     fi
   fi
   # A user's commands on CUDA with their defaults (bf16), end to end; its files stay in the

@@ -27,6 +27,16 @@ std::vector<int32_t> random_ints(Rng& rng, size_t n, int32_t lo, int32_t hi) {
     return v;
 }
 
+bool backend_required(const std::string& name) {
+    const char* list = std::getenv("TMX_REQUIRE_BACKENDS");
+    if (!list) return false;
+    const std::string base = name.substr(0, name.find(':'));
+    std::stringstream ss(list);
+    for (std::string item; std::getline(ss, item, ',');)
+        if (item == base) return true;
+    return false;
+}
+
 TempDir::TempDir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "tmx-test-XXXXXX").string();
     path_ = ::mkdtemp(tmpl.data());

@@ -40,6 +40,22 @@ struct CommandResult {
 // Runs the built tmx with the given arguments (a shell-quoted string).
 CommandResult run_tmx(const std::string& args);
 
+// Whether TMX_REQUIRE_BACKENDS (comma-separated backend names, e.g. "cuda,vulkan"; set by
+// scripts/gpu-check.sh) names this backend ("vulkan:1" counts as "vulkan"). On a GPU machine a
+// test that skips because its backend cannot be opened checked nothing, so there it fails.
+bool backend_required(const std::string& name);
+
+// Skips the test when `backend` cannot be opened on this machine, saying why, or fails it when
+// TMX_REQUIRE_BACKENDS names that backend. Returns from the calling function either way, so a
+// fixture's SetUp() that calls a helper using it checks IsSkipped() || HasFatalFailure().
+#define TMX_SKIP_UNAVAILABLE(backend, why)                                                \
+    do {                                                                                  \
+        if (::tmx::test::backend_required(backend))                                       \
+            GTEST_FAIL() << "backend " << (backend) << " is required (TMX_REQUIRE_BACKENDS)" \
+                         << " but unavailable: " << why;                                  \
+        GTEST_SKIP() << "backend " << (backend) << " unavailable here: " << why;          \
+    } while (0)
+
 std::string source_dir();
 // ../shared next to the source tree, or "" when absent (a user's clone).
 std::string shared_dir();

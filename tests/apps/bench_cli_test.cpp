@@ -102,7 +102,7 @@ TEST(BenchCli, APrecisionABackendLacksIsAUsageError) {
     auto r = test::run_tmx("bench --config " + test::source_dir() +
                            "/assets/configs/test-tiny.json --backends vulkan --precision bf16");
     for (const char* absent : {"unavailable", "not compiled", "no Vulkan"})
-        if (r.err.find(absent) != std::string::npos) GTEST_SKIP() << "no Vulkan here: " << r.err;
+        if (r.err.find(absent) != std::string::npos) TMX_SKIP_UNAVAILABLE("vulkan", r.err);
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_NE(r.err.find("--precision bf16: the vulkan backend has none"), std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");

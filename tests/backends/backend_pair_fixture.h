@@ -143,7 +143,8 @@ class BackendPair : public ::testing::Test {
     BackendPair() : seed_(fresh_seed()), rng_(seed_) {}
 
     // Opens the backend under test and the CPU backend. Skips the test, saying why, when the
-    // backend cannot be made on this machine (compiled in, but no device or driver) or, with
+    // backend cannot be made on this machine (compiled in, but no device or driver; a failure
+    // where TMX_REQUIRE_BACKENDS names it) or, with
     // need_training, when it does not train. Call it from SetUp(); the test body does not run
     // after a skip.
     void open(const std::string& name, bool need_training) {
@@ -151,7 +152,7 @@ class BackendPair : public ::testing::Test {
         try {
             backend_ = make_backend(name);
         } catch (const Error& e) {
-            GTEST_SKIP() << "backend " << name << " unavailable here: " << e.what();
+            TMX_SKIP_UNAVAILABLE(name, e.what());
         }
         if (need_training && !backend_->supports_training()) {
             const std::string why = "backend " + name + " does not train (supports_training())";

@@ -120,7 +120,7 @@ class Bf16Attention : public BackendPairTest {
     bool needs_training() const override { return true; }  // the backward too
     void SetUp() override {
         BackendPairTest::SetUp();
-        if (IsSkipped()) return;
+        if (IsSkipped() || HasFatalFailure()) return;
         if (!be().supports_precision(Precision::BF16))
             GTEST_SKIP() << "backend " << backend_name() << " has no bf16 precision";
         be().set_matmul_precision(Precision::BF16);

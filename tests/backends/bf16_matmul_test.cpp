@@ -69,7 +69,7 @@ class Bf16Matmuls : public BackendPairTest {
     bool needs_training() const override { return true; }  // the backward products too
     void SetUp() override {
         BackendPairTest::SetUp();
-        if (IsSkipped()) return;
+        if (IsSkipped() || HasFatalFailure()) return;
         if (!be().supports_precision(Precision::BF16))
             GTEST_SKIP() << "backend " << backend_name() << " has no bf16 matmuls";
         be().set_matmul_precision(Precision::BF16);

@@ -74,7 +74,7 @@ class Bf16Tensors : public BackendPairTest {
     bool needs_training() const override { return true; }  // grouped_matmul_backward
     void SetUp() override {
         BackendPairTest::SetUp();
-        if (IsSkipped()) return;
+        if (IsSkipped() || HasFatalFailure()) return;
         if (!be().has_bf16_tensors())
             GTEST_SKIP() << "backend " << backend_name() << " has no bf16 tensors";
     }

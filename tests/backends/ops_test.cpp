@@ -108,7 +108,7 @@ protected:
 #endif
                 backend_ = make_backend(GetParam());
         } catch (const Error& e) {
-            GTEST_SKIP() << "backend " << GetParam() << " unavailable: " << e.what();
+            TMX_SKIP_UNAVAILABLE(GetParam(), e.what());
         }
     }
 

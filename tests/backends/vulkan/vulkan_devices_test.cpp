@@ -20,7 +20,7 @@ std::vector<vk::DeviceInfo> devices_or_skip() {
 
 TEST(VulkanDevices, ListsDevicesWithTheirFeatures) {
     auto devices = devices_or_skip();
-    if (devices.empty()) GTEST_SKIP() << "no Vulkan device";
+    if (devices.empty()) TMX_SKIP_UNAVAILABLE("vulkan", "no Vulkan device");
     for (const vk::DeviceInfo& d : devices) {
         SCOPED_TRACE(d.name);
         EXPECT_FALSE(d.name.empty());
@@ -39,7 +39,7 @@ TEST(VulkanDevices, ListsDevicesWithTheirFeatures) {
 
 TEST(VulkanDevices, DeviceIndexIsChecked) {
     auto devices = devices_or_skip();
-    if (devices.empty()) GTEST_SKIP() << "no Vulkan device";
+    if (devices.empty()) TMX_SKIP_UNAVAILABLE("vulkan", "no Vulkan device");
     try {
         make_backend("vulkan:" + std::to_string(devices.size()));
         ADD_FAILURE() << "a device index past the list did not throw";
@@ -53,7 +53,7 @@ TEST(VulkanDevices, DeviceIndexIsChecked) {
 
 TEST(VulkanDevices, TmxDevicesListsThem) {
     auto devices = devices_or_skip();
-    if (devices.empty()) GTEST_SKIP() << "no Vulkan device";
+    if (devices.empty()) TMX_SKIP_UNAVAILABLE("vulkan", "no Vulkan device");
     CommandResult r = run_tmx("devices");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     for (const vk::DeviceInfo& d : devices)

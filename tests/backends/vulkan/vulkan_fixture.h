@@ -29,7 +29,7 @@ class VulkanTest : public ::testing::Test {
         try {
             vk_ = std::make_unique<VulkanBackend>(options());
         } catch (const Error& e) {
-            GTEST_SKIP() << "no usable Vulkan device: " << e.what();
+            TMX_SKIP_UNAVAILABLE("vulkan", "no usable Vulkan device: " << e.what());
         }
         cpu_ = make_backend("cpu");
     }

@@ -60,7 +60,7 @@ class VulkanFp16 : public VulkanTest {
     vk::VulkanOptions options() const override { return {.fp16_weights = true}; }
     void SetUp() override {
         VulkanTest::SetUp();
-        if (IsSkipped()) return;
+        if (IsSkipped() || HasFatalFailure()) return;
         if (!vk().fp16_weights()) GTEST_SKIP() << "the device has no 16-bit storage buffers";
     }
 

@@ -18,7 +18,7 @@ class VulkanProfile : public VulkanTest {
   protected:
     void SetUp() override {
         VulkanTest::SetUp();
-        if (IsSkipped()) return;
+        if (IsSkipped() || HasFatalFailure()) return;
         if (!vk().can_profile()) GTEST_SKIP() << "this Vulkan device writes no timestamps";
     }
     uint64_t commands() const { return vk_->counters().dispatches + vk_->counters().transfers; }
