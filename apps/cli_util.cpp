@@ -7,8 +7,8 @@
 
 #include "apps/commands.h"
 #include "backends/registry.h"
-#include "engine/errors.h"
-#include "engine/param_report.h"
+#include "engine/core/errors.h"
+#include "engine/report/param_report.h"
 
 namespace tmx::cli {
 

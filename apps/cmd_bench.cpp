@@ -1,4 +1,4 @@
-// tmx bench: backend comparison runs at a model's real shapes (engine/bench.h).
+// tmx bench: backend comparison runs at a model's real shapes (engine/report/bench.h).
 #include <algorithm>
 #include <cstdio>
 
@@ -6,11 +6,11 @@
 
 #include "apps/commands.h"
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/bench.h"
-#include "engine/checkpoint.h"
-#include "engine/errors.h"
-#include "engine/param_report.h"
+#include "engine/compute/backend.h"
+#include "engine/report/bench.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/errors.h"
+#include "engine/report/param_report.h"
 
 namespace tmx::cli {
 namespace {

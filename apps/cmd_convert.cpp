@@ -4,7 +4,7 @@
 
 #include "apps/commands.h"
 #include "backends/registry.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 
 namespace tmx::cli {
 

@@ -9,7 +9,7 @@
 
 #include "apps/commands.h"
 #include "backends/registry.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 #ifdef TMX_HAS_VULKAN
 #include "backends/vulkan/vulkan_context.h"
 #endif

@@ -5,13 +5,13 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
-#include "engine/checkpoint.h"
-#include "engine/errors.h"
-#include "engine/corpus.h"
-#include "engine/file_io.h"
-#include "engine/model.h"
-#include "engine/token_shards.h"
-#include "engine/tokenizer.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/errors.h"
+#include "engine/data/corpus.h"
+#include "engine/core/file_io.h"
+#include "engine/model/model.h"
+#include "engine/data/token_shards.h"
+#include "engine/data/tokenizer.h"
 
 namespace tmx::cli {
 

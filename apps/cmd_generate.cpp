@@ -5,11 +5,11 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
-#include "engine/checkpoint.h"
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/generator.h"
-#include "engine/tokenizer.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/infer/generator.h"
+#include "engine/data/tokenizer.h"
 
 namespace tmx::cli {
 namespace {

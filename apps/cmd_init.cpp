@@ -3,9 +3,9 @@
 
 #include "apps/commands.h"
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/checkpoint.h"
-#include "engine/model.h"
+#include "engine/compute/backend.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/model.h"
 
 namespace tmx::cli {
 

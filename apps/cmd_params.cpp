@@ -7,10 +7,10 @@
 #include <string>
 
 #include "apps/commands.h"
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/model.h"
-#include "engine/param_report.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/model/model.h"
+#include "engine/report/param_report.h"
 
 namespace tmx::cli {
 namespace {

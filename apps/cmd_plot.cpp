@@ -3,9 +3,9 @@
 #include <filesystem>
 
 #include "apps/commands.h"
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/metrics_plot.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/train/metrics_plot.h"
 
 namespace tmx::cli {
 

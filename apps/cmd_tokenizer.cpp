@@ -7,12 +7,12 @@
 #include <memory>
 
 #include "apps/commands.h"
-#include "engine/corpus.h"
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/threads.h"
-#include "engine/token_shards.h"
-#include "engine/tokenizer.h"
+#include "engine/data/corpus.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/core/threads.h"
+#include "engine/data/token_shards.h"
+#include "engine/data/tokenizer.h"
 
 namespace tmx::cli {
 namespace {

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
-#include "engine/errors.h"
-#include "engine/trainer.h"
+#include "engine/core/errors.h"
+#include "engine/train/trainer.h"
 
 namespace tmx::cli {
 namespace {

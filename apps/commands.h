@@ -11,7 +11,7 @@
 #include <string>
 #include <type_traits>
 
-#include "engine/backend.h"
+#include "engine/compute/backend.h"
 
 namespace tmx::cli {
 

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "apps/commands.h"
-#include "engine/errors.h"
-#include "engine/threads.h"
+#include "engine/core/errors.h"
+#include "engine/core/threads.h"
 
 namespace {
 

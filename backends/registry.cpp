@@ -4,8 +4,8 @@
 #include <cstdlib>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/backend.h"
-#include "engine/errors.h"
+#include "engine/compute/backend.h"
+#include "engine/core/errors.h"
 #ifdef TMX_HAS_VULKAN
 #include "backends/vulkan/vulkan_backend.h"
 #endif

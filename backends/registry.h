@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/compute/backend.h"
 
 namespace tmx {
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "backends/registry.h"
-#include "engine/model.h"
-#include "engine/rng.h"
+#include "engine/model/model.h"
+#include "engine/core/rng.h"
 
 namespace {
 

@@ -6,12 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
-#include "engine/checkpoint.h"
-#include "engine/generator.h"
-#include "engine/kv_cache.h"
-#include "engine/rng.h"
-#include "engine/token_shards.h"
-#include "engine/tokenizer.h"
+#include "engine/model/checkpoint.h"
+#include "engine/infer/generator.h"
+#include "engine/model/kv_cache.h"
+#include "engine/core/rng.h"
+#include "engine/data/token_shards.h"
+#include "engine/data/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/model.h"
+#include "engine/compute/backend.h"
+#include "engine/model/model.h"
 
 namespace tmx::test {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/rng.h"
+#include "engine/core/rng.h"
 
 namespace tmx::test {
 

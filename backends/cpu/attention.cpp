@@ -2,7 +2,7 @@
 // for each query, scores over the keys in its window, a max-subtracted softmax, then the
 // weighted sum of values. In bf16 (attention_in_bf16) attention() and its backward multiply
 // copies of their operands rounded to bf16, and round the softmax weights (and the backward's
-// dS) before their products, as engine/backend.h states.
+// dS) before their products, as engine/compute/backend.h states.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/compute/backend.h"
 
 namespace tmx {
 

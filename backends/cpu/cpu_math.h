@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "engine/config.h"
+#include "engine/model/config.h"
 
 namespace tmx::cpu {
 

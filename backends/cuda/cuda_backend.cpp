@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_driver.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx {
 

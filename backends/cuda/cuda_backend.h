@@ -1,5 +1,5 @@
 // The CUDA backend: the training path on NVIDIA GPUs (DESIGN.md section 5). fp32 tensors (and
-// bf16 ones where engine/backend.h allows them), cuBLASLt for dense matmuls (TF32 off: fp32
+// bf16 ones where engine/compute/backend.h allows them), cuBLASLt for dense matmuls (TF32 off: fp32
 // results; bf16 operands in bf16 precision), own kernels for everything else, tensor-core ones
 // for the grouped expert matmuls in bf16.
 //
@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_peaks.h"
-#include "engine/backend.h"
+#include "engine/compute/backend.h"
 
 namespace tmx {
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "backends/cuda/host_device.h"
-#include "engine/config.h"
+#include "engine/model/config.h"
 
 namespace tmx::cuda {
 

@@ -33,7 +33,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/matmul_bf16.cuh"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx {
 namespace {

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "backends/vulkan/vulkan_backend.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx {
 namespace {

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "backends/vulkan/vulkan_backend.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx {
 namespace {

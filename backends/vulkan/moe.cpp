@@ -1,7 +1,7 @@
 // Vulkan mixture-of-experts ops: router top-k with gates, grouping slots by expert on the
 // device, combining expert outputs, and the load-balancing loss.
 #include "backends/vulkan/vulkan_backend.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx {
 namespace {

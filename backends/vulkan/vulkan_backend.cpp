@@ -7,7 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx {
 namespace {

@@ -22,7 +22,7 @@
 #include "backends/vulkan/vulkan_fp16.h"
 #include "backends/vulkan/vulkan_memory.h"
 #include "backends/vulkan/vulkan_pipelines.h"
-#include "engine/backend.h"
+#include "engine/compute/backend.h"
 
 namespace tmx {
 

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx::vk {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx::vk {
 namespace {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx::vk {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends/vulkan/vulkan_context.h"
-#include "engine/tensor.h"
+#include "engine/compute/tensor.h"
 
 namespace tmx::vk {
 

@@ -2,7 +2,7 @@
 #include "backends/vulkan/vulkan_pipelines.h"
 
 #include "backends/vulkan/vulkan_shaders.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 
 namespace tmx::vk {
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "engine/backend.h"
+#include "engine/compute/backend.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/tokenizer.h"
+#include "engine/data/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace tmx {

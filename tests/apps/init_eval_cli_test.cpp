@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
-#include "engine/checkpoint.h"
-#include "engine/file_io.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/file_io.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/corpus.h"
-#include "engine/file_io.h"
-#include "engine/rng.h"
-#include "engine/token_shards.h"
-#include "engine/tokenizer.h"
+#include "engine/data/corpus.h"
+#include "engine/core/file_io.h"
+#include "engine/core/rng.h"
+#include "engine/data/token_shards.h"
+#include "engine/data/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace tmx {

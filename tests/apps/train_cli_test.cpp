@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/checkpoint.h"
-#include "engine/file_io.h"
-#include "engine/token_shards.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/file_io.h"
+#include "engine/data/token_shards.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
-#include "engine/checkpoint.h"
-#include "engine/tokenizer.h"
+#include "engine/model/checkpoint.h"
+#include "engine/data/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace tmx {

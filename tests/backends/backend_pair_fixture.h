@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/errors.h"
+#include "engine/compute/backend.h"
+#include "engine/core/errors.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {

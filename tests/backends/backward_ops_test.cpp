@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
+#include "engine/compute/backend.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/backends/reference_ops.h"
 #include "tests/test_util.h"

@@ -1,5 +1,5 @@
 // attention() and attention_backward() in bf16 precision (Backend::set_matmul_precision, and the
-// contract in engine/backend.h), on every backend that has it: the CPU (which CI runs) and CUDA
+// contract in engine/compute/backend.h), on every backend that has it: the CPU (which CI runs) and CUDA
 // (on a GPU). Each backend is compared with a double-precision reference of the contract
 // (ref::attention, ref::attention_backward with Precision::BF16), so meeting it on CUDA is also
 // agreeing with the CPU. Also: the rounding really happens (bf16 lands far from the same
@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/precision.h"
+#include "engine/compute/backend.h"
+#include "engine/compute/precision.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/backends/reference_ops.h"
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/precision.h"
+#include "engine/compute/backend.h"
+#include "engine/compute/precision.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/backends/matmul_cases.h"
 #include "tests/backends/reference_ops.h"

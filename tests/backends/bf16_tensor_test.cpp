@@ -1,4 +1,4 @@
-// BF16 tensors (engine/backend.h, "bf16 tensors") on every backend that has them: the CPU (which
+// BF16 tensors (engine/compute/backend.h, "bf16 tensors") on every backend that has them: the CPU (which
 // CI runs) and CUDA (on a GPU); a backend without them refuses to allocate one.
 // - convert() rounds to nearest even exactly as round_to_bf16 does (ties, subnormals,
 //   overflow, infinities, NaN), widens exactly, and works on views at any element offset.
@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/kv_cache.h"
-#include "engine/model.h"
-#include "engine/precision.h"
+#include "engine/compute/backend.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
+#include "engine/compute/precision.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/model_scenarios.h"
 

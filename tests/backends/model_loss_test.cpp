@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/model_scenarios.h"
 

@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/errors.h"
+#include "engine/compute/backend.h"
+#include "engine/core/errors.h"
 #include "tests/backends/matmul_cases.h"
 #include "tests/backends/reference_ops.h"
 #include "tests/test_util.h"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
-#include "engine/model.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/model_scenarios.h"
 

@@ -1,4 +1,4 @@
-// Reference ops in double precision: one plain loop nest per formula of engine/backend.h.
+// Reference ops in double precision: one plain loop nest per formula of engine/compute/backend.h.
 #include "tests/backends/reference_ops.h"
 
 #include <algorithm>
@@ -102,7 +102,7 @@ Vec rope(const Vec& x, int64_t N, int64_t H, int64_t hd, const Ids& positions, d
 
 namespace {
 
-// Causal sliding-window GQA attention's queries, one at a time, as engine/backend.h defines
+// Causal sliding-window GQA attention's queries, one at a time, as engine/compute/backend.h defines
 // them: f(row) for each query with its keys and their softmax weights before normalisation.
 struct AttentionRow {
     int64_t q = 0;            // offset of the query's row in q, out [B, T, H, hd]

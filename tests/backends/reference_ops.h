@@ -1,16 +1,16 @@
 // Reference implementations of the Backend interface's forward ops, for the op tests: plain
 // double-precision loops on host vectors, written straight from the contracts in
-// engine/backend.h (and DESIGN.md section 2), not from any backend's code. They favour being
+// engine/compute/backend.h (and DESIGN.md section 2), not from any backend's code. They favour being
 // obviously right over being fast: every backend (the CPU one included) is compared to these.
 //
-// Layouts are those of engine/backend.h: row-major, dimensions passed explicitly.
+// Layouts are those of engine/compute/backend.h: row-major, dimensions passed explicitly.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/precision.h"
+#include "engine/model/config.h"
+#include "engine/compute/precision.h"
 
 namespace tmx::ref {
 
@@ -36,7 +36,7 @@ Vec rope(const Vec& x, int64_t N, int64_t H, int64_t hd, const Ids& positions, d
 
 // Causal sliding-window GQA attention. q [B, T, H, hd], k and v [B, T, Hkv, hd]; returns
 // [B, T, H, hd]. window 0 = unlimited. Under BF16 precision where attention_in_bf16, the
-// contract's roundings (engine/backend.h: q, k, v and the softmax weights before their
+// contract's roundings (engine/compute/backend.h: q, k, v and the softmax weights before their
 // products); elsewhere none.
 Vec attention(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H,
               int64_t Hkv, int64_t hd, int64_t window, Precision precision = Precision::F32);

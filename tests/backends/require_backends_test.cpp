@@ -8,7 +8,7 @@
 #include <string>
 
 #include "backends/registry.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {

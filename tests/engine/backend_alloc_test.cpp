@@ -7,8 +7,8 @@
 #include <string>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/errors.h"
+#include "engine/compute/backend.h"
+#include "engine/core/errors.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,4 +1,4 @@
-// run_bench (engine/bench.h) with CPU backends standing in for GPUs, so that these run without
+// run_bench (engine/report/bench.h) with CPU backends standing in for GPUs, so that these run without
 // one:
 // - precision: each backend measures in --precision, else in its own default (bf16 on CUDA),
 //   and is checked against the CPU's results in that same precision. A CPU backend whose default
@@ -13,8 +13,8 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/bench.h"
-#include "engine/errors.h"
+#include "engine/report/bench.h"
+#include "engine/core/errors.h"
 #include "tests/model_scenarios.h"
 
 namespace tmx {

@@ -1,4 +1,4 @@
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
-#include "engine/errors.h"
-#include "engine/file_io.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
 #include "tests/test_util.h"
 
 namespace tmx {

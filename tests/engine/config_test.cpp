@@ -1,11 +1,11 @@
-#include "engine/config.h"
+#include "engine/model/config.h"
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "engine/errors.h"
-#include "engine/model.h"
+#include "engine/core/errors.h"
+#include "engine/model/model.h"
 #include "tests/test_util.h"
 
 namespace tmx {

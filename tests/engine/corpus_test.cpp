@@ -1,4 +1,4 @@
-#include "engine/corpus.h"
+#include "engine/data/corpus.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/errors.h"
-#include "engine/rng.h"
+#include "engine/core/errors.h"
+#include "engine/core/rng.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,6 +1,6 @@
 // Reading user-given files: a FIFO, device or directory where a regular file is expected is an
 // error naming the path, never a hang or an unbounded read.
-#include "engine/file_io.h"
+#include "engine/core/file_io.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,6 +1,6 @@
 // Generation: cached decoding against recomputing the whole sequence, batches against single
 // prompts, and the cache's fixed memory (DESIGN.md section 4).
-#include "engine/generator.h"
+#include "engine/infer/generator.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "backends/registry.h"
-#include "engine/kv_cache.h"
+#include "engine/model/kv_cache.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"
 

@@ -6,10 +6,10 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
-#include "engine/checkpoint.h"
-#include "engine/file_io.h"
-#include "engine/safetensors.h"
-#include "engine/trainer.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/file_io.h"
+#include "engine/model/safetensors.h"
+#include "engine/train/trainer.h"
 #include "tests/test_util.h"
 
 namespace tmx {

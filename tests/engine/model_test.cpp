@@ -1,4 +1,4 @@
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/checkpoint.h"
-#include "engine/file_io.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/file_io.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,16 +1,16 @@
-// The parameter report (engine/param_report.h) and `tmx params`: exact totals of published
+// The parameter report (engine/report/param_report.h) and `tmx params`: exact totals of published
 // models, each recomputed here by its own formula, published approximate figures, memory, KV
 // cache, FLOPs, JSON shape, errors, and the check against the engine's instantiated parameters.
-#include "engine/param_report.h"
+#include "engine/report/param_report.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/model.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/model/model.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,4 +1,4 @@
-#include "engine/precision.h"
+#include "engine/compute/precision.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <limits>
 
-#include "engine/errors.h"
-#include "engine/rng.h"
+#include "engine/core/errors.h"
+#include "engine/core/rng.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,14 +1,14 @@
 // The safetensors reader against malformed files: each violation of the format's rules is an
 // error naming the file and the tensor, never a silent acceptance or an overflow.
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 
-#include "engine/errors.h"
-#include "engine/file_io.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
 #include "tests/test_util.h"
 
 namespace tmx {

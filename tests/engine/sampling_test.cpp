@@ -1,7 +1,7 @@
 // Sampling: the distribution after each truncation, checked against a direct re-implementation
 // of the documented order (penalty, temperature, top-k, top-p, min-p) and by drawing from it;
 // degenerate settings.
-#include "engine/sampling.h"
+#include "engine/infer/sampling.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <limits>
 #include <numeric>
 
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 #include "tests/test_util.h"
 
 namespace tmx {

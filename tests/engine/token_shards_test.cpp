@@ -1,4 +1,4 @@
-#include "engine/token_shards.h"
+#include "engine/data/token_shards.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/rng.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/core/rng.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,4 +1,4 @@
-#include "engine/tokenizer.h"
+#include "engine/data/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/corpus.h"
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/rng.h"
+#include "engine/data/corpus.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/core/rng.h"
 #include "tests/test_util.h"
 
 namespace tmx {

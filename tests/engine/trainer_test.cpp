@@ -1,4 +1,4 @@
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -12,10 +12,10 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
-#include "engine/checkpoint.h"
-#include "engine/errors.h"
-#include "engine/file_io.h"
-#include "engine/metrics_plot.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/train/metrics_plot.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"
 

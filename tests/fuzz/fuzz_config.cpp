@@ -1,12 +1,12 @@
-// libFuzzer target: the config readers on arbitrary JSON: the native config (engine/config.h)
+// libFuzzer target: the config readers on arbitrary JSON: the native config (engine/model/config.h)
 // and the parameter report's readers of Hugging Face and nanochat configs
-// (engine/param_report.h). Anything wrong with the config must be a tmx::Error.
+// (engine/report/param_report.h). Anything wrong with the config must be a tmx::Error.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
-#include "engine/config.h"
-#include "engine/errors.h"
-#include "engine/param_report.h"
+#include "engine/model/config.h"
+#include "engine/core/errors.h"
+#include "engine/report/param_report.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,4 +1,4 @@
-// libFuzzer target: the corpus reader's DocumentSplitter (engine/corpus.h) on arbitrary bytes
+// libFuzzer target: the corpus reader's DocumentSplitter (engine/data/corpus.h) on arbitrary bytes
 // in each format. Beyond not crashing, it checks the splitter's promises: the same pieces and
 // errors however the input is cut into feeds; pieces of at most kMaxDocumentPieceBytes, each
 // valid UTF-8, in well-formed runs (first ... last, or first ... cancel).
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/corpus.h"
-#include "engine/errors.h"
+#include "engine/data/corpus.h"
+#include "engine/core/errors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

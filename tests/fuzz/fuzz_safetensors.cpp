@@ -1,10 +1,10 @@
-// libFuzzer target: the safetensors reader (engine/safetensors.h) on arbitrary file bytes: the
+// libFuzzer target: the safetensors reader (engine/model/safetensors.h) on arbitrary file bytes: the
 // file is opened and every tensor it lists is read. Anything wrong must be a tmx::Error.
 #include <cstdint>
 #include <vector>
 
-#include "engine/errors.h"
-#include "engine/safetensors.h"
+#include "engine/core/errors.h"
+#include "engine/model/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

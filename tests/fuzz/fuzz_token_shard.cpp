@@ -1,11 +1,11 @@
-// libFuzzer target: the token-shard reader (engine/token_shards.h). Byte 0 picks what the rest
+// libFuzzer target: the token-shard reader (engine/data/token_shards.h). Byte 0 picks what the rest
 // is: a shard file (opened and read whole), or a dataset's meta.json (read, then the split
 // opened against a valid one-token shard). Anything wrong must be a tmx::Error.
 #include <cstdint>
 #include <string>
 
-#include "engine/errors.h"
-#include "engine/token_shards.h"
+#include "engine/core/errors.h"
+#include "engine/data/token_shards.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -3,7 +3,7 @@
 //
 // Method. For an op y = f(X) we draw a random upstream gradient G (never zeros) and define the
 // scalar L(X) = sum(G * f(X)), evaluated with a double-precision forward (reference_ops.h, or a
-// few lines written here from the contract in engine/backend.h). The numerical gradient is
+// few lines written here from the contract in engine/compute/backend.h). The numerical gradient is
 // dL/dX_i = (L(X + h e_i) - L(X - h e_i)) / 2h with h = 1e-5: with inputs of order 1 the
 // truncation error is O(h^2) ~ 1e-10 and the rounding error O(u_double * |L| / h) ~ 1e-10, so
 // the numerical gradient is good to ~1e-9. The analytic gradient comes from the backend in
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/threads.h"
+#include "engine/compute/backend.h"
+#include "engine/core/threads.h"
 #include "tests/backends/reference_ops.h"
 #include "tests/test_util.h"
 

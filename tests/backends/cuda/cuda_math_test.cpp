@@ -34,8 +34,8 @@
 
 #include "backends/cpu/cpu_math.h"
 #include "backends/registry.h"
-#include "engine/backend.h"
-#include "engine/rng.h"
+#include "engine/compute/backend.h"
+#include "engine/core/rng.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -16,7 +16,7 @@
 
 #include "backends/registry.h"
 #include "backends/vulkan/vulkan_backend.h"
-#include "engine/errors.h"
+#include "engine/core/errors.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <map>
 
-#include "engine/kv_cache.h"
-#include "engine/model.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
 namespace tmx::test {

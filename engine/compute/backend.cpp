@@ -1,0 +1,580 @@
+// Shape and dtype checks shared by every backend, then dispatch to the backend's *_impl.
+#include "engine/compute/backend.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "engine/core/checked_math.h"
+#include "engine/core/errors.h"
+
+namespace tmx {
+namespace {
+
+struct OpCheck {
+    const char* op;
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw std::logic_error(std::string("Backend::") + op + ": " + what);
+    }
+    void defined(const Tensor& t, const char* name) const {
+        if (!t.defined()) fail(std::string(name) + " is not allocated");
+    }
+    void shape(const Tensor& t, const char* name, const Shape& want,
+               DType dtype = DType::F32) const {
+        defined(t, name);
+        if (t.shape() != want)
+            fail(std::string(name) + " has shape " + shape_string(t.shape()) + ", expected " +
+                 shape_string(want));
+        if (t.dtype() != dtype)
+            fail(std::string(name) + " is " + to_string(t.dtype()) + ", expected " +
+                 to_string(dtype));
+    }
+    void rank(const Tensor& t, const char* name, int r, DType dtype = DType::F32) const {
+        defined(t, name);
+        if (t.rank() != r)
+            fail(std::string(name) + " has shape " + shape_string(t.shape()) + ", expected rank " +
+                 std::to_string(r));
+        if (t.dtype() != dtype)
+            fail(std::string(name) + " is " + to_string(t.dtype()) + ", expected " +
+                 to_string(dtype));
+    }
+    // The float type t may have: BF16 where it is BF16 and `bf16_allowed`, F32 otherwise (so
+    // that a BF16 tensor where none is allowed fails as "expected f32").
+    static DType float_type(const Tensor& t, bool bf16_allowed) {
+        return bf16_allowed && t.defined() && t.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+    }
+};
+
+}  // namespace
+
+void Backend::set_matmul_precision(Precision p) {
+    if (!supports_precision(p))
+        throw Error("the " + name() + " backend has no " + to_string(p) +
+                    " matmuls (use --precision fp32)");
+    matmul_precision_ = p;
+}
+
+Tensor Backend::alloc(Shape shape, DType dtype) {
+    if (dtype == DType::BF16 && !has_bf16_tensors())
+        throw Error("the " + name() + " backend has no bf16 tensors (use --precision fp32)");
+    // Shapes reach here from configs and flags: a negative dimension or a byte count past 64
+    // bits is an error naming the shape, never a wrapped size handed to the allocator. (The
+    // message is built only on failure: this runs for every tensor.)
+    auto what = [&] { return "tensor of shape " + shape_string(shape) + " (" + to_string(dtype) + ")"; };
+    for (int64_t d : shape)
+        if (d < 0) throw Error(what() + ": a dimension is negative");
+    int64_t signed_bytes = 0;
+    if (__builtin_mul_overflow(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)),
+                               &signed_bytes))
+        throw_int64_overflow(what() + " bytes");
+    const size_t bytes = static_cast<size_t>(signed_bytes);
+    std::shared_ptr<DeviceBuffer> buffer = alloc_impl(bytes);
+    MemoryStats& m = *memory_;
+    m.live_bytes += bytes;
+    m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
+    // The same buffer, behind a reference count that also settles the accounting when the
+    // last Tensor lets go.
+    std::shared_ptr<DeviceBuffer> counted(
+        buffer.get(), [buffer, memory = memory_, bytes](DeviceBuffer*) mutable {
+            memory->live_bytes -= bytes;
+            buffer.reset();
+        });
+    return Tensor(std::move(counted), std::move(shape), dtype);
+}
+
+void Backend::begin_profile() {
+    throw Error("the " + name() + " backend cannot time its commands");
+}
+
+std::vector<Backend::ProfiledCommands> Backend::end_profile() {
+    throw std::logic_error("end_profile() without begin_profile()");
+}
+
+void Backend::upload(const Tensor& dst, const void* host) {
+    OpCheck{"upload"}.defined(dst, "dst");
+    upload_impl(dst, host);
+}
+
+void Backend::download(const Tensor& src, void* host) {
+    OpCheck{"download"}.defined(src, "src");
+    download_impl(src, host);
+}
+
+void Backend::fill(const Tensor& dst, float value) {
+    OpCheck{"fill"}.rank(dst, "dst", dst.rank());
+    fill_impl(dst, value);
+}
+
+void Backend::copy(const Tensor& src, const Tensor& dst) {
+    OpCheck c{"copy"};
+    c.defined(src, "src");
+    c.shape(dst, "dst", src.shape(), src.dtype());
+    copy_impl(src, dst);
+}
+
+void Backend::convert(const Tensor& src, const Tensor& dst) {
+    OpCheck c{"convert"};
+    c.defined(src, "src");
+    if (src.dtype() != DType::F32 && src.dtype() != DType::BF16)
+        c.fail(std::string("src is ") + to_string(src.dtype()) + ", expected f32 or bf16");
+    c.shape(dst, "dst", src.shape(), src.dtype() == DType::F32 ? DType::BF16 : DType::F32);
+    convert_impl(src, dst);
+}
+
+void Backend::convert_impl(const Tensor&, const Tensor&) {
+    throw Error("the " + name() + " backend has no bf16 tensors");
+}
+
+void Backend::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+    OpCheck c{"embedding"};
+    c.rank(table, "table", 2);
+    c.rank(ids, "ids", 1, DType::I32);
+    c.shape(out, "out", {ids.dim(0), table.dim(1)});
+    embedding_impl(table, ids, out);
+}
+
+void Backend::norm(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   float eps, const Tensor& out) {
+    OpCheck c{"norm"};
+    c.rank(x, "x", 2);
+    c.shape(weight, "weight", {x.dim(1)});
+    if (type == NormType::LayerNorm) c.shape(bias, "bias", {x.dim(1)});
+    c.shape(out, "out", x.shape(), OpCheck::float_type(out, has_bf16_tensors()));
+    norm_impl(type, x, weight, type == NormType::LayerNorm ? bias : Tensor{}, eps, out);
+}
+
+void Backend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
+                     const Tensor& bias) {
+    OpCheck c{"matmul"};
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    c.rank(a, "a", 2, OpCheck::float_type(a, bf16_operands));
+    c.rank(b, "b", 2, OpCheck::float_type(b, bf16_operands));
+    int64_t M = opts.trans_a ? a.dim(1) : a.dim(0);
+    int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
+    int64_t Kb = opts.trans_b ? b.dim(1) : b.dim(0);
+    int64_t N = opts.trans_b ? b.dim(0) : b.dim(1);
+    if (K != Kb)
+        c.fail("inner dimensions differ: a " + shape_string(a.shape()) + ", b " +
+               shape_string(b.shape()));
+    c.shape(out, "out", {M, N});
+    if (bias.defined()) c.shape(bias, "bias", {N});
+    matmul_impl(a, b, out, opts, bias);
+}
+
+namespace {
+// x [N, in] and w [out, in] of linear() and linear_backward().
+void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w,
+                           bool bf16_operands) {
+    c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
+    c.rank(w, "w", 2, OpCheck::float_type(w, bf16_operands));
+    if (w.dim(1) != x.dim(1))
+        c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
+}
+}  // namespace
+
+void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                     bool accumulate) {
+    OpCheck c{"linear"};
+    check_linear_operands(c, x, w, matmul_precision() == Precision::BF16);
+    c.shape(y, "y", {x.dim(0), w.dim(0)});
+    if (b.defined()) c.shape(b, "b", {w.dim(0)});
+    linear_impl(x, w, b, y, accumulate);
+}
+
+void Backend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                          bool accumulate) {
+    matmul_impl(x, w, y, {.trans_b = true, .accumulate = accumulate}, b);
+}
+
+void Backend::rope(const Tensor& x, const Tensor& positions, double theta, bool inverse) {
+    OpCheck c{"rope"};
+    c.rank(x, "x", 3);
+    if (x.dim(2) % 2 != 0) c.fail("head_dim must be even");
+    c.shape(positions, "positions", {x.dim(0)}, DType::I32);
+    rope_impl(x, positions, theta, inverse);
+}
+
+namespace {
+// The shapes attention() and attention_cached() share.
+void check_attention_shapes(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, int64_t window, DType out_type = DType::F32) {
+    c.rank(q, "q", 4);
+    c.rank(k, "k", 4);
+    c.shape(v, "v", k.shape());
+    c.shape(out, "out", q.shape(), out_type);
+    if (k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3))
+        c.fail("q " + shape_string(q.shape()) + " and k " + shape_string(k.shape()) + " differ");
+    if (k.dim(2) == 0 || q.dim(2) % k.dim(2) != 0)
+        c.fail("query heads must be a multiple of kv heads");
+    if (window < 0) c.fail("negative window");
+}
+}  // namespace
+
+void Backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        int64_t window) {
+    OpCheck c{"attention"};
+    const bool bf16_out = attention_in_bf16(matmul_precision(), q.rank() == 4 ? q.dim(3) : 0);
+    check_attention_shapes(c, q, k, v, out, window, OpCheck::float_type(out, bf16_out));
+    attention_impl(q, k, v, out, window);
+}
+
+namespace {
+// The shapes attention_cached() and kv_cache_write() share.
+void check_kv_cache_shapes(const OpCheck& c, const Tensor& k, const Tensor& v,
+                           const Tensor& k_cache, const Tensor& v_cache, const Tensor& start) {
+    c.rank(k, "k", 4);
+    c.shape(v, "v", k.shape());
+    c.rank(k_cache, "k_cache", 4);
+    c.shape(v_cache, "v_cache", k_cache.shape());
+    if (k_cache.dim(0) != k.dim(0) || k_cache.dim(2) != k.dim(2) || k_cache.dim(3) != k.dim(3))
+        c.fail("k " + shape_string(k.shape()) + " and k_cache " + shape_string(k_cache.shape()) +
+               " differ");
+    if (k_cache.dim(1) < 1) c.fail("the cache has no slots");
+    c.shape(start, "start", {k.dim(0)}, DType::I32);
+}
+}  // namespace
+
+void Backend::attention_cached(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                               const Tensor& out, int64_t window) {
+    OpCheck c{"attention_cached"};
+    check_attention_shapes(c, q, k, v, out, window);
+    check_kv_cache_shapes(c, k, v, k_cache, v_cache, start);
+    if (window > 0 && k_cache.dim(1) < window - 1)
+        c.fail("a cache of " + std::to_string(k_cache.dim(1)) + " slots cannot hold a window of " +
+               std::to_string(window));
+    attention_cached_impl(q, k, v, k_cache, v_cache, start, out, window);
+}
+
+void Backend::kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& start) {
+    OpCheck c{"kv_cache_write"};
+    check_kv_cache_shapes(c, k, v, k_cache, v_cache, start);
+    kv_cache_write_impl(k, v, k_cache, v_cache, start);
+}
+
+void Backend::router_topk(const Tensor& logits, const Tensor& indices, const Tensor& gates) {
+    OpCheck c{"router_topk"};
+    c.rank(logits, "logits", 2);
+    c.rank(indices, "indices", 2, DType::I32);
+    if (indices.dim(0) != logits.dim(0) || indices.dim(1) < 1 || indices.dim(1) > logits.dim(1))
+        c.fail("indices " + shape_string(indices.shape()) + " do not fit logits " +
+               shape_string(logits.shape()));
+    c.shape(gates, "gates", indices.shape());
+    router_topk_impl(logits, indices, gates);
+}
+
+void Backend::moe_group(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
+                        const Tensor& slot_rows, const Tensor& slot_of) {
+    OpCheck c{"moe_group"};
+    c.rank(indices, "indices", 2, DType::I32);
+    c.shape(offsets, "offsets", {n_experts + 1}, DType::I32);
+    c.shape(slot_rows, "slot_rows", {indices.numel()}, DType::I32);
+    c.shape(slot_of, "slot_of", {indices.numel()}, DType::I32);
+    moe_group_impl(indices, n_experts, offsets, slot_rows, slot_of);
+}
+
+void Backend::gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
+    OpCheck c{"gather_rows"};
+    const DType type = OpCheck::float_type(x, has_bf16_tensors());
+    c.rank(x, "x", 2, type);
+    c.rank(rows, "rows", 1, DType::I32);
+    c.shape(out, "out", {rows.dim(0), x.dim(1)}, type);
+    gather_rows_impl(x, rows, out);
+}
+
+void Backend::grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Tensor& offsets, const Tensor& out) {
+    OpCheck c{"grouped_matmul"};
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
+    c.rank(w, "w", 3, OpCheck::float_type(w, bf16_operands));
+    if (w.dim(2) != x.dim(1))
+        c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
+    if (bias.defined()) c.shape(bias, "bias", {w.dim(0), w.dim(1)});
+    c.shape(offsets, "offsets", {w.dim(0) + 1}, DType::I32);
+    c.shape(out, "out", {x.dim(0), w.dim(1)});
+    grouped_matmul_impl(x, w, bias, offsets, out);
+}
+
+void Backend::moe_combine(const Tensor& expert_out, const Tensor& slot_of, const Tensor& gates,
+                          const Tensor& out) {
+    OpCheck c{"moe_combine"};
+    c.rank(gates, "gates", 2);
+    c.rank(out, "out", 2);
+    c.shape(expert_out, "expert_out", {gates.numel(), out.dim(1)});
+    c.shape(slot_of, "slot_of", {gates.numel()}, DType::I32);
+    if (gates.dim(0) != out.dim(0)) c.fail("gates and out have different row counts");
+    moe_combine_impl(expert_out, slot_of, gates, out);
+}
+
+void Backend::activation(Activation act, const Tensor& x, const Tensor& out) {
+    OpCheck c{"activation"};
+    c.shape(x, "x", x.shape());
+    c.shape(out, "out", x.shape(), OpCheck::float_type(out, has_bf16_tensors()));
+    activation_impl(act, x, out);
+}
+
+void Backend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+    OpCheck c{"swiglu"};
+    c.shape(gate, "gate", gate.shape());
+    c.shape(up, "up", gate.shape());
+    c.shape(out, "out", gate.shape(), OpCheck::float_type(out, has_bf16_tensors()));
+    swiglu_impl(gate, up, out);
+}
+
+void Backend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+    OpCheck c{"add"};
+    c.shape(a, "a", a.shape());
+    c.shape(b, "b", a.shape());
+    c.shape(out, "out", a.shape());
+    add_impl(a, b, out);
+}
+
+void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses) {
+    OpCheck c{"cross_entropy"};
+    c.rank(logits, "logits", 2);
+    c.shape(targets, "targets", {logits.dim(0)}, DType::I32);
+    c.shape(losses, "losses", {logits.dim(0)});
+    cross_entropy_impl(logits, targets, losses);
+}
+
+void Backend::router_aux_loss(const Tensor& logits, const Tensor& indices, const Tensor& out) {
+    OpCheck c{"router_aux_loss"};
+    c.rank(logits, "logits", 2);
+    c.rank(indices, "indices", 2, DType::I32);
+    if (indices.dim(0) != logits.dim(0)) c.fail("indices and logits have different row counts");
+    c.shape(out, "out", {1});
+    router_aux_loss_impl(logits, indices, out);
+}
+
+// ---- backward ops
+
+void Backend::embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table) {
+    OpCheck c{"embedding_backward"};
+    c.rank(ids, "ids", 1, DType::I32);
+    c.rank(d_table, "d_table", 2);
+    c.shape(d_out, "d_out", {ids.dim(0), d_table.dim(1)});
+    embedding_backward_impl(ids, d_out, d_table);
+}
+
+void Backend::norm_backward(NormType type, const Tensor& x, const Tensor& weight,
+                            const Tensor& d_out, float eps, const Tensor& d_x,
+                            const Tensor& d_weight, const Tensor& d_bias) {
+    OpCheck c{"norm_backward"};
+    c.rank(x, "x", 2);
+    c.shape(weight, "weight", {x.dim(1)});
+    c.shape(d_out, "d_out", x.shape());
+    c.shape(d_x, "d_x", x.shape());
+    c.shape(d_weight, "d_weight", {x.dim(1)});
+    if (type == NormType::LayerNorm) c.shape(d_bias, "d_bias", {x.dim(1)});
+    norm_backward_impl(type, x, weight, d_out, eps, d_x, d_weight,
+                       type == NormType::LayerNorm ? d_bias : Tensor{});
+}
+
+void Backend::bias_backward(const Tensor& d_out, const Tensor& d_bias) {
+    OpCheck c{"bias_backward"};
+    c.rank(d_out, "d_out", 2);
+    c.shape(d_bias, "d_bias", {d_out.dim(1)});
+    bias_backward_impl(d_out, d_bias);
+}
+
+void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& d_y,
+                              const Tensor& d_x, const Tensor& d_w, const Tensor& d_b) {
+    OpCheck c{"linear_backward"};
+    if (!supports_training()) training_op_unavailable("linear_backward");
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    check_linear_operands(c, x, w, bf16_operands);
+    // A BF16 d_y only without d_b, which sums the gradient itself, in fp32.
+    c.shape(d_y, "d_y", {x.dim(0), w.dim(0)},
+            OpCheck::float_type(d_y, bf16_operands && !d_b.defined()));
+    c.shape(d_x, "d_x", x.shape());  // the gradients are F32 whatever x and w are
+    c.shape(d_w, "d_w", w.shape());
+    if (d_b.defined()) c.shape(d_b, "d_b", {w.dim(0)});
+    linear_backward_impl(x, w, d_y, d_x, d_w, d_b);
+}
+
+void Backend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& d_y,
+                                   const Tensor& d_x, const Tensor& d_w, const Tensor& d_b) {
+    matmul_impl(d_y, w, d_x, {.accumulate = true}, Tensor{});
+    matmul_impl(d_y, x, d_w, {.trans_a = true, .accumulate = true}, Tensor{});
+    if (d_b.defined()) bias_backward_impl(d_y, d_b);
+}
+
+void Backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
+                                 const Tensor& d_v, int64_t window) {
+    OpCheck c{"attention_backward"};
+    c.rank(q, "q", 4);
+    c.rank(k, "k", 4);
+    c.shape(v, "v", k.shape());
+    c.shape(d_out, "d_out", q.shape());
+    c.shape(d_q, "d_q", q.shape());
+    c.shape(d_k, "d_k", k.shape());
+    c.shape(d_v, "d_v", k.shape());
+    if (k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3) || k.dim(2) == 0 ||
+        q.dim(2) % k.dim(2) != 0)
+        c.fail("q " + shape_string(q.shape()) + " and k " + shape_string(k.shape()) + " differ");
+    if (window < 0) c.fail("negative window");
+    attention_backward_impl(q, k, v, d_out, d_q, d_k, d_v, window);
+}
+
+void Backend::router_backward(const Tensor& logits, const Tensor& indices, const Tensor& gates,
+                              const Tensor& d_gates, float aux_weight, const Tensor& d_logits) {
+    OpCheck c{"router_backward"};
+    c.rank(logits, "logits", 2);
+    c.rank(indices, "indices", 2, DType::I32);
+    if (indices.dim(0) != logits.dim(0)) c.fail("indices and logits have different row counts");
+    c.shape(gates, "gates", indices.shape());
+    c.shape(d_gates, "d_gates", indices.shape());
+    c.shape(d_logits, "d_logits", logits.shape());
+    router_backward_impl(logits, indices, gates, d_gates, aux_weight, d_logits);
+}
+
+void Backend::gather_rows_backward(const Tensor& rows, const Tensor& d_out, const Tensor& d_x) {
+    OpCheck c{"gather_rows_backward"};
+    c.rank(rows, "rows", 1, DType::I32);
+    c.rank(d_x, "d_x", 2);
+    c.shape(d_out, "d_out", {rows.dim(0), d_x.dim(1)});
+    gather_rows_backward_impl(rows, d_out, d_x);
+}
+
+void Backend::grouped_matmul_backward(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                      const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
+                                      const Tensor& d_bias) {
+    OpCheck c{"grouped_matmul_backward"};
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
+    c.rank(w, "w", 3, OpCheck::float_type(w, bf16_operands));
+    if (w.dim(2) != x.dim(1))
+        c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
+    c.shape(offsets, "offsets", {w.dim(0) + 1}, DType::I32);
+    c.shape(d_out, "d_out", {x.dim(0), w.dim(1)});
+    c.shape(d_x, "d_x", x.shape());  // the gradients are F32 whatever x and w are
+    c.shape(d_w, "d_w", w.shape());
+    if (d_bias.defined()) c.shape(d_bias, "d_bias", {w.dim(0), w.dim(1)});
+    grouped_matmul_backward_impl(x, w, offsets, d_out, d_x, d_w, d_bias);
+}
+
+void Backend::moe_combine_backward(const Tensor& expert_out, const Tensor& slot_of,
+                                   const Tensor& gates, const Tensor& d_out,
+                                   const Tensor& d_expert_out, const Tensor& d_gates) {
+    OpCheck c{"moe_combine_backward"};
+    c.rank(gates, "gates", 2);
+    c.rank(d_out, "d_out", 2);
+    c.shape(expert_out, "expert_out", {gates.numel(), d_out.dim(1)});
+    c.shape(slot_of, "slot_of", {gates.numel()}, DType::I32);
+    c.shape(d_expert_out, "d_expert_out", expert_out.shape());
+    c.shape(d_gates, "d_gates", gates.shape());
+    if (gates.dim(0) != d_out.dim(0)) c.fail("gates and d_out have different row counts");
+    moe_combine_backward_impl(expert_out, slot_of, gates, d_out, d_expert_out, d_gates);
+}
+
+void Backend::activation_backward(Activation act, const Tensor& x, const Tensor& d_out,
+                                  const Tensor& d_x) {
+    OpCheck c{"activation_backward"};
+    c.shape(x, "x", x.shape());
+    c.shape(d_out, "d_out", x.shape());
+    c.shape(d_x, "d_x", x.shape());
+    activation_backward_impl(act, x, d_out, d_x);
+}
+
+void Backend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out,
+                              const Tensor& d_gate, const Tensor& d_up) {
+    OpCheck c{"swiglu_backward"};
+    c.shape(gate, "gate", gate.shape());
+    for (const auto& [t, name] : {std::pair{&up, "up"}, {&d_out, "d_out"}, {&d_gate, "d_gate"},
+                                  {&d_up, "d_up"}})
+        c.shape(*t, name, gate.shape());
+    swiglu_backward_impl(gate, up, d_out, d_gate, d_up);
+}
+
+void Backend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, float scale,
+                                     const Tensor& d_logits) {
+    OpCheck c{"cross_entropy_backward"};
+    c.rank(logits, "logits", 2);
+    c.shape(targets, "targets", {logits.dim(0)}, DType::I32);
+    c.shape(d_logits, "d_logits", logits.shape(),
+            OpCheck::float_type(d_logits, has_bf16_tensors()));
+    cross_entropy_backward_impl(logits, targets, scale, d_logits);
+}
+
+void Backend::sum_squares(const Tensor& x, const Tensor& out) {
+    OpCheck c{"sum_squares"};
+    c.shape(x, "x", x.shape());
+    c.shape(out, "out", {1});
+    sum_squares_impl(x, out);
+}
+
+void Backend::scale(const Tensor& x, float s) {
+    OpCheck{"scale"}.shape(x, "x", x.shape());
+    scale_impl(x, s);
+}
+
+void Backend::adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                    const AdamWParams& hp) {
+    OpCheck c{"adamw"};
+    c.rank(params, "params", 1);
+    for (const auto& [t, name] : {std::pair{&grads, "grads"}, {&m, "m"}, {&v, "v"}})
+        c.shape(*t, name, params.shape());
+    if (hp.step < 1) c.fail("step must be >= 1");
+    adamw_impl(params, grads, m, v, hp);
+}
+
+// ---- the training ops of a backend that does not train
+
+void Backend::training_op_unavailable(const char* op) const {
+    throw Error(std::string(op) + " is not available on the " + name() +
+                " backend (it runs inference only)");
+}
+
+void Backend::embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("embedding_backward");
+}
+void Backend::norm_backward_impl(NormType, const Tensor&, const Tensor&, const Tensor&, float,
+                                 const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("norm_backward");
+}
+void Backend::bias_backward_impl(const Tensor&, const Tensor&) {
+    training_op_unavailable("bias_backward");
+}
+void Backend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&, const Tensor&, const Tensor&, int64_t) {
+    training_op_unavailable("attention_backward");
+}
+void Backend::router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   float, const Tensor&) {
+    training_op_unavailable("router_backward");
+}
+void Backend::gather_rows_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("gather_rows_backward");
+}
+void Backend::grouped_matmul_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&) {
+    training_op_unavailable("grouped_matmul_backward");
+}
+void Backend::moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                        const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("moe_combine_backward");
+}
+void Backend::activation_backward_impl(Activation, const Tensor&, const Tensor&, const Tensor&) {
+    training_op_unavailable("activation_backward");
+}
+void Backend::swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&) {
+    training_op_unavailable("swiglu_backward");
+}
+void Backend::cross_entropy_backward_impl(const Tensor&, const Tensor&, float, const Tensor&) {
+    training_op_unavailable("cross_entropy_backward");
+}
+void Backend::sum_squares_impl(const Tensor&, const Tensor&) {
+    training_op_unavailable("sum_squares");
+}
+void Backend::scale_impl(const Tensor&, float) { training_op_unavailable("scale"); }
+void Backend::adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const AdamWParams&) {
+    training_op_unavailable("adamw");
+}
+
+}  // namespace tmx

@@ -1,0 +1,143 @@
+// SentencePiece tokenizers: loading, encoding, decoding (whole or streamed piece by piece), and
+// training a byte-fallback BPE model on a corpus (engine/data/corpus.h reads the documents).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/data/corpus.h"
+#include "engine/core/errors.h"
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace tmx {
+
+class Tokenizer {
+  public:
+    // Loads a SentencePiece .model file; a directory means DIR/tokenizer.model (a checkpoint).
+    // Throws tmx::Error naming the path when it is missing or not a SentencePiece model.
+    static Tokenizer load(const std::string& path);
+    // From the bytes of a .model file; `name` is used in error messages.
+    static Tokenizer from_bytes(std::string_view model_bytes, const std::string& name);
+
+    Tokenizer(Tokenizer&&) noexcept;
+    Tokenizer& operator=(Tokenizer&&) noexcept;
+    ~Tokenizer();
+
+    const std::string& path() const { return path_; }
+    int32_t vocab_size() const;
+    int32_t bos_id() const;  // -1 when the model has none
+    int32_t eos_id() const;
+    int32_t unk_id() const;
+    int32_t pad_id() const;
+
+    // Text to ids, without BOS/EOS. Thread-safe (const).
+    std::vector<int32_t> encode(std::string_view text) const;
+    void encode(std::string_view text, std::vector<int32_t>& out) const;  // replaces `out`
+    // Text that continues an earlier piece of the same document (a DocumentPiece that is not
+    // `first`): encoded without adding SentencePiece's dummy-prefix "▁" again, so that the
+    // pieces' ids decode to the whole text and are the whole text's ids but where a token
+    // would span a cut (none does when the cut is before a space, as the splitter prefers).
+    // Thread-safe; replaces `out`.
+    void encode_continuation(std::string_view text, std::vector<int32_t>& out) const;
+    // Ids to text, exactly as SentencePiece decodes them (control ids vanish, invalid byte
+    // sequences become U+FFFD). Throws tmx::Error for ids outside [0, vocab_size).
+    std::string decode(const std::vector<int32_t>& ids) const;
+
+    // The raw piece of an id ("▁the", "<0x0A>", "<s>").
+    const std::string& piece(int32_t id) const;
+    bool is_control(int32_t id) const;
+    bool is_byte(int32_t id) const;
+    bool is_unknown(int32_t id) const;
+    int32_t byte_pieces() const;  // how many <0xNN> pieces (256 with byte fallback)
+
+    // Per-id facts the streaming decoder uses.
+    enum class Kind : uint8_t { Normal, Byte, Control, Unknown };
+    struct PieceInfo {
+        Kind kind = Kind::Normal;
+        uint8_t byte = 0;            // Byte: the byte value
+        bool leading_space = false;  // Normal: the piece starts with "▁"
+        std::string text;            // Normal: the piece with "▁" as ' '; Unknown: its surface
+    };
+    const PieceInfo& info(int32_t id) const;
+
+  private:
+    Tokenizer();
+    void check_id(int32_t id) const;
+
+    struct Continuation;
+
+    std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+    std::unique_ptr<Continuation> continuation_;
+    std::vector<PieceInfo> info_;
+    std::string path_;
+};
+
+// Decodes a token stream incrementally (for printing text while generating): push() returns
+// the text that became final with each id. Byte-fallback pieces that together make one UTF-8
+// character are held until the character is complete. The concatenation of every push() and
+// a final flush() equals Tokenizer::decode of the whole id sequence.
+class StreamDecoder {
+  public:
+    explicit StreamDecoder(const Tokenizer& tokenizer) : tok_(&tokenizer) {}
+    std::string push(int32_t id);
+    void push(int32_t id, std::string& out);  // appends
+    // Emits any held incomplete bytes (as U+FFFD each) and returns them.
+    std::string flush();
+    // Starts a new text (the leading-space rule applies again).
+    void reset();
+
+  private:
+    void drain(std::string& out, bool final);
+
+    const Tokenizer* tok_;
+    std::string pending_;  // bytes of consecutive byte pieces not yet emitted
+    bool at_start_ = true;
+};
+
+// The requested vocabulary cannot be trained on this corpus. `largest` is the largest size
+// SentencePiece says works (too large), or `smallest` the least it needs (too small); the
+// other is 0.
+class VocabSizeError : public Error {
+  public:
+    VocabSizeError(const std::string& what, int64_t requested, int64_t largest, int64_t smallest)
+        : Error(what), requested(requested), largest(largest), smallest(smallest) {}
+    int64_t requested, largest, smallest;
+};
+
+struct TokenizerTrainOptions {
+    // Sentences (lines of documents) sampled uniformly from the whole corpus for training, so
+    // a large corpus fits in memory; the corpus is still read once end to end.
+    int64_t max_sentences = 1'000'000;
+    CorpusFormat format = CorpusFormat::Auto;
+    double character_coverage = 0.9995;  // rarer characters are left to byte fallback
+    int max_sentence_bytes = 16384;      // longer lines are skipped by SentencePiece
+    uint32_t seed = 1;                   // sampling seed: same input, same model
+    bool overwrite = false;              // replace an existing output file
+    bool verbose = false;                // let SentencePiece log to stderr
+    // Called from time to time while the corpus is read (bytes read, total bytes).
+    std::function<void(uint64_t, uint64_t)> progress;
+};
+
+struct TokenizerTrainReport {
+    int32_t vocab_size = 0;
+    CorpusStats corpus;     // documents, bytes, skipped
+    int64_t sentences = 0;  // lines offered to SentencePiece
+    double seconds = 0;
+};
+
+// Trains a SentencePiece BPE model (byte_fallback, split_digits, identity normalisation,
+// unk=0 bos=1 eos=2, no pad: the layout of the LLaMA 32k tokenizer) on the documents of
+// `inputs` and writes it atomically to `out_path`. Threads: tmx::num_threads().
+// Throws VocabSizeError when `vocab_size` does not fit the corpus.
+TokenizerTrainReport train_tokenizer(const std::vector<std::string>& inputs, int vocab_size,
+                                     const std::string& out_path,
+                                     const TokenizerTrainOptions& options = {});
+
+}  // namespace tmx

@@ -1,0 +1,80 @@
+// Generation (DESIGN.md section 4): each prompt is prefilled into its row of a rolling-buffer
+// KV cache in chunks of at most the attention window, then all prompts decode together, one
+// token per step, each at its own position. Device-independent: it runs on any Backend.
+//
+// Randomness: each prompt draws from its own stream, seeded by the seed, the prompt's tokens and
+// its index among identical prompts of the batch (0 for the first copy). So a prompt generated
+// in a batch gives what it gives alone, and repeated prompts give different samples.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model/model.h"
+#include "engine/infer/sampling.h"
+#include "engine/data/tokenizer.h"
+
+namespace tmx {
+
+enum class StopReason { Eos, Stop, Length };
+const char* to_string(StopReason reason);  // "eos", "stop", "length"
+
+struct GenerationOptions {
+    int64_t max_new_tokens = 256;
+    SamplingOptions sampling;
+    uint64_t seed = 0;
+    // Tokens per prefill chunk: 1 .. the attention window (0 = the window; for full
+    // attention, max_seq_len).
+    int64_t prefill_chunk = 0;
+    // Drawing any of these ends a sequence with StopReason::Eos.
+    std::vector<int32_t> end_ids;
+};
+
+// One sequence's outcome at token level.
+struct TokenGeneration {
+    std::vector<int32_t> prompt_ids;  // as fed to the model
+    std::vector<int32_t> ids;         // generated, EOS included when drawn
+    StopReason stop_reason = StopReason::Length;
+    double prefill_seconds = 0.0;     // this prompt's prefill
+    double decode_seconds = 0.0;      // from the first decode step until this sequence ended
+    int64_t decode_steps = 0;         // decode forward passes this sequence took part in
+};
+
+// Called for every drawn token with the logits it was drawn from; returning true stops that
+// sequence with StopReason::Stop (e.g. a stop string completed).
+using TokenCallback =
+    std::function<bool(size_t sequence, int32_t token, std::span<const float> logits)>;
+
+// Generates from token prompts (each non-empty) as one batch.
+std::vector<TokenGeneration> generate_tokens(Model& model,
+                                             const std::vector<std::vector<int32_t>>& prompts,
+                                             const GenerationOptions& options,
+                                             const TokenCallback& on_token = {});
+
+// One sequence's outcome at text level.
+struct TextGeneration {
+    std::string prompt;
+    TokenGeneration tokens;
+    std::string text;  // the continuation, cut before a stop string
+};
+
+// Receives text of sequence `sequence` as it becomes final (in order, per sequence).
+using TextCallback = std::function<void(size_t sequence, std::string_view text)>;
+
+// Generates continuations of text prompts (BOS + the encoded prompt; an empty prompt is BOS
+// alone), stopping at the end of the document, at any of `stop` (text level), or after
+// max_new_tokens. The end of a document is EOS, or BOS: models trained on `tmx prepare` data
+// (documents that each start with BOS, back to back) end a document by starting the next.
+// options.end_ids is replaced by those two. The tokenizer's vocabulary must match the model's
+// (Error otherwise).
+std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokenizer,
+                                          const std::vector<std::string>& prompts,
+                                          const GenerationOptions& options,
+                                          const std::vector<std::string>& stop = {},
+                                          const TextCallback& on_text = {});
+
+}  // namespace tmx

@@ -1,0 +1,169 @@
+#include "engine/model/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+
+namespace tmx {
+namespace fs = std::filesystem;
+
+namespace {
+
+void fsync_path(const fs::path& p) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
+}
+
+// Moves the finished temporary directory to `dir`: a plain rename when `dir` does not exist,
+// otherwise an atomic exchange followed by removing the old contents.
+void commit_directory(const fs::path& tmp, const fs::path& dir) {
+    fsync_path(tmp);
+    if (!fs::exists(dir)) {
+        fs::rename(tmp, dir);
+    } else {
+        if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0)
+            throw Error(dir.string() + ": cannot replace the checkpoint: " + std::strerror(errno));
+        fs::remove_all(tmp);  // now holds the previous checkpoint
+    }
+    fsync_path(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+}
+
+// Index of the first NaN or infinity in data[0, n), or -1. Branch-free over blocks, so that
+// the pass over a whole model costs little next to reading it.
+int64_t first_non_finite(const float* data, int64_t n) {
+    constexpr int64_t kBlock = 4096;
+    for (int64_t start = 0; start < n; start += kBlock) {
+        const int64_t end = std::min(n, start + kBlock);
+        bool all_finite = true;
+        for (int64_t i = start; i < end; ++i) all_finite &= std::isfinite(data[i]);
+        if (all_finite) continue;
+        for (int64_t i = start; i < end; ++i)
+            if (!std::isfinite(data[i])) return i;
+    }
+    return -1;
+}
+
+// A checkpoint with NaN or infinite weights (saved from a diverged run, or corrupted) would
+// only produce NaN: refuse it, naming the first such tensor in layout order.
+void check_finite_weights(const ParamLayout& layout, const std::vector<float>& host,
+                          const std::string& path) {
+    for (const auto& s : layout.specs)
+        check_finite_tensor(path, s.name, s.shape, host.data() + s.offset, "weights");
+}
+
+}  // namespace
+
+void check_finite_tensor(const std::string& path, const std::string& name, const Shape& shape,
+                         const float* data, const char* what) {
+    const int64_t i = first_non_finite(data, shape_numel(shape));
+    if (i >= 0)
+        throw Error(path + ": tensor '" + name + "' holds " +
+                    (std::isnan(data[i]) ? "NaN" : "infinity") + " at element " +
+                    std::to_string(i) + " of " + shape_string(shape) + " (" + what +
+                    " must be finite)");
+}
+
+void save_checkpoint(const Model& model, const std::string& dir_str,
+                     const CheckpointWriteOptions& options) {
+    fs::path dir = fs::absolute(dir_str).lexically_normal();
+    if (dir.filename().empty()) dir = dir.parent_path();  // "ckpt/" names the same directory
+    if (fs::exists(dir)) {
+        if (!fs::is_directory(dir)) throw Error(dir_str + ": exists and is not a directory");
+        const bool empty = fs::is_empty(dir);
+        if (!empty && !fs::exists(dir / "config.json"))
+            throw Error(dir_str + ": exists and is not a checkpoint directory; refusing to replace it");
+        if (!empty && !options.overwrite)
+            throw Error(dir_str + ": a checkpoint already exists there (use --force to replace it)");
+    }
+    std::string tokenizer_bytes;
+    if (!options.tokenizer_path.empty()) tokenizer_bytes = read_file(options.tokenizer_path);
+
+    fs::create_directories(dir.parent_path());
+    const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+    fs::remove_all(tmp);
+    fs::create_directory(tmp);
+    try {
+        nlohmann::json cfg = config_to_json(model.config());
+        cfg["format_version"] = kCheckpointFormatVersion;
+        write_file_atomic((tmp / "config.json").string(), cfg.dump(2) + "\n");
+
+        const std::vector<float> host = model.params_to_host();
+        std::vector<HostTensorRef> refs;
+        for (const auto& s : model.layout().specs)
+            refs.push_back({s.name, s.shape, host.data() + s.offset});
+        write_file_atomic((tmp / "model.safetensors").string(),
+                          encode_safetensors(refs, options.dtype));
+        if (!options.tokenizer_path.empty())
+            write_file_atomic((tmp / "tokenizer.model").string(), tokenizer_bytes);
+        for (const auto& [name, bytes] : options.extra_files)
+            write_file_atomic((tmp / name).string(), bytes);
+        commit_directory(tmp, dir);
+    } catch (...) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        throw;
+    }
+}
+
+ModelConfig load_checkpoint_config(const std::string& dir) {
+    if (!fs::is_directory(dir)) throw Error(dir + ": no such checkpoint directory");
+    return load_config((fs::path(dir) / "config.json").string());
+}
+
+void load_checkpoint_weights(Model& model, const std::string& dir) {
+    const std::string path = (fs::path(dir) / "model.safetensors").string();
+    if (!fs::exists(path)) throw Error(path + ": missing (a checkpoint needs model.safetensors)");
+    SafetensorsFile file(path);
+    const ParamLayout& layout = model.layout();
+    std::vector<std::string> missing;
+    for (const auto& s : layout.specs) {
+        auto it = file.entries().find(s.name);
+        if (it == file.entries().end()) {
+            missing.push_back(s.name);
+            continue;
+        }
+        if (it->second.shape != s.shape)
+            throw Error(path + ": tensor '" + s.name + "' has shape " +
+                        shape_string(it->second.shape) + ", but the config needs " +
+                        shape_string(s.shape));
+    }
+    if (!missing.empty())
+        throw Error(path + ": missing tensor '" + missing.front() + "'" +
+                    (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more"
+                                        : std::string()));
+    for (const auto& [name, entry] : file.entries())
+        if (!layout.find(name))
+            throw Error(path + ": unexpected tensor '" + name + "' (not part of this config" +
+                        (name == "lm_head.weight" ? ": tie_embeddings is true)" : ")"));
+    std::vector<float> host(static_cast<size_t>(layout.total));
+    for (const auto& s : layout.specs) file.read_f32(s.name, host.data() + s.offset);
+    check_finite_weights(layout, host, path);
+    model.params_from_host(host);
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend) {
+    auto model = std::make_unique<Model>(load_checkpoint_config(dir), backend);
+    load_checkpoint_weights(*model, dir);
+    return model;
+}
+
+std::string checkpoint_tokenizer(const std::string& dir) {
+    fs::path p = fs::path(dir) / "tokenizer.model";
+    return fs::exists(p) ? p.string() : std::string();
+}
+
+}  // namespace tmx

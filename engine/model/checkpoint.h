@@ -1,0 +1,46 @@
+// Checkpoint directories (DESIGN.md section 3): config.json (the native config plus
+// format_version), model.safetensors (F32 or BF16), optionally tokenizer.model, and for
+// training state further files. A directory is written whole into a temporary sibling and then
+// swapped into place, so a reader never sees a half-written checkpoint.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine/model/model.h"
+#include "engine/model/safetensors.h"
+
+namespace tmx {
+
+struct CheckpointWriteOptions {
+    StorageType dtype = StorageType::F32;
+    std::string tokenizer_path;  // copied in as tokenizer.model when not empty
+    bool overwrite = false;      // replace an existing checkpoint directory
+    // Extra files written beside the model (name -> contents), e.g. optimizer state.
+    std::map<std::string, std::string> extra_files;
+};
+
+void save_checkpoint(const Model& model, const std::string& dir,
+                     const CheckpointWriteOptions& options = {});
+
+// The config stored in a checkpoint directory.
+ModelConfig load_checkpoint_config(const std::string& dir);
+
+// Loads model.safetensors into `model`, checking that every tensor is present with the
+// shape the config needs and that there are no others.
+void load_checkpoint_weights(Model& model, const std::string& dir);
+
+// A tmx::Error naming the file and tensor when data (shape's elements) holds NaN or infinity:
+// "PATH: tensor 'NAME' holds NaN at element I of [SHAPE] (WHAT must be finite)". One pass,
+// cheap next to reading the data.
+void check_finite_tensor(const std::string& path, const std::string& name, const Shape& shape,
+                         const float* data, const char* what);
+
+// Config + weights on `backend`.
+std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend);
+
+// The path of the checkpoint's tokenizer, or "" when it has none.
+std::string checkpoint_tokenizer(const std::string& dir);
+
+}  // namespace tmx

@@ -1,0 +1,256 @@
+#include "engine/model/config.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/checked_math.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+
+namespace tmx {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void field_error(const std::string& source, const std::string& field,
+                              const std::string& what) {
+    throw Error(source + ": field '" + field + "': " + what);
+}
+
+std::string describe(const json& v) {
+    std::string s = v.dump();
+    if (s.size() > 40) s = s.substr(0, 37) + "...";
+    return s;
+}
+
+int64_t get_int(const json& v, const std::string& src, const std::string& field) {
+    // nlohmann keeps integers up to 2^64 - 1 as unsigned; beyond int64_t they would wrap.
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        field_error(src, field, "expected an integer that fits in 64 bits, got " + describe(v));
+    if (v.is_number_integer()) return v.get<int64_t>();
+    field_error(src, field, "expected an integer, got " + describe(v));
+}
+
+double get_number(const json& v, const std::string& src, const std::string& field) {
+    if (v.is_number()) return v.get<double>();
+    field_error(src, field, "expected a number, got " + describe(v));
+}
+
+bool get_bool(const json& v, const std::string& src, const std::string& field) {
+    if (v.is_boolean()) return v.get<bool>();
+    field_error(src, field, "expected true or false, got " + describe(v));
+}
+
+template <typename E>
+E get_enum(const json& v, const std::string& src, const std::string& field,
+           const std::map<std::string, E>& choices) {
+    std::string names;
+    for (const auto& [name, _] : choices) names += (names.empty() ? "\"" : ", \"") + name + "\"";
+    if (!v.is_string()) field_error(src, field, "expected one of " + names + ", got " + describe(v));
+    auto it = choices.find(v.get<std::string>());
+    if (it == choices.end())
+        field_error(src, field, "expected one of " + names + ", got " + describe(v));
+    return it->second;
+}
+
+const std::map<std::string, FfnType> kFfnTypes = {{"mlp", FfnType::Mlp},
+                                                  {"swiglu", FfnType::SwiGlu}};
+const std::map<std::string, Activation> kActivations = {{"gelu", Activation::Gelu},
+                                                        {"silu", Activation::Silu},
+                                                        {"relu", Activation::Relu},
+                                                        {"relu2", Activation::Relu2}};
+const std::map<std::string, NormType> kNormTypes = {{"layernorm", NormType::LayerNorm},
+                                                    {"rmsnorm", NormType::RmsNorm}};
+
+template <typename E>
+const char* enum_name(E value, const std::map<std::string, E>& choices) {
+    for (const auto& [name, v] : choices)
+        if (v == value) return name.c_str();
+    return "?";
+}
+
+}  // namespace
+
+const char* to_string(FfnType t) { return enum_name(t, kFfnTypes); }
+const char* to_string(Activation a) { return enum_name(a, kActivations); }
+const char* to_string(NormType n) { return enum_name(n, kNormTypes); }
+
+void validate_config(const ModelConfig& c, const std::string& src) {
+    auto positive = [&](int64_t v, const char* field) {
+        if (v <= 0) field_error(src, field, "must be positive, got " + std::to_string(v));
+    };
+    positive(c.vocab_size, "vocab_size");
+    positive(c.d_model, "d_model");
+    positive(c.n_layers, "n_layers");
+    positive(c.n_heads, "n_heads");
+    positive(c.n_kv_heads, "n_kv_heads");
+    positive(c.head_dim, "head_dim");
+    positive(c.d_ff, "d_ff");
+    positive(c.max_seq_len, "max_seq_len");
+    if (c.head_dim % 2 != 0)
+        field_error(src, "head_dim", "must be even for RoPE, got " + std::to_string(c.head_dim));
+    if (c.n_heads % c.n_kv_heads != 0)
+        field_error(src, "n_heads",
+                    "must be a multiple of n_kv_heads (" + std::to_string(c.n_kv_heads) +
+                        "), got " + std::to_string(c.n_heads));
+    if (c.n_experts < 0)
+        field_error(src, "n_experts",
+                    "must be 0 (dense FFN) or positive, got " + std::to_string(c.n_experts));
+    if (c.is_moe() && (c.top_k < 1 || c.top_k > c.n_experts))
+        field_error(src, "top_k",
+                    "must be between 1 and n_experts (" + std::to_string(c.n_experts) +
+                        "), got " + std::to_string(c.top_k));
+    if (c.sliding_window < 0)
+        field_error(src, "sliding_window",
+                    "must be 0 (unlimited) or positive, got " + std::to_string(c.sliding_window));
+    if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
+        field_error(src, "norm_eps", "must be a positive number");
+    if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+        field_error(src, "rope_theta", "must be a positive number");
+    if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef))
+        field_error(src, "router_aux_loss_coef", "must be a non-negative number");
+    // Token ids and positions travel as int32 on every backend.
+    if (c.vocab_size > (int64_t{1} << 31) - 1)
+        field_error(src, "vocab_size", "must be below 2^31");
+    if (c.max_seq_len > (int64_t{1} << 31) - 1)
+        field_error(src, "max_seq_len", "must be below 2^31");
+    if (c.n_layers > kMaxLayers)
+        field_error(src, "n_layers",
+                    "must be at most " + std::to_string(kMaxLayers) + ", got " +
+                        std::to_string(c.n_layers));
+    if (c.is_moe() && c.n_experts > kMaxLayerExperts / c.n_layers)
+        field_error(src, "n_experts",
+                    "n_layers x n_experts must be at most " + std::to_string(kMaxLayerExperts) +
+                        ", got " + std::to_string(c.n_layers) + " x " +
+                        std::to_string(c.n_experts));
+    const int64_t params = param_count(c, src);
+    if (params > kMaxParams)
+        throw Error(src + ": the model would have " + std::to_string(params) +
+                    " parameters, more than the limit of " + std::to_string(kMaxParams) +
+                    " (2^48)");
+}
+
+int64_t param_count(const ModelConfig& c, const std::string& src) {
+    const std::string context = src + ": parameter count";
+    auto mul = [&](std::initializer_list<int64_t> factors) {
+        return checked_product(factors, context);
+    };
+    const int64_t d = c.d_model;
+    const int64_t q_dim = mul({c.n_heads, c.head_dim}), kv_dim = mul({c.n_kv_heads, c.head_dim});
+    const int64_t norm = c.has_norm_bias() ? mul({2, d}) : d;
+    auto linear = [&](int64_t out, int64_t in, bool bias) {
+        return checked_add(mul({out, in}), bias ? out : 0, context);
+    };
+    const int64_t attention =
+        checked_sum({linear(q_dim, d, c.attn_bias), linear(kv_dim, d, c.attn_bias),
+                     linear(kv_dim, d, c.attn_bias), linear(d, q_dim, c.attn_bias)},
+                    context);
+    // One expert, or the dense FFN: w1 [d_ff, d], w2 [d, d_ff], and w3 [d_ff, d] for SwiGLU.
+    const int64_t ffn =
+        checked_sum({linear(c.d_ff, d, c.ffn_bias), linear(d, c.d_ff, c.ffn_bias),
+                     c.ffn_type == FfnType::SwiGlu ? linear(c.d_ff, d, c.ffn_bias) : 0},
+                    context);
+    const int64_t moe_or_dense =
+        c.is_moe() ? checked_add(mul({c.n_experts, d}), mul({c.n_experts, ffn}), context) : ffn;
+    const int64_t layer = checked_sum({mul({2, norm}), attention, moe_or_dense}, context);
+    const int64_t embedding = mul({c.vocab_size, d});
+    return checked_sum(
+        {embedding, mul({c.n_layers, layer}), norm, c.tie_embeddings ? 0 : embedding}, context);
+}
+
+ModelConfig config_from_json(const json& j, const std::string& src) {
+    if (!j.is_object()) throw Error(src + ": expected a JSON object with the model's fields");
+    ModelConfig c;
+    using Setter = std::function<void(const json&, const std::string&)>;
+    auto int_field = [&](int64_t& dst) -> Setter {
+        return [&dst, &src](const json& v, const std::string& f) { dst = get_int(v, src, f); };
+    };
+    auto num_field = [&](double& dst) -> Setter {
+        return [&dst, &src](const json& v, const std::string& f) { dst = get_number(v, src, f); };
+    };
+    auto bool_field = [&](bool& dst) -> Setter {
+        return [&dst, &src](const json& v, const std::string& f) { dst = get_bool(v, src, f); };
+    };
+    const std::map<std::string, Setter> fields = {
+        {"vocab_size", int_field(c.vocab_size)},
+        {"d_model", int_field(c.d_model)},
+        {"n_layers", int_field(c.n_layers)},
+        {"n_heads", int_field(c.n_heads)},
+        {"n_kv_heads", int_field(c.n_kv_heads)},
+        {"head_dim", int_field(c.head_dim)},
+        {"ffn_type",
+         [&](const json& v, const std::string& f) { c.ffn_type = get_enum(v, src, f, kFfnTypes); }},
+        {"activation",
+         [&](const json& v, const std::string& f) {
+             c.activation = get_enum(v, src, f, kActivations);
+         }},
+        {"d_ff", int_field(c.d_ff)},
+        {"ffn_bias", bool_field(c.ffn_bias)},
+        {"attn_bias", bool_field(c.attn_bias)},
+        {"norm_type",
+         [&](const json& v, const std::string& f) {
+             c.norm_type = get_enum(v, src, f, kNormTypes);
+         }},
+        {"norm_eps", num_field(c.norm_eps)},
+        {"n_experts", int_field(c.n_experts)},
+        {"top_k", int_field(c.top_k)},
+        {"router_aux_loss_coef", num_field(c.router_aux_loss_coef)},
+        {"rope_theta", num_field(c.rope_theta)},
+        {"max_seq_len", int_field(c.max_seq_len)},
+        {"sliding_window", int_field(c.sliding_window)},
+        {"tie_embeddings", bool_field(c.tie_embeddings)},
+    };
+    for (const auto& [key, value] : j.items()) {
+        if (key == "format_version") {  // written by checkpoints; not a model field
+            int64_t v = get_int(value, src, key);
+            if (v > kCheckpointFormatVersion)
+                field_error(src, key,
+                            "version " + std::to_string(v) + " is newer than this engine reads (" +
+                                std::to_string(kCheckpointFormatVersion) + ")");
+            continue;
+        }
+        auto it = fields.find(key);
+        if (it == fields.end()) {
+            std::string known;
+            for (const auto& [name, _] : fields) known += (known.empty() ? "" : ", ") + name;
+            throw Error(src + ": unknown field '" + key + "' (known fields: " + known + ")");
+        }
+        it->second(value, key);
+    }
+    validate_config(c, src);
+    return c;
+}
+
+ModelConfig load_config(const std::string& path) {
+    return config_from_json(read_json_file(path), path);
+}
+
+json config_to_json(const ModelConfig& c) {
+    json j;
+    j["vocab_size"] = c.vocab_size;
+    j["d_model"] = c.d_model;
+    j["n_layers"] = c.n_layers;
+    j["n_heads"] = c.n_heads;
+    j["n_kv_heads"] = c.n_kv_heads;
+    j["head_dim"] = c.head_dim;
+    j["ffn_type"] = to_string(c.ffn_type);
+    j["activation"] = to_string(c.activation);
+    j["d_ff"] = c.d_ff;
+    j["ffn_bias"] = c.ffn_bias;
+    j["attn_bias"] = c.attn_bias;
+    j["norm_type"] = to_string(c.norm_type);
+    j["norm_eps"] = c.norm_eps;
+    j["n_experts"] = c.n_experts;
+    j["top_k"] = c.top_k;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["rope_theta"] = c.rope_theta;
+    j["max_seq_len"] = c.max_seq_len;
+    j["sliding_window"] = c.sliding_window;
+    j["tie_embeddings"] = c.tie_embeddings;
+    return j;
+}
+
+}  // namespace tmx

@@ -1,0 +1,291 @@
+#include "engine/model/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/checked_math.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+
+namespace tmx {
+
+const char* to_string(StorageType t) {
+    switch (t) {
+        case StorageType::F32: return "F32";
+        case StorageType::BF16: return "BF16";
+        case StorageType::F16: return "F16";
+        case StorageType::F64: return "F64";
+    }
+    return "?";
+}
+
+StorageType parse_storage_type(const std::string& name) {
+    std::string s = name;
+    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+    if (s == "f32" || s == "fp32" || s == "float32") return StorageType::F32;
+    if (s == "bf16" || s == "bfloat16") return StorageType::BF16;
+    throw UsageError("unknown weight dtype '" + name + "' (expected f32 or bf16)");
+}
+
+uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    return static_cast<uint16_t>(u >> 16);
+}
+
+float bf16_to_f32(uint16_t b) {
+    uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else {  // subnormal: normalise
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400u)) {
+                mant <<= 1;
+                --exp;
+            }
+            u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+namespace {
+
+using nlohmann::json;
+
+size_t storage_size(StorageType t) {
+    switch (t) {
+        case StorageType::F32: return 4;
+        case StorageType::F64: return 8;
+        default: return 2;
+    }
+}
+
+StorageType parse_header_dtype(const std::string& dt, const std::string& where) {
+    if (dt == "F32") return StorageType::F32;
+    if (dt == "BF16") return StorageType::BF16;
+    if (dt == "F16") return StorageType::F16;
+    if (dt == "F64") return StorageType::F64;
+    throw Error(where + ": dtype " + dt +
+                " cannot be read by this engine (supported: F32, BF16, F16, F64)");
+}
+
+// A shape dimension or data offset: a JSON integer from 0 to 2^63 - 1. nlohmann stores an
+// integer beyond 2^64 as a double and converting that back would be undefined, so the type
+// is checked first.
+int64_t header_int(const json& v, const std::string& where, const char* what) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX))
+        return static_cast<int64_t>(v.get<uint64_t>());
+    // nlohmann keeps non-negative integers as unsigned: a signed one is negative.
+    if (v.is_number_integer() && !v.is_number_unsigned())
+        throw Error(where + ": negative " + what + " " + v.dump());
+    if (v.is_number())
+        throw Error(where + ": " + what + " " + v.dump() +
+                    " is not an integer that fits in 64 bits");
+    throw Error(where + ": " + what + " must be an integer, got " + v.dump());
+}
+
+// Parses the JSON header, refusing a key that appears twice in one object (JSON parsers keep
+// one of the two silently; the safetensors format forbids it).
+json parse_header(const char* begin, const char* end, const std::string& path) {
+    std::vector<std::set<std::string>> keys_per_object;  // one set per open object
+    std::string tensor, duplicate;
+    auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::object_start) keys_per_object.emplace_back();
+        if (event == json::parse_event_t::object_end) keys_per_object.pop_back();
+        if (event == json::parse_event_t::key && duplicate.empty()) {
+            const std::string& key = parsed.get_ref<const std::string&>();
+            if (depth == 1) tensor = key;
+            if (!keys_per_object.back().insert(key).second)
+                duplicate = depth == 1 ? "tensor '" + key + "' is listed twice"
+                                       : "tensor '" + tensor + "': key '" + key + "' appears twice";
+        }
+        return true;
+    };
+    json header;
+    try {
+        header = json::parse(begin, end, on_event);
+    } catch (const json::exception& e) {
+        throw Error(path + ": corrupt header (not valid JSON: " + e.what() + ")");
+    }
+    if (!duplicate.empty()) throw Error(path + ": corrupt header: " + duplicate);
+    if (!header.is_object()) throw Error(path + ": corrupt header (not a JSON object)");
+    return header;
+}
+
+SafetensorsEntry parse_entry(const json& info, const std::string& where) {
+    if (!info.is_object())
+        throw Error(where + ": expected an object with dtype, shape and data_offsets");
+    SafetensorsEntry e;
+    const std::string dt = info.at("dtype").get<std::string>();
+    e.dtype = parse_header_dtype(dt, where);
+    const json& shape = info.at("shape");
+    if (!shape.is_array()) throw Error(where + ": shape must be a list of integers");
+    int64_t numel = 1;
+    for (const json& d : shape) {
+        e.shape.push_back(header_int(d, where, "dimension"));
+        numel = checked_mul(numel, e.shape.back(), where + ": shape " + shape.dump());
+    }
+    const json& offs = info.at("data_offsets");
+    if (!offs.is_array() || offs.size() != 2)
+        throw Error(where + ": data_offsets must be [begin, end]");
+    e.begin = static_cast<uint64_t>(header_int(offs[0], where, "data offset"));
+    e.end = static_cast<uint64_t>(header_int(offs[1], where, "data offset"));
+    if (e.begin > e.end)
+        throw Error(where + ": data_offsets [" + std::to_string(e.begin) + ", " +
+                    std::to_string(e.end) + "] end before they begin");
+    const int64_t bytes = checked_mul(numel, static_cast<int64_t>(storage_size(e.dtype)),
+                                      where + ": byte size of shape " + shape.dump());
+    if (e.end - e.begin != static_cast<uint64_t>(bytes))
+        throw Error(where + ": " + std::to_string(e.end - e.begin) + " bytes do not match shape " +
+                    shape_string(e.shape) + " of " + dt + " (" + std::to_string(bytes) + " bytes)");
+    return e;
+}
+
+// The safetensors rule: the tensors' byte ranges, in offset order, follow each other without
+// gap or overlap and cover the data section exactly.
+void check_ranges_tile_the_data(const std::map<std::string, SafetensorsEntry>& entries,
+                                uint64_t data_size, const std::string& path) {
+    std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_offset;
+    for (const auto& [name, e] : entries) by_offset.emplace_back(&name, &e);
+    std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.second->begin, a.second->end) < std::tie(b.second->begin, b.second->end);
+    });
+    uint64_t covered = 0;
+    const std::string* previous = nullptr;
+    for (const auto& [name, e] : by_offset) {
+        const std::string where = path + ": tensor '" + *name + "'";
+        const std::string range =
+            "[" + std::to_string(e->begin) + ", " + std::to_string(e->end) + ")";
+        if (e->begin < covered)
+            throw Error(where + ": data " + range + " overlaps tensor '" + *previous +
+                        "', which ends at " + std::to_string(covered));
+        if (e->begin > covered)
+            throw Error(where + ": data " + range + " leaves bytes [" + std::to_string(covered) +
+                        ", " + std::to_string(e->begin) +
+                        ") that belong to no tensor (ranges must be contiguous)");
+        covered = e->end;
+        previous = name;
+    }
+    if (covered != data_size)
+        throw Error(path + ": data bytes [" + std::to_string(covered) + ", " +
+                    std::to_string(data_size) + ") belong to no tensor (" +
+                    std::to_string(data_size) + " data bytes, tensors cover " +
+                    std::to_string(covered) + ")");
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(read_file(path)) {
+    if (bytes_.size() < 8)
+        throw Error(path + ": truncated: " + std::to_string(bytes_.size()) +
+                    " bytes, too short for a safetensors header");
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes_[i]);
+    if (header_len > bytes_.size() - 8)
+        throw Error(path + ": corrupt or truncated header: it claims " +
+                    std::to_string(header_len) + " bytes but the file has " +
+                    std::to_string(bytes_.size() - 8) + " after the length field");
+    data_start_ = 8 + header_len;
+    const json header = parse_header(bytes_.data() + 8, bytes_.data() + data_start_, path);
+    const uint64_t data_size = bytes_.size() - data_start_;
+    for (const auto& [name, info] : header.items()) {
+        if (name == "__metadata__") continue;
+        const std::string where = path + ": tensor '" + name + "'";
+        try {
+            SafetensorsEntry e = parse_entry(info, where);
+            if (e.end > data_size)
+                throw Error(where + ": data [" + std::to_string(e.begin) + ", " +
+                            std::to_string(e.end) + ") lies outside the file's " +
+                            std::to_string(data_size) + " data bytes (truncated file?)");
+            entries_.emplace(name, std::move(e));
+        } catch (const json::exception& ex) {
+            throw Error(where + ": corrupt header entry (" + ex.what() + ")");
+        }
+    }
+    check_ranges_tile_the_data(entries_, data_size, path);
+}
+
+void SafetensorsFile::read_f32(const std::string& name, float* out) const {
+    const SafetensorsEntry& e = entries_.at(name);
+    const char* src = bytes_.data() + data_start_ + e.begin;
+    const int64_t n = shape_numel(e.shape);
+    if (e.dtype == StorageType::F32) {
+        std::memcpy(out, src, static_cast<size_t>(n) * 4);
+        return;
+    }
+    if (e.dtype == StorageType::F64) {
+        for (int64_t i = 0; i < n; ++i) {
+            double v;
+            std::memcpy(&v, src + 8 * i, 8);
+            out[i] = static_cast<float>(v);
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = e.dtype == StorageType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+}
+
+std::string encode_safetensors(const std::vector<HostTensorRef>& tensors, StorageType dtype) {
+    if (dtype != StorageType::F32 && dtype != StorageType::BF16)
+        throw UsageError(std::string("writing ") + to_string(dtype) + " safetensors is not supported");
+    std::vector<const HostTensorRef*> sorted;
+    for (const auto& t : tensors) sorted.push_back(&t);
+    std::sort(sorted.begin(), sorted.end(),
+              [](const HostTensorRef* a, const HostTensorRef* b) { return a->name < b->name; });
+    nlohmann::json header = nlohmann::json::object();
+    header["__metadata__"] = {{"format", "pt"}};
+    uint64_t off = 0;
+    const size_t es = storage_size(dtype);
+    for (const auto* t : sorted) {
+        uint64_t n = static_cast<uint64_t>(shape_numel(t->shape)) * es;
+        header[t->name] = {{"dtype", to_string(dtype)}, {"shape", t->shape},
+                           {"data_offsets", {off, off + n}}};
+        off += n;
+    }
+    std::string h = header.dump();
+    h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+    std::string out;
+    out.reserve(8 + h.size() + off);
+    uint64_t len = h.size();
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+    out += h;
+    for (const auto* t : sorted) {
+        const int64_t n = shape_numel(t->shape);
+        if (dtype == StorageType::F32) {
+            out.append(reinterpret_cast<const char*>(t->data), static_cast<size_t>(n) * 4);
+        } else {
+            for (int64_t i = 0; i < n; ++i) {
+                uint16_t b = f32_to_bf16(t->data[i]);
+                out.push_back(static_cast<char>(b & 0xff));
+                out.push_back(static_cast<char>(b >> 8));
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace tmx

@@ -1,0 +1,1021 @@
+#include "engine/train/trainer.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/checked_math.h"
+#include "engine/model/checkpoint.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/train/metrics_plot.h"
+#include "engine/report/param_report.h"
+#include "engine/core/rng.h"
+#include "engine/model/safetensors.h"
+
+namespace tmx {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kMetricsFile = "metrics.jsonl";
+constexpr const char* kBestDir = "best";
+constexpr const char* kLockFile = "train.lock";
+constexpr const char* kStepPrefix = "step_";
+
+// Options that change the run's cadence or budget but not its math: --resume may override them.
+// (skip_nonfinite changes only what happens to a step that is not finite.)
+const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "eval_every",
+                                          "eval_batches", "checkpoint_every", "keep_last",
+                                          "log_every",    "skip_nonfinite"};
+
+// "grad_accum" -> "--grad-accum".
+std::string flag_of(const std::string& key) {
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return flag;
+}
+
+std::string step_dir_name(int64_t step) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%08lld", kStepPrefix, static_cast<long long>(step));
+    return buf;
+}
+
+// The step of a checkpoint directory name "step_N" (digits only: "step_N.tmp-PID" is not one).
+std::optional<int64_t> step_of_dir_name(const std::string& name) {
+    const size_t prefix = std::strlen(kStepPrefix);
+    if (name.rfind(kStepPrefix, 0) != 0 || name.size() == prefix || name.size() > prefix + 18)
+        return std::nullopt;
+    if (!std::all_of(name.begin() + prefix, name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; }))
+        return std::nullopt;
+    return std::stoll(name.substr(prefix));
+}
+
+bool is_step_dir(const fs::path& p) {
+    return step_of_dir_name(p.filename().string()) && fs::exists(p / kStateFile);
+}
+
+// What an interrupted write leaves in a run directory: the checkpoint writer's temporary
+// directory "step_N.tmp-PID" / "best.tmp-PID", and write_file_atomic's "metrics.jsonl.tmp.PID".
+bool is_leftover_name(const std::string& name) {
+    for (const char* marker : {".tmp-", ".tmp."}) {
+        const size_t at = name.rfind(marker);
+        if (at == std::string::npos || at == 0) continue;
+        const std::string base = name.substr(0, at), pid = name.substr(at + std::strlen(marker));
+        const bool numeric = !pid.empty() && std::all_of(pid.begin(), pid.end(), [](char c) {
+            return c >= '0' && c <= '9';
+        });
+        if (numeric && (step_of_dir_name(base) || base == kBestDir || base == kMetricsFile))
+            return true;
+    }
+    return false;
+}
+
+// Removes the leftovers of interrupted writes; the caller holds the run's lock, so none of them
+// is being written. One that cannot be removed stays ignored.
+void remove_leftovers(const fs::path& run_dir) {
+    for (const auto& entry : fs::directory_iterator(run_dir))
+        if (is_leftover_name(entry.path().filename().string())) {
+            std::error_code ignored;
+            fs::remove_all(entry.path(), ignored);
+        }
+}
+
+// "run/step_5/" and "run/step_5" name the same checkpoint; "step_5" lies in ".".
+fs::path normalized(const std::string& path) {
+    fs::path p = fs::path(path).lexically_normal();
+    if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+    return p;
+}
+
+fs::path parent_or_dot(const fs::path& p) {
+    return p.has_parent_path() ? p.parent_path() : fs::path(".");
+}
+
+// std::filesystem reports a refused permission or a full disk as std::filesystem_error, which
+// the CLI would call an internal error; they are the user's environment, so they become
+// tmx::Error (its message names the operation and the path).
+template <class F>
+auto filesystem_errors_as_errors(F&& body) -> decltype(body()) {
+    try {
+        return body();
+    } catch (const fs::filesystem_error& e) {
+        throw Error(e.what());
+    }
+}
+
+// A metrics.jsonl write that failed: the run stops after a last checkpoint attempt.
+class MetricsWriteError : public Error {
+  public:
+    using Error::Error;
+};
+
+std::string format_real(double v) {
+    if (std::isnan(v)) return "NaN";  // printf's "-nan" would suggest a sign NaN does not have
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
+
+void check_positive(int64_t v, const char* flag) {
+    if (v <= 0) throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
+}
+
+void check_not_negative(int64_t v, const char* flag) {
+    if (v < 0)
+        throw UsageError(std::string(flag) + ": must not be negative, got " + std::to_string(v));
+}
+
+// A real-valued option must be finite and in range. Finiteness is tested on its own: NaN fails
+// every comparison, so a range test written the wrong way round would let it through.
+void check_real(double v, bool in_range, const char* flag, const char* expected) {
+    if (!std::isfinite(v) || !in_range)
+        throw UsageError(std::string(flag) + ": must be a finite number " + expected + ", got " +
+                         format_real(v));
+}
+
+// Token counts are products of flags; one that overflows is a usage error naming them.
+int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::string& flags) {
+    try {
+        return checked_product(factors, flags);
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+}
+
+void validate_options(const TrainOptions& o, const ModelConfig& c) {
+    if (o.data_dir.empty()) throw UsageError("--data: a token dataset directory is required");
+    check_positive(o.batch_size, "--batch-size");
+    check_positive(o.grad_accum, "--grad-accum");
+    if (o.seq_len < 0 || o.seq_len > c.max_seq_len)
+        throw UsageError("--seq-len: must be between 1 and the model's max_seq_len (" +
+                         std::to_string(c.max_seq_len) + "), got " + std::to_string(o.seq_len));
+    check_not_negative(o.max_steps, "--max-steps");
+    check_not_negative(o.max_tokens, "--max-tokens");
+    if ((o.max_steps > 0) == (o.max_tokens > 0))
+        throw UsageError("give exactly one budget: --max-steps N or --max-tokens N");
+    check_real(o.lr, o.lr > 0, "--lr", "> 0");
+    check_real(o.min_lr, o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", "between 0 and --lr");
+    check_not_negative(o.warmup_steps, "--warmup-steps");
+    check_real(o.beta1, o.beta1 >= 0 && o.beta1 < 1, "--beta1", "in [0, 1)");
+    check_real(o.beta2, o.beta2 >= 0 && o.beta2 < 1, "--beta2", "in [0, 1)");
+    check_real(o.eps, o.eps > 0, "--eps", "> 0");
+    check_real(o.weight_decay, o.weight_decay >= 0, "--weight-decay", ">= 0");
+    check_real(o.grad_clip, o.grad_clip >= 0, "--grad-clip", ">= 0 (0 = off)");
+    check_not_negative(o.eval_every, "--eval-every");
+    check_positive(o.eval_batches, "--eval-batches");
+    check_not_negative(o.checkpoint_every, "--checkpoint-every");
+    check_positive(o.keep_last, "--keep-last");
+    check_positive(o.log_every, "--log-every");
+    check_not_negative(o.skip_nonfinite, "--skip-nonfinite");
+    const int64_t seq = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
+    const int64_t per_step = checked_flag_product({o.batch_size, o.grad_accum, seq},
+                                                  "--batch-size x --grad-accum x --seq-len");
+    checked_flag_product({o.max_steps, per_step}, "--max-steps x tokens per step");
+    checked_flag_product({o.eval_batches, o.batch_size}, "--eval-batches x --batch-size");
+}
+
+}  // namespace
+
+void adamw_step(Model& model, const Tensor& m, const Tensor& v, const Backend::AdamWParams& hp) {
+    Backend& be = model.backend();
+    const std::vector<ParamSpec>& specs = model.layout().specs;
+    const Tensor& params = model.params();
+    const Tensor& grads = model.grads();
+    for (size_t i = 0; i < specs.size();) {
+        const bool decay = specs[i].decay;
+        const int64_t begin = specs[i].offset;
+        int64_t end = begin;
+        for (; i < specs.size() && specs[i].decay == decay; ++i) {
+            if (specs[i].offset != end) throw std::logic_error("adamw_step: layout has a gap");
+            end += specs[i].numel();
+        }
+        Backend::AdamWParams run = hp;
+        if (!decay) run.weight_decay = 0.0f;
+        const Shape shape{end - begin};
+        be.adamw(params.slice(begin, shape), grads.slice(begin, shape), m.slice(begin, shape),
+                 v.slice(begin, shape), run);
+    }
+}
+
+void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
+                           const Backend& backend, const TrainingMemoryFlags& flags) {
+    ReportOptions at;
+    at.batch = batch;
+    at.seq = seq;
+    at.batch_flag = flags.batch.c_str();
+    at.seq_flag = flags.seq.c_str();
+    build_param_report(config_to_json(c), "training memory", at);  // its bounds name the flags
+    const TrainingMemory m = training_memory(c, batch, seq, precision);
+    const uint64_t capacity = backend.memory_capacity();
+    if (capacity > 0 && m.total() > static_cast<double>(capacity))
+        throw UsageError(
+            flags.batch + " " + with_thousands(batch) + " x " + flags.seq + " " +
+            with_thousands(seq) + ": training in " + to_string(precision) + " would need " +
+            fmt_bytes(m.total()) + " (weights" + (m.bf16_weights > 0 ? " with their bf16 copy" : "") +
+            ", gradients and AdamW state " +
+            fmt_bytes(m.weights + m.gradients + m.optimizer + m.bf16_weights) +
+            ", activations " + fmt_bytes(m.activations) + ", step scratch " +
+            fmt_bytes(m.step_scratch) + "; tmx params --batch B --seq T shows it), more than the " +
+            backend.name() + " backend's " + fmt_bytes(static_cast<double>(capacity)) +
+            "; lower " + flags.batch + " or " + flags.seq + flags.advice);
+}
+
+namespace {
+
+void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
+    check_training_memory(c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision,
+                          backend,
+                          {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
+}
+
+// Fields of trainer_state.json. A missing field or one of the wrong type is an error naming the
+// file and the field, and saying what was expected.
+std::string describe(const json& v) {
+    std::string s = v.dump();
+    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+const json& state_field(const json& j, const std::string& key, const std::string& source,
+                        const char* expected) {
+    auto it = j.find(key);
+    if (it == j.end()) throw Error(source + ": missing \"" + key + "\" (" + expected + ")");
+    return *it;
+}
+
+[[noreturn]] void wrong_type(const json& v, const std::string& key, const std::string& source,
+                             const char* expected) {
+    throw Error(source + ": \"" + key + "\" must be " + expected + ", got " + describe(v));
+}
+
+int64_t int_field(const json& j, const std::string& key, const std::string& source,
+                  int64_t min_value = std::numeric_limits<int64_t>::min()) {
+    const char* expected = min_value >= 0 ? "an integer >= 0" : "an integer";
+    const json& v = state_field(j, key, source, expected);
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                                             : v.is_number_integer();
+    if (!fits || v.get<int64_t>() < min_value) wrong_type(v, key, source, expected);
+    return v.get<int64_t>();
+}
+
+uint64_t uint_field(const json& j, const std::string& key, const std::string& source) {
+    const json& v = state_field(j, key, source, "an integer >= 0");
+    if (!v.is_number_unsigned()) wrong_type(v, key, source, "an integer >= 0");
+    return v.get<uint64_t>();
+}
+
+double number_field(const json& j, const std::string& key, const std::string& source) {
+    const json& v = state_field(j, key, source, "a number");
+    if (!v.is_number()) wrong_type(v, key, source, "a number");
+    return v.get<double>();
+}
+
+std::string string_field(const json& j, const std::string& key, const std::string& source) {
+    const json& v = state_field(j, key, source, "a string");
+    if (!v.is_string()) wrong_type(v, key, source, "a string");
+    return v.get<std::string>();
+}
+
+bool bool_field(const json& j, const std::string& key, const std::string& source) {
+    const json& v = state_field(j, key, source, "true or false");
+    if (!v.is_boolean()) wrong_type(v, key, source, "true or false");
+    return v.get<bool>();
+}
+
+void add_slots(std::vector<std::vector<int64_t>>& total,
+               const std::vector<std::vector<int64_t>>& add) {
+    if (total.size() < add.size()) total.resize(add.size());
+    for (size_t l = 0; l < add.size(); ++l) {
+        if (total[l].size() < add[l].size()) total[l].resize(add[l].size(), 0);
+        for (size_t e = 0; e < add[l].size(); ++e) total[l][e] += add[l][e];
+    }
+}
+
+// The first tensor of `layout` with a value that is not finite in the flat `values`, or "".
+std::string first_nonfinite_tensor(const ParamLayout& layout, const std::vector<float>& values) {
+    for (const auto& s : layout.specs)
+        for (int64_t i = s.offset; i < s.offset + s.numel(); ++i)
+            if (!std::isfinite(values[static_cast<size_t>(i)])) return s.name;
+    return "";
+}
+
+}  // namespace
+
+// An exclusive flock() on RUN/train.lock while a trainer lives. The kernel drops it when the
+// process ends however it ends, so a killed run leaves no stale lock; the file's text names the
+// holder for the error a second trainer gets.
+class RunDirLock {
+  public:
+    explicit RunDirLock(const fs::path& run_dir) {
+        const std::string path = (run_dir / kLockFile).string();
+        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ < 0)
+            throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno));
+        if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+            const int err = errno;
+            if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS)
+                return;  // a file system without locks: train unlocked rather than not at all
+            std::string holder(256, '\0');
+            const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+            holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+            holder.erase(std::find(holder.begin(), holder.end(), '\n'), holder.end());
+            ::close(fd_);
+            if (err != EWOULDBLOCK)
+                throw Error(path + ": cannot lock the run directory: " + std::strerror(err));
+            throw Error(run_dir.string() + ": the run is in use by another tmx train (" +
+                        (holder.empty() ? std::string("its holder is starting") : holder) +
+                        "); wait for it to end or stop it first");
+        }
+        char host[256] = {};
+        if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+        const std::string holder =
+            "pid " + std::to_string(::getpid()) + " on host " + std::string(host) + "\n";
+        // The holder's name is for the message only: a failure to write it is no reason to stop.
+        if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, holder.data(), holder.size(), 0);
+    }
+    ~RunDirLock() { ::close(fd_); }
+    RunDirLock(const RunDirLock&) = delete;
+    RunDirLock& operator=(const RunDirLock&) = delete;
+
+  private:
+    int fd_ = -1;
+};
+
+json train_options_to_json(const TrainOptions& o) {
+    return {{"data_dir", o.data_dir},
+            {"val_dir", o.val_dir},
+            {"batch_size", o.batch_size},
+            {"seq_len", o.seq_len},
+            {"grad_accum", o.grad_accum},
+            {"max_steps", o.max_steps},
+            {"max_tokens", o.max_tokens},
+            {"lr", o.lr},
+            {"min_lr", o.min_lr},
+            {"warmup_steps", o.warmup_steps},
+            {"beta1", o.beta1},
+            {"beta2", o.beta2},
+            {"eps", o.eps},
+            {"weight_decay", o.weight_decay},
+            {"grad_clip", o.grad_clip},
+            {"eval_every", o.eval_every},
+            {"eval_batches", o.eval_batches},
+            {"checkpoint_every", o.checkpoint_every},
+            {"keep_last", o.keep_last},
+            {"log_every", o.log_every},
+            {"seed", o.seed},
+            {"skip_nonfinite", o.skip_nonfinite},
+            {"precision", to_string(o.precision)}};
+}
+
+TrainOptions train_options_from_json(const json& j, const std::string& source) {
+    if (!j.is_object()) throw Error(source + ": expected a JSON object of training options");
+    TrainOptions o;
+    o.data_dir = string_field(j, "data_dir", source);
+    o.val_dir = string_field(j, "val_dir", source);
+    o.batch_size = int_field(j, "batch_size", source);
+    o.seq_len = int_field(j, "seq_len", source);
+    o.grad_accum = int_field(j, "grad_accum", source);
+    o.max_steps = int_field(j, "max_steps", source);
+    o.max_tokens = int_field(j, "max_tokens", source);
+    o.lr = number_field(j, "lr", source);
+    o.min_lr = number_field(j, "min_lr", source);
+    o.warmup_steps = int_field(j, "warmup_steps", source);
+    o.beta1 = number_field(j, "beta1", source);
+    o.beta2 = number_field(j, "beta2", source);
+    o.eps = number_field(j, "eps", source);
+    o.weight_decay = number_field(j, "weight_decay", source);
+    o.grad_clip = number_field(j, "grad_clip", source);
+    o.eval_every = int_field(j, "eval_every", source);
+    o.eval_batches = int_field(j, "eval_batches", source);
+    o.checkpoint_every = int_field(j, "checkpoint_every", source);
+    o.keep_last = int_field(j, "keep_last", source);
+    o.log_every = int_field(j, "log_every", source);
+    o.seed = uint_field(j, "seed", source);
+    // Absent from the checkpoints of versions before it existed: those runs skip nothing.
+    if (j.contains("skip_nonfinite")) o.skip_nonfinite = int_field(j, "skip_nonfinite", source);
+    // Absent before bf16 existed: those runs were fp32.
+    if (j.contains("precision"))
+        o.precision = parse_precision(string_field(j, "precision", source), source + ": precision");
+    return o;
+}
+
+std::string resolve_run_checkpoint(const std::string& path) {
+    return filesystem_errors_as_errors([&] {
+        const fs::path p = normalized(path);
+        if (is_leftover_name(p.filename().string()))
+            throw Error(path + ": an unfinished checkpoint left by an interrupted write (resume "
+                        "the run directory " + parent_or_dot(p).string() +
+                        ", whose next run removes it)");
+        if (fs::exists(p / kStateFile)) return p.string();
+        if (!fs::is_directory(p)) throw Error(path + ": no such run directory or checkpoint");
+        fs::path latest;
+        int64_t latest_step = -1;
+        for (const auto& entry : fs::directory_iterator(p)) {
+            const std::optional<int64_t> step = step_of_dir_name(entry.path().filename().string());
+            if (step && *step > latest_step && entry.is_directory() && is_step_dir(entry.path())) {
+                latest = entry.path();
+                latest_step = *step;
+            }
+        }
+        if (latest.empty())
+            throw Error(path + ": not a training run (no step_* checkpoint with " + kStateFile +
+                        ")");
+        return latest.string();
+    });
+}
+
+double Trainer::learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps) {
+    if (o.warmup_steps > 0 && step < o.warmup_steps)
+        return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
+    const int64_t decay_steps = max_steps - o.warmup_steps;
+    if (decay_steps <= 0) return o.lr;
+    const double progress = std::clamp(
+        static_cast<double>(step - o.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string run_dir,
+                 Backend& backend)
+    : model_(std::move(model)), options_(std::move(options)), run_dir_(std::move(run_dir)),
+      backend_(backend) {
+    if (!backend_.supports_training())
+        throw Error("the " + backend_.name() + " backend runs inference only (it has no "
+                    "backward ops)");
+    backend_.set_matmul_precision(options_.precision);
+    const ModelConfig& c = model_->config();
+    seq_len_ = options_.seq_len > 0 ? options_.seq_len : c.max_seq_len;
+    const int64_t per_step = options_.tokens_per_step(seq_len_);
+    // Rounded up without adding first, which could overflow for a budget near the int64 limit.
+    max_steps_ = options_.max_steps > 0
+                     ? options_.max_steps
+                     : options_.max_tokens / per_step + (options_.max_tokens % per_step != 0);
+    const int64_t P = model_->num_params();
+    adam_m_ = backend_.alloc({P});
+    adam_v_ = backend_.alloc({P});
+    backend_.fill(adam_m_, 0.0f);
+    backend_.fill(adam_v_, 0.0f);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::open_data() {
+    const ModelConfig& c = model_->config();
+    train_data_ = open_dataset(options_.data_dir, Split::Train);
+    val_data_ = open_dataset(options_.val_dir.empty() ? options_.data_dir : options_.val_dir,
+                             Split::Val);
+    for (const TokenDataset* d : {&*train_data_, &*val_data_}) {
+        if (static_cast<int64_t>(d->vocab_size()) != c.vocab_size)
+            throw Error(d->dir() + ": its tokens use a vocabulary of " +
+                        std::to_string(d->vocab_size()) + " but the model's vocab_size is " +
+                        std::to_string(c.vocab_size) + " (prepare the data with the model's tokenizer)");
+        if (static_cast<int64_t>(d->size()) <= seq_len_)
+            throw Error(d->dir() + ": the " + to_string(d->split()) + " split has " +
+                        std::to_string(d->size()) + " tokens, fewer than one sequence of " +
+                        std::to_string(seq_len_ + 1));
+    }
+    const std::string& tok_file = train_data_->meta().tokenizer_file;
+    const fs::path tok = fs::path(options_.data_dir) / tok_file;
+    tokenizer_path_ = !tok_file.empty() && fs::is_regular_file(tok) ? tok.string() : std::string();
+}
+
+std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOptions& options,
+                                        const std::string& run_dir, uint64_t init_seed,
+                                        Backend& backend) {
+    validate_options(options, config);
+    check_run_memory(config, options, backend);
+    return filesystem_errors_as_errors([&] {
+        const std::string refusal =
+            run_dir + ": exists and is not empty (continue a run with --resume " + run_dir +
+            ", or choose another --out)";
+        // A lock file alone is what a start that failed after creating the directory leaves.
+        const auto holds_more_than_a_lock = [&] {
+            for (const auto& entry : fs::directory_iterator(run_dir))
+                if (entry.path().filename() != kLockFile) return true;
+            return false;
+        };
+        if (fs::exists(run_dir) && !fs::is_directory(run_dir))
+            throw Error("--out " + run_dir + ": exists and is not a directory");
+        if (fs::exists(run_dir) && holds_more_than_a_lock()) throw Error(refusal);
+        auto model = std::make_unique<Model>(config, backend);
+        model->init_random(init_seed);
+        std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend));
+        t->open_data();
+        std::error_code ec;
+        fs::create_directories(run_dir, ec);
+        if (ec)
+            throw Error("--out " + run_dir + ": cannot create the run directory: " + ec.message());
+        t->lock_ = std::make_unique<RunDirLock>(run_dir);
+        if (holds_more_than_a_lock()) throw Error(refusal);  // taken since the check above
+        write_file_atomic((fs::path(run_dir) / kMetricsFile).string(), "");
+        return t;
+    });
+}
+
+std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backend,
+                                         const json& overrides) {
+    return filesystem_errors_as_errors([&] {
+        // Lock before reading: the run's holder may be writing the checkpoint. Resolve again
+        // under the lock, since a holder that just ended may have written a newer one.
+        const std::string run_dir = parent_or_dot(resolve_run_checkpoint(path)).string();
+        auto lock = std::make_unique<RunDirLock>(run_dir);
+        remove_leftovers(run_dir);
+        const std::string ckpt = resolve_run_checkpoint(path);
+        const std::string state_path = (fs::path(ckpt) / kStateFile).string();
+        const json state = read_json_file(state_path);
+        if (!state.is_object()) throw Error(state_path + ": expected a JSON object");
+        json options_json = state_field(state, "options", state_path, "the training options");
+        if (!options_json.is_object())
+            wrong_type(options_json, "options", state_path, "an object of training options");
+        for (const auto& [key, value] : overrides.items()) {
+            // The run's own value is no change (a run from before "precision" existed is fp32).
+            const json current = key == "precision" ? options_json.value(key, json("fp32"))
+                                                    : options_json.value(key, json());
+            if (value == current) continue;
+            if (std::find(std::begin(kResumeOverridable), std::end(kResumeOverridable), key) ==
+                std::end(kResumeOverridable))
+                throw UsageError(flag_of(key) +
+                                 " cannot change when resuming (it would change the run's math); "
+                                 "the run uses " + current.dump());
+            options_json[key] = value;
+        }
+        if (overrides.contains("max_steps")) options_json["max_tokens"] = 0;
+        if (overrides.contains("max_tokens")) options_json["max_steps"] = 0;
+        TrainOptions options = train_options_from_json(options_json, state_path + ": options");
+        // A run keeps its precision (above): where this backend lacks it, --precision fp32 is
+        // no way out, so say where the run can go on.
+        if (!backend.supports_precision(options.precision))
+            throw UsageError(state_path + ": the run trains in " + to_string(options.precision) +
+                             " matmuls, which the " + backend.name() +
+                             " backend has not (CUDA: bf16 needs compute capability 8.0 or "
+                             "newer); a run keeps its precision: resume it with --backend cpu "
+                             "or on a GPU that has them");
+        const ModelConfig config = load_checkpoint_config(ckpt);
+        validate_options(options, config);
+        check_run_memory(config, options, backend);
+        auto model = std::make_unique<Model>(config, backend);
+        load_checkpoint_weights(*model, ckpt);
+        std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend));
+        t->lock_ = std::move(lock);
+        t->open_data();
+        t->restore_state(state, state_path);
+        t->last_checkpoint_ = ckpt;
+
+        SafetensorsFile opt((fs::path(ckpt) / kOptimizerFile).string());
+        const int64_t P = t->model_->num_params();
+        for (const auto& [name, tensor] :
+             {std::pair{"exp_avg", &t->adam_m_}, {"exp_avg_sq", &t->adam_v_}}) {
+            auto it = opt.entries().find(name);
+            if (it == opt.entries().end() || it->second.shape != Shape{P})
+                throw Error(opt.path() + ": missing or mis-shaped optimizer tensor '" + name + "'");
+            std::vector<float> host(static_cast<size_t>(P));
+            opt.read_f32(name, host.data());
+            // NaN moments would turn the first step's update, and every weight, into NaN.
+            check_finite_tensor(opt.path(), name, {P}, host.data(), "optimizer moments");
+            backend.upload(*tensor, host.data());
+        }
+        t->trim_metrics();
+        return t;
+    });
+}
+
+void Trainer::restore_state(const json& state, const std::string& source) {
+    step_ = int_field(state, "step", source, 0);
+    checked_mul(step_, options_.tokens_per_step(seq_len_), source + ": \"step\" x tokens per step");
+    has_best_ = state.contains("best_val_loss") && !state["best_val_loss"].is_null();
+    if (has_best_) best_val_loss_ = number_field(state, "best_val_loss", source);
+    // The fields below are absent from checkpoints of versions before them: nothing skipped,
+    // nothing pending, and reports average the steps after the resume.
+    if (state.contains("nonfinite_skipped"))
+        nonfinite_skipped_ = int_field(state, "nonfinite_skipped", source, 0);
+    if (state.contains("finish_pending"))
+        finish_pending_ = bool_field(state, "finish_pending", source);
+    if (state.contains("since_report")) {
+        const json& w = state["since_report"];
+        const std::string where = source + ": since_report";
+        if (!w.is_object()) wrong_type(w, "since_report", source, "an object");
+        window_.applied = int_field(w, "applied", where, 0);
+        window_.skipped = int_field(w, "skipped", where, 0);
+        window_.loss_sum = number_field(w, "loss_sum", where);
+        window_.aux_sum = number_field(w, "aux_sum", where);
+        window_.grad_norm_sum = number_field(w, "grad_norm_sum", where);
+        const json& slots = state_field(w, "expert_slots", where, "per layer, slots per expert");
+        const char* expected = "an array (per layer) of arrays of integers >= 0";
+        if (!slots.is_array()) wrong_type(slots, "expert_slots", where, expected);
+        for (const json& layer : slots) {
+            if (!layer.is_array()) wrong_type(slots, "expert_slots", where, expected);
+            window_.expert_slots.emplace_back();
+            for (const json& count : layer) {
+                if (!count.is_number_unsigned() ||
+                    count.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+                    wrong_type(slots, "expert_slots", where, expected);
+                window_.expert_slots.back().push_back(count.get<int64_t>());
+            }
+        }
+    }
+}
+
+void Trainer::trim_metrics() {
+    const std::string path = (fs::path(run_dir_) / kMetricsFile).string();
+    if (!fs::exists(path)) return;  // appending creates it
+    const std::string text = read_file(path);
+    std::string kept;
+    bool dropped = false;
+    for (size_t pos = 0; pos < text.size();) {
+        const size_t newline = text.find('\n', pos);
+        const bool complete = newline != std::string::npos;
+        const std::string line = text.substr(pos, complete ? newline - pos : std::string::npos);
+        pos = complete ? newline + 1 : text.size();
+        const json j = json::parse(line, nullptr, false);
+        const bool has_step =
+            !j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number();
+        if (has_step ? j["step"].get<double>() > static_cast<double>(step_) : !complete) {
+            dropped = true;  // logged after the checkpoint, or torn by a kill mid-line
+            continue;
+        }
+        kept += line + "\n";  // anything else stays, for tmx plot to report
+    }
+    if (dropped) write_file_atomic(path, kept);
+}
+
+void Trainer::sample_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
+                           std::vector<int32_t>& targets) const {
+    const int64_t B = options_.batch_size, T = seq_len_;
+    inputs.resize(static_cast<size_t>(B * T));
+    targets.resize(static_cast<size_t>(B * T));
+    std::vector<int32_t> window(static_cast<size_t>(T + 1));
+    const uint64_t span = train_data_->size() - static_cast<uint64_t>(T);
+    for (int64_t b = 0; b < B; ++b) {
+        Rng rng(stream_seed(options_.seed, "batch/" + std::to_string(step) + "/" +
+                                               std::to_string(micro) + "/" + std::to_string(b)));
+        train_data_->copy_range(rng.below(span), window.size(), window.data());
+        std::copy(window.begin(), window.end() - 1, inputs.begin() + b * T);
+        std::copy(window.begin() + 1, window.end(), targets.begin() + b * T);
+    }
+}
+
+Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
+    Model& m = *model_;
+    m.zero_grads();
+    std::vector<int32_t> inputs, targets;
+    std::vector<std::vector<int64_t>> slots;
+    double loss = 0.0, aux = 0.0;
+    const float micro_scale = 1.0f / static_cast<float>(options_.grad_accum);
+    for (int64_t micro = 0; micro < options_.grad_accum; ++micro) {
+        // Nothing of the step is applied yet: dropping it here loses nothing a resume redoes.
+        if (should_stop && should_stop()) return StepOutcome::Interrupted;
+        sample_batch(step_, micro, inputs, targets);
+        ForwardResult r = m.forward(inputs, options_.batch_size, seq_len_, &targets, true);
+        if (!std::isfinite(r.loss) || !std::isfinite(r.aux))
+            return reject_nonfinite(std::isfinite(r.loss) ? "aux loss" : "loss", r.loss, r.aux,
+                                    std::nullopt);
+        m.backward(micro_scale);
+        loss += r.loss * micro_scale;
+        aux += r.aux * micro_scale;
+        add_slots(slots, r.expert_slots);
+    }
+    Tensor sq = backend_.alloc({1});
+    backend_.sum_squares(m.grads(), sq);
+    float sumsq = 0.0f;
+    backend_.download(sq, &sumsq);
+    const double grad_norm = std::sqrt(static_cast<double>(sumsq));
+    if (!std::isfinite(grad_norm)) return reject_nonfinite("gradient norm", loss, aux, grad_norm);
+    // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
+    const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
+    const double lr = learning_rate(options_, step_, max_steps_);
+    adamw_step(m, adam_m_, adam_v_,
+               {.lr = static_cast<float>(lr),
+                    .beta1 = static_cast<float>(options_.beta1),
+                    .beta2 = static_cast<float>(options_.beta2),
+                    .eps = static_cast<float>(options_.eps),
+                    .weight_decay = static_cast<float>(options_.weight_decay),
+                    .step = step_ + 1,
+                    .grad_scale = clip ? static_cast<float>(options_.grad_clip / (grad_norm + 1e-6))
+                                       : 1.0f});
+    m.params_changed();
+    ++step_;
+    unsaved_ = true;
+    ++window_.applied;
+    window_.loss_sum += loss;
+    window_.aux_sum += aux;
+    window_.grad_norm_sum += grad_norm;
+    add_slots(window_.expert_slots, slots);
+    return StepOutcome::Applied;
+}
+
+Trainer::StepOutcome Trainer::reject_nonfinite(const std::string& what, double loss, double aux,
+                                               std::optional<double> grad_norm) {
+    const int64_t step = step_ + 1;
+    const bool skip = nonfinite_skipped_ < options_.skip_nonfinite;
+    // A loss rejected before its backward pass leaves the forward's activations: free them
+    // before a validation pass or the next step runs beside them.
+    model_->discard_activations();
+    json line = {{"step", step},
+                 {"tokens", step * options_.tokens_per_step(seq_len_)},
+                 {"lr", learning_rate(options_, step_, max_steps_)},
+                 {"loss", metrics_value(loss)},
+                 {"aux", metrics_value(aux)},
+                 {"nonfinite", what},
+                 {"skipped", skip}};
+    if (grad_norm) line["grad_norm"] = metrics_value(*grad_norm);
+    const double value = what == "loss" ? loss : what == "aux loss" ? aux : *grad_norm;
+    if (skip) {
+        append_metrics(line);
+        // The step is consumed (its batch is never used) without touching weights or moments.
+        ++nonfinite_skipped_;
+        ++window_.skipped;
+        ++step_;
+        unsaved_ = true;
+        return StepOutcome::Skipped;
+    }
+    const std::string advice =
+        options_.skip_nonfinite > 0
+            ? "the run has had " + std::to_string(nonfinite_skipped_ + 1) +
+                  " non-finite steps, more than --skip-nonfinite " +
+                  std::to_string(options_.skip_nonfinite) + " allows"
+            : "lower --lr or --grad-clip, or resume with --skip-nonfinite N to skip up to N "
+              "such steps";
+    const std::string unlogged = log_before_error(line);
+    throw Error("step " + std::to_string(step) + ": the " + what + " is " + format_real(value) +
+                "; the step was not applied and no checkpoint was written (" +
+                last_checkpoint_phrase() + "); " + advice + unlogged);
+}
+
+std::string Trainer::last_checkpoint_phrase() const {
+    return last_checkpoint_.empty() ? "the run has no checkpoint yet"
+                                    : "the last checkpoint is " + last_checkpoint_;
+}
+
+double Trainer::evaluate() {
+    return *evaluate_until(StopPredicate());
+}
+
+std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) {
+    // Consecutive windows from the start of the validation stream: the same every time.
+    const int64_t B = options_.batch_size, T = seq_len_;
+    const int64_t available = static_cast<int64_t>((val_data_->size() - 1) / static_cast<uint64_t>(T));
+    const int64_t windows = std::min(options_.eval_batches * B, available);
+    double total = 0.0;
+    int64_t count = 0;
+    std::vector<int32_t> window(static_cast<size_t>(T + 1)), inputs, targets;
+    for (int64_t w0 = 0; w0 < windows; w0 += B) {
+        if (should_stop && should_stop()) return std::nullopt;
+        const int64_t rows = std::min(B, windows - w0);
+        inputs.resize(static_cast<size_t>(rows * T));
+        targets.resize(static_cast<size_t>(rows * T));
+        for (int64_t r = 0; r < rows; ++r) {
+            val_data_->copy_range(static_cast<uint64_t>((w0 + r) * T), window.size(), window.data());
+            std::copy(window.begin(), window.end() - 1, inputs.begin() + r * T);
+            std::copy(window.begin() + 1, window.end(), targets.begin() + r * T);
+        }
+        ForwardResult res = model_->forward_loss(inputs, rows, T, targets);
+        total += res.loss * static_cast<double>(res.n_targets);
+        count += res.n_targets;
+    }
+    return total / static_cast<double>(count);
+}
+
+std::string Trainer::save(bool best) {
+    const std::string dir =
+        (fs::path(run_dir_) / (best ? std::string(kBestDir) : step_dir_name(step_))).string();
+    const int64_t P = model_->num_params();
+    std::vector<float> m(static_cast<size_t>(P)), v(static_cast<size_t>(P));
+    backend_.download(adam_m_, m.data());
+    backend_.download(adam_v_, v.data());
+    // A checkpoint must be a state worth resuming. A finite loss and gradient do not prove finite
+    // weights (an update can overflow), so they are checked here, once per checkpoint.
+    const auto refuse_nonfinite = [&](const std::vector<float>& values, const char* what) {
+        const std::string tensor = first_nonfinite_tensor(model_->layout(), values);
+        if (!tensor.empty())
+            throw Error("step " + std::to_string(step_) + ": the " + what + " of " + tensor +
+                        " are no longer finite; not writing " + dir + " (" +
+                        last_checkpoint_phrase() + "); lower --lr");
+    };
+    refuse_nonfinite(model_->params_to_host(), "weights");  // a copy freed before the write's own
+    refuse_nonfinite(m, "optimizer moments (exp_avg)");
+    refuse_nonfinite(v, "optimizer moments (exp_avg_sq)");
+    json state = {{"step", step_},
+                  {"max_steps", max_steps_},
+                  {"tokens", step_ * options_.tokens_per_step(seq_len_)},
+                  {"best_val_loss", has_best_ ? json(best_val_loss_) : json(nullptr)},
+                  {"nonfinite_skipped", nonfinite_skipped_},
+                  {"finish_pending", finish_pending_},
+                  {"since_report",
+                   {{"applied", window_.applied},
+                    {"skipped", window_.skipped},
+                    {"loss_sum", window_.loss_sum},
+                    {"aux_sum", window_.aux_sum},
+                    {"grad_norm_sum", window_.grad_norm_sum},
+                    {"expert_slots", window_.expert_slots}}},
+                  {"options", train_options_to_json(options_)}};
+    CheckpointWriteOptions w;
+    w.dtype = StorageType::F32;  // exact resume needs the full-precision weights
+    w.tokenizer_path = tokenizer_path_;
+    w.overwrite = true;
+    w.extra_files[kOptimizerFile] = encode_safetensors(
+        {{"exp_avg", {P}, m.data()}, {"exp_avg_sq", {P}, v.data()}}, StorageType::F32);
+    w.extra_files[kStateFile] = state.dump(2) + "\n";
+    save_checkpoint(*model_, dir, w);
+    if (!best) {
+        last_checkpoint_ = dir;
+        unsaved_ = false;
+    }
+    return dir;
+}
+
+void Trainer::prune_checkpoints() {
+    std::vector<std::pair<int64_t, fs::path>> steps;
+    for (const auto& entry : fs::directory_iterator(run_dir_))
+        if (entry.is_directory() && is_step_dir(entry.path()))
+            steps.emplace_back(*step_of_dir_name(entry.path().filename().string()), entry.path());
+    std::sort(steps.begin(), steps.end());
+    const int64_t excess = static_cast<int64_t>(steps.size()) - options_.keep_last;
+    for (int64_t i = 0; i < excess; ++i) fs::remove_all(steps[static_cast<size_t>(i)].second);
+}
+
+void Trainer::append_metrics(const json& line) {
+    // Written with write(2), not a buffered stream, so that a failure (a full disk) is seen
+    // here; a line written in part is cut off again, so the file never holds a torn line.
+    const std::string path = (fs::path(run_dir_) / kMetricsFile).string();
+    const std::string text = line.dump() + "\n";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        throw MetricsWriteError(path + ": cannot open for appending: " + std::strerror(errno));
+    struct stat before {};
+    const bool sized = ::fstat(fd, &before) == 0 && S_ISREG(before.st_mode);
+    int err = 0;
+    for (size_t done = 0; done < text.size() && !err;) {
+        const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+        if (n >= 0)
+            done += static_cast<size_t>(n);
+        else if (errno != EINTR)
+            err = errno;
+    }
+    if (err && sized) (void)!::ftruncate(fd, before.st_size);
+    if (::close(fd) != 0 && !err) err = errno;
+    if (err) throw MetricsWriteError(path + ": cannot append a line: " + std::strerror(err));
+}
+
+std::string Trainer::log_before_error(const json& line) {
+    // The error that follows is what the user must see (and no checkpoint may follow it, as a
+    // metrics failure would have), so a failure to log only adds to its message.
+    try {
+        append_metrics(line);
+        return "";
+    } catch (const MetricsWriteError& e) {
+        return " (and it could not be logged: " + std::string(e.what()) + ")";
+    }
+}
+
+bool Trainer::finish_step(const StopPredicate& should_stop,
+                          const std::function<void(const TrainReport&)>& on_report,
+                          TrainReport& report) {
+    // Until the end of this function the step's work is pending: a checkpoint written meanwhile
+    // (best/, or the one a stop writes) makes a resume do it again.
+    finish_pending_ = true;
+    const bool last_step = step_ == max_steps_;
+    const bool eval_now =
+        last_step || (options_.eval_every > 0 && step_ % options_.eval_every == 0);
+    const bool ckpt_now =
+        last_step || (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0);
+    const bool report_now = eval_now || ckpt_now || step_ % options_.log_every == 0;
+    report = TrainReport{};
+    if (eval_now) {
+        const std::optional<double> val = evaluate_until(should_stop);
+        if (!val) return false;
+        if (!std::isfinite(*val)) {
+            const std::string unlogged = log_before_error({{"step", step_},
+                                                           {"val_loss", metrics_value(*val)},
+                                                           {"nonfinite", "validation loss"},
+                                                           {"skipped", false}});
+            throw Error("step " + std::to_string(step_) + ": the validation loss is " +
+                        format_real(*val) +
+                        ": the weights are no longer usable; no checkpoint was written (" +
+                        last_checkpoint_phrase() + "); lower --lr" + unlogged);
+        }
+        report.val_loss = *val;
+        if (!has_best_ || *val < best_val_loss_) {
+            best_val_loss_ = *val;
+            has_best_ = true;
+            save(/*best=*/true);
+        }
+    }
+    if (report_now) {
+        using clock = std::chrono::steady_clock;
+        const auto now = clock::now();
+        const double dt = std::chrono::duration<double>(now - last_report_time_).count();
+        const double elapsed = std::chrono::duration<double>(now - run_start_).count();
+        const int64_t timed_steps = step_ - last_report_step_, run_steps = step_ - run_start_step_;
+        last_report_time_ = now;
+        last_report_step_ = step_;
+        const int64_t per_step = options_.tokens_per_step(seq_len_);
+        // With every step since the last report skipped, there is no average: NaN, logged as such.
+        const double applied = window_.applied ? static_cast<double>(window_.applied) : NAN;
+        report.step = step_;
+        report.max_steps = max_steps_;
+        report.tokens = step_ * per_step;
+        report.loss = window_.loss_sum / applied;
+        report.aux = window_.aux_sum / applied;
+        report.grad_norm = window_.grad_norm_sum / applied;
+        report.skipped = window_.skipped;
+        report.lr = learning_rate(options_, step_ - 1, max_steps_);
+        report.tokens_per_s = static_cast<double>(timed_steps * per_step) / std::max(dt, 1e-9);
+        report.elapsed_s = elapsed;
+        report.eta_s = run_steps > 0
+                           ? elapsed / static_cast<double>(run_steps) *
+                                 static_cast<double>(std::max<int64_t>(max_steps_ - step_, 0))
+                           : 0.0;
+        for (const auto& layer : window_.expert_slots) {
+            int64_t total = 0;
+            for (int64_t c : layer) total += c;
+            std::vector<double> share;
+            for (int64_t c : layer) share.push_back(total ? static_cast<double>(c) / total : 0.0);
+            report.expert_load.push_back(std::move(share));
+        }
+        json line = {{"step", report.step},
+                     {"tokens", report.tokens},
+                     {"loss", metrics_value(report.loss)},
+                     {"aux", metrics_value(report.aux)},
+                     {"lr", report.lr},
+                     {"grad_norm", metrics_value(report.grad_norm)},
+                     {"tokens_per_s", report.tokens_per_s},
+                     {"elapsed_s", report.elapsed_s},
+                     {"expert_load", report.expert_load}};
+        if (report.val_loss) line["val_loss"] = *report.val_loss;
+        if (report.skipped) line["skipped_steps"] = report.skipped;
+        append_metrics(line);
+        window_ = ReportWindow{};
+    }
+    finish_pending_ = false;
+    unsaved_ = true;
+    if (ckpt_now) {
+        report.checkpoint = save(false);
+        prune_checkpoints();
+    }
+    if (report_now) on_report(report);
+    return true;
+}
+
+void Trainer::stop_after_metrics_failure(const Error& failure) {
+    std::string outcome;
+    if (!unsaved_) {
+        outcome = "its checkpoint " + last_checkpoint_ + " is current";
+    } else {
+        try {
+            outcome = "after writing the checkpoint " + save(false);
+            prune_checkpoints();
+        } catch (const std::exception& e) {
+            outcome =
+                "and its checkpoint could not be written either (" + std::string(e.what()) + ")";
+        }
+    }
+    throw Error(std::string(failure.what()) + "; the run stopped at step " + std::to_string(step_) +
+                " " + outcome + "; resume with --resume " + run_dir_ + " once it can be written");
+}
+
+TrainReport Trainer::run(const std::function<void(const TrainReport&)>& on_report,
+                         const std::atomic<bool>* stop) {
+    if (!stop) return run(on_report, StopPredicate());
+    return run(on_report, [stop] { return stop->load(); });
+}
+
+TrainReport Trainer::run(const std::function<void(const TrainReport&)>& on_report,
+                         const StopPredicate& should_stop) {
+    return filesystem_errors_as_errors([&] {
+        run_start_ = last_report_time_ = std::chrono::steady_clock::now();
+        run_start_step_ = last_report_step_ = step_;
+        TrainReport report;
+        try {
+            // A checkpoint written while step_'s evaluation was running finishes that first.
+            bool interrupted = finish_pending_ && !finish_step(should_stop, on_report, report);
+            while (!interrupted && step_ < max_steps_)
+                interrupted = train_step(should_stop) == StepOutcome::Interrupted ||
+                              !finish_step(should_stop, on_report, report);
+        } catch (const MetricsWriteError& e) {
+            stop_after_metrics_failure(e);
+        }
+        if (unsaved_) {
+            report.checkpoint = save(false);
+            prune_checkpoints();
+        }
+        report.step = step_;
+        report.max_steps = max_steps_;
+        return report;
+    });
+}
+
+}  // namespace tmx

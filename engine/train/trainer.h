@@ -1,0 +1,211 @@
+// Training on any backend: data sampling, the AdamW step with warmup + cosine schedule and
+// global-norm clipping, evaluation, metrics, and resumable checkpoints. Device-independent:
+// it talks to the model and the Backend interface only.
+//
+// A run directory holds step_NNNNNNNN/ checkpoints (the last keep_last of them), best/ (the
+// checkpoint with the lowest validation loss) and metrics.jsonl. Each checkpoint carries the
+// optimizer moments (optimizer.safetensors, F32) and trainer_state.json (step, best validation
+// loss, every option). Batches are a pure function of (seed, step), so a run stopped at step k
+// and resumed continues exactly as the uninterrupted run would have.
+//
+// A trainer holds RUN/train.lock while it lives, so two processes never write one run; a
+// checkpoint write that was killed leaves a temporary sibling (step_N.tmp-PID) that is never
+// taken for a checkpoint and is removed by the next trainer of the run. No non-finite value
+// reaches a checkpoint: a step whose loss or gradient norm is not finite is not applied (it is
+// skipped, up to skip_nonfinite times, else the run stops with an error).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "engine/core/errors.h"
+#include "engine/model/model.h"
+#include "engine/compute/precision.h"
+#include "engine/data/token_shards.h"
+
+namespace tmx {
+
+struct TrainOptions {
+    std::string data_dir;       // token dataset (tmx prepare): its train split
+    std::string val_dir;        // dataset whose val split evaluates; default data_dir
+    int64_t batch_size = 8;     // sequences per micro-batch
+    int64_t seq_len = 0;        // tokens per sequence; 0 = the config's max_seq_len
+    int64_t grad_accum = 1;     // micro-batches per optimizer step
+    int64_t max_steps = 0;      // budget in optimizer steps ...
+    int64_t max_tokens = 0;     // ... or in training tokens (one of the two)
+    double lr = 1e-3;           // peak learning rate
+    double min_lr = 1e-4;       // floor of the cosine decay
+    int64_t warmup_steps = 100; // linear warmup from lr/warmup_steps
+    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+    double grad_clip = 1.0;     // global-norm clipping; 0 = off
+    int64_t eval_every = 100;   // steps between evaluations (and at the end); 0 = only at the end
+    int64_t eval_batches = 8;   // batches of validation windows per evaluation
+    int64_t checkpoint_every = 500;  // steps between checkpoints (and at the end)
+    int64_t keep_last = 2;      // step checkpoints kept (best/ is kept besides)
+    int64_t log_every = 10;     // steps between progress reports and metrics lines
+    uint64_t seed = 0;          // data order
+    int64_t skip_nonfinite = 0;  // steps with a non-finite loss or gradient norm the run may
+                                 // skip (not apply) before it stops
+    Precision precision = Precision::F32;  // of the matmuls (Backend::set_matmul_precision)
+
+    int64_t tokens_per_step(int64_t seq) const { return batch_size * grad_accum * seq; }
+};
+
+nlohmann::json train_options_to_json(const TrainOptions& o);
+TrainOptions train_options_from_json(const nlohmann::json& j, const std::string& source);
+
+// One progress report (every log_every steps, after evaluations and at the end).
+struct TrainReport {
+    int64_t step = 0, max_steps = 0;
+    int64_t tokens = 0;               // training tokens consumed so far
+    double loss = 0.0, aux = 0.0;     // mean over the steps since the last report
+    std::optional<double> val_loss;   // when this step evaluated
+    double lr = 0.0, grad_norm = 0.0;
+    double tokens_per_s = 0.0, eta_s = 0.0, elapsed_s = 0.0;
+    // Per layer, the share of routed (token, choice) slots each expert received since the last
+    // report (MoE models).
+    std::vector<std::vector<double>> expert_load;
+    int64_t skipped = 0;              // non-finite steps skipped since the last report
+    std::string checkpoint;           // a checkpoint written at this step, if any
+};
+
+// The flags a training-memory refusal names, and advice appended to it.
+struct TrainingMemoryFlags {
+    std::string batch, seq, advice;
+};
+// Training at batch x seq in `precision` must not pass the parameter report's 1 EiB bound, and
+// the engine's own tensors (training_memory(): weights, gradients, AdamW state, the bf16 weight
+// copy, kept activations and the step's scratch) must fit in backend.memory_capacity():
+// otherwise a UsageError naming the flags. Called before anything is allocated, so that an
+// absurd batch is a usage error rather than a run that grows until the system kills it.
+void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
+                           const Backend& backend, const TrainingMemoryFlags& flags);
+
+// One AdamW step over the model's flat parameters with its gradients and the moments m, v (each
+// [num_params]): weight decay on the tensors the layout marks (ParamSpec::decay) and none on the
+// others. Each run of neighbouring tensors alike is one Backend::adamw call on views, so no
+// per-parameter mask exists (it would cost 4 B/param of device memory).
+void adamw_step(Model& model, const Tensor& m, const Tensor& v, const Backend::AdamWParams& hp);
+
+// Polled before every micro-batch and every evaluation batch: true stops the run.
+using StopPredicate = std::function<bool()>;
+
+class RunDirLock;
+
+class Trainer {
+public:
+    // A new run: fresh weights from init_seed, written into run_dir (created; an existing run
+    // there is refused).
+    static std::unique_ptr<Trainer> start(const ModelConfig& config, const TrainOptions& options,
+                                          const std::string& run_dir, uint64_t init_seed,
+                                          Backend& backend);
+    // Continues a run from a run directory (its latest checkpoint) or one of its checkpoints.
+    // `overrides` may change the budget and the cadence options (not the math).
+    static std::unique_ptr<Trainer> resume(const std::string& path, Backend& backend,
+                                           const nlohmann::json& overrides);
+
+    ~Trainer();
+
+    // Trains until the budget is reached or *stop becomes true. The flag is checked before
+    // every micro-batch and evaluation batch: a step it interrupts is dropped (it is redone on
+    // resume) and an interrupted evaluation is recorded as due. A checkpoint of the last
+    // completed step is written at the end either way. Throws tmx::Error when a step is not
+    // finite beyond skip_nonfinite (no checkpoint is written then), and when metrics.jsonl
+    // cannot be written (after a last checkpoint attempt). Returns the last report.
+    TrainReport run(const std::function<void(const TrainReport&)>& on_report,
+                    const std::atomic<bool>* stop = nullptr);
+    TrainReport run(const std::function<void(const TrainReport&)>& on_report,
+                    const StopPredicate& should_stop);
+
+    Model& model() { return *model_; }
+    const TrainOptions& options() const { return options_; }
+    int64_t step() const { return step_; }
+    int64_t max_steps() const { return max_steps_; }
+    const std::string& run_dir() const { return run_dir_; }
+    // The run's latest step checkpoint written or resumed from; "" before the first.
+    const std::string& last_checkpoint() const { return last_checkpoint_; }
+
+    // Learning rate at a 0-based step: linear warmup, then cosine decay to min_lr at max_steps.
+    static double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps);
+
+    // Mean cross-entropy over the validation windows.
+    double evaluate();
+
+private:
+    // The steps since the last progress report: what its averages are made of. Saved in
+    // checkpoints, so that the first report after a resume averages the same steps as in the
+    // uninterrupted run.
+    struct ReportWindow {
+        int64_t applied = 0, skipped = 0;
+        double loss_sum = 0.0, aux_sum = 0.0, grad_norm_sum = 0.0;
+        std::vector<std::vector<int64_t>> expert_slots;
+    };
+    enum class StepOutcome { Applied, Skipped, Interrupted };
+
+    Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string run_dir,
+            Backend& backend);
+    void open_data();
+    // The micro-batch `micro` of optimizer step `step`: inputs and shifted targets.
+    void sample_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
+                      std::vector<int32_t>& targets) const;
+    // One optimizer step, added to window_.
+    StepOutcome train_step(const StopPredicate& should_stop);
+    // A step whose loss or gradient norm is not finite: logs it, then skips it while the
+    // budget of skip_nonfinite lasts, else throws.
+    StepOutcome reject_nonfinite(const std::string& what, double loss, double aux,
+                                 std::optional<double> grad_norm);
+    // The work after step_: evaluation (and best/), report, checkpoint. False when
+    // should_stop interrupted the evaluation (finish_pending_ stays set).
+    bool finish_step(const StopPredicate& should_stop,
+                     const std::function<void(const TrainReport&)>& on_report,
+                     TrainReport& report);
+    // Mean validation loss, or nullopt when should_stop interrupted it.
+    std::optional<double> evaluate_until(const StopPredicate& should_stop);
+    std::string save(bool is_best_copy_too);
+    void prune_checkpoints();
+    void append_metrics(const nlohmann::json& line);
+    // Appends the line of a failure about to be thrown; "" or what kept it from the file.
+    std::string log_before_error(const nlohmann::json& line);
+    // "the last checkpoint is RUN/step_N", for the messages of a run that stops.
+    std::string last_checkpoint_phrase() const;
+    // Continues the run state of a checkpoint's trainer_state.json.
+    void restore_state(const nlohmann::json& state, const std::string& source);
+    // Drops the metrics lines logged after step_ (they are logged again).
+    void trim_metrics();
+    // metrics.jsonl failed: a checkpoint of the current state if it has none, then the error.
+    [[noreturn]] void stop_after_metrics_failure(const Error& failure);
+
+    std::unique_ptr<Model> model_;
+    TrainOptions options_;
+    std::string run_dir_;
+    Backend& backend_;
+    std::unique_ptr<RunDirLock> lock_;
+    std::string tokenizer_path_;
+    std::optional<TokenDataset> train_data_, val_data_;
+    Tensor adam_m_, adam_v_;
+    int64_t seq_len_ = 0, max_steps_ = 0, step_ = 0;
+    double best_val_loss_ = 0.0;
+    bool has_best_ = false;
+    int64_t nonfinite_skipped_ = 0;  // over the whole run
+    ReportWindow window_;
+    bool finish_pending_ = false;    // step_'s evaluation, report or checkpoint not yet done
+    bool unsaved_ = false;           // the state has changed since the last step checkpoint
+    std::string last_checkpoint_;
+    // Timing of the current run() call, for the reports' throughput and ETA.
+    std::chrono::steady_clock::time_point run_start_, last_report_time_;
+    int64_t run_start_step_ = 0, last_report_step_ = 0;
+};
+
+// The checkpoint directory a path names: itself when it holds trainer_state.json, else the
+// run directory's latest step checkpoint (step_N; never a leftover step_N.tmp-PID).
+std::string resolve_run_checkpoint(const std::string& path);
+
+}  // namespace tmx
