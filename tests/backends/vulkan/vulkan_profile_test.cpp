@@ -1,7 +1,7 @@
 // The Vulkan backend's profiler (Backend::begin_profile, tmx bench --profile): every command is
 // counted under its shader, the times are the device's and add up to no more than the wall
 // time, and decode steps profiled compute what unprofiled (recorded) ones do, with recording
-// resuming afterwards. A backend that cannot time: tests/engine/backend_profile_test.cpp.
+// resuming afterwards. A backend that cannot time: tests/engine/compute/backend_profile_test.cpp.
 #ifdef TMX_HAS_VULKAN
 
 #include <chrono>
