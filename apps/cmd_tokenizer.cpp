@@ -13,6 +13,7 @@
 #include "engine/core/threads.h"
 #include "engine/data/token_shards.h"
 #include "engine/data/tokenizer.h"
+#include "engine/core/sha256.h"
 
 namespace tmx::cli {
 namespace {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/config.h"
+#include "engine/compute/op_kinds.h"
 #include "engine/compute/precision.h"
 #include "engine/compute/tensor.h"
 

@@ -37,9 +37,6 @@ inline constexpr uint64_t kDefaultShardTokens = 100'000'000;
 // 2 when every id fits in uint16 (vocab_size <= 65536), else 4.
 uint32_t bytes_per_token_for(uint64_t vocab_size);
 
-// SHA-256 of `data` as 64 lowercase hex digits.
-std::string sha256_hex(std::string_view data);
-
 // Writes one shard: streaming appends into a temporary file next to `path`; close() fills in
 // the header, fsyncs and renames it into place. Destroying an unclosed writer removes the
 // temporary file, so a failed run leaves no partial shard behind.

@@ -6,11 +6,11 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "engine/compute/op_kinds.h"
+
 namespace tmx {
 
 enum class FfnType { Mlp, SwiGlu };
-enum class Activation { Gelu, Silu, Relu, Relu2 };
-enum class NormType { LayerNorm, RmsNorm };
 
 struct ModelConfig {
     int64_t vocab_size = 32000;

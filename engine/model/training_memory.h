@@ -1,10 +1,13 @@
 // What a training run allocates, computed from the config without allocating: the sizing
-// that `tmx params --batch` reports and that `tmx train` checks against the device before a run.
-// Defined in engine/model/model.cpp, beside the allocations it counts.
+// that `tmx params --batch` reports and that `tmx train` and `tmx bench` check against the device
+// before a run. training_memory() is defined in engine/model/model.cpp, beside the allocations it
+// counts; the check in training_memory.cpp.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "engine/compute/backend.h"
 #include "engine/model/config.h"
 #include "engine/compute/precision.h"
 
@@ -40,5 +43,17 @@ struct TrainingMemory {
 TrainingMemory training_memory(const ModelConfig& config, int64_t batch, int64_t seq,
                                Precision precision, bool with_validation = true,
                                int64_t classifier_chunk_values = int64_t{1} << 25);
+
+// The flags a training-memory refusal names, and advice appended to it.
+struct TrainingMemoryFlags {
+    std::string batch, seq, advice;
+};
+// Training at batch x seq in `precision` must stay within 1 EiB (kMaxMemoryBytes), and
+// the engine's own tensors (training_memory(): weights, gradients, AdamW state, the bf16 weight
+// copy, kept activations and the step's scratch) must fit in backend.memory_capacity():
+// otherwise a UsageError naming the flags. Called before anything is allocated, so that an
+// absurd batch is a usage error rather than a run that grows until the system kills it.
+void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
+                           const Backend& backend, const TrainingMemoryFlags& flags);
 
 }  // namespace tmx

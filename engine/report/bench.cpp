@@ -13,7 +13,8 @@
 #include "engine/model/model.h"
 #include "engine/report/param_report.h"
 #include "engine/core/rng.h"
-#include "engine/train/trainer.h"
+#include "engine/model/adamw.h"
+#include "engine/model/training_memory.h"
 
 namespace tmx {
 namespace {

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/format.h"
 #include "engine/model/config.h"
 #include "engine/model/training_memory.h"
 
@@ -167,10 +168,5 @@ nlohmann::json param_report_json(const ParamReport& r);
 // scaling). Empty otherwise, with the reason in *why_not when given.
 std::optional<ModelConfig> engine_config_for(const nlohmann::json& cfg, const std::string& source,
                                              std::string* why_not = nullptr);
-
-// "1234567" -> "1,234,567".
-std::string with_thousands(int64_t v);
-// Bytes in binary units: "512 B", "1.50 GiB".
-std::string fmt_bytes(double bytes);
 
 }  // namespace tmx

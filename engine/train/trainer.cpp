@@ -18,8 +18,8 @@
 #include "engine/model/checkpoint.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/core/format.h"
 #include "engine/train/metrics_plot.h"
-#include "engine/report/param_report.h"
 #include "engine/core/rng.h"
 #include "engine/model/safetensors.h"
 
@@ -191,50 +191,6 @@ void validate_options(const TrainOptions& o, const ModelConfig& c) {
 }
 
 }  // namespace
-
-void adamw_step(Model& model, const Tensor& m, const Tensor& v, const Backend::AdamWParams& hp) {
-    Backend& be = model.backend();
-    const std::vector<ParamSpec>& specs = model.layout().specs;
-    const Tensor& params = model.params();
-    const Tensor& grads = model.grads();
-    for (size_t i = 0; i < specs.size();) {
-        const bool decay = specs[i].decay;
-        const int64_t begin = specs[i].offset;
-        int64_t end = begin;
-        for (; i < specs.size() && specs[i].decay == decay; ++i) {
-            if (specs[i].offset != end) throw std::logic_error("adamw_step: layout has a gap");
-            end += specs[i].numel();
-        }
-        Backend::AdamWParams run = hp;
-        if (!decay) run.weight_decay = 0.0f;
-        const Shape shape{end - begin};
-        be.adamw(params.slice(begin, shape), grads.slice(begin, shape), m.slice(begin, shape),
-                 v.slice(begin, shape), run);
-    }
-}
-
-void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
-                           const Backend& backend, const TrainingMemoryFlags& flags) {
-    ReportOptions at;
-    at.batch = batch;
-    at.seq = seq;
-    at.batch_flag = flags.batch.c_str();
-    at.seq_flag = flags.seq.c_str();
-    build_param_report(config_to_json(c), "training memory", at);  // its bounds name the flags
-    const TrainingMemory m = training_memory(c, batch, seq, precision);
-    const uint64_t capacity = backend.memory_capacity();
-    if (capacity > 0 && m.total() > static_cast<double>(capacity))
-        throw UsageError(
-            flags.batch + " " + with_thousands(batch) + " x " + flags.seq + " " +
-            with_thousands(seq) + ": training in " + to_string(precision) + " would need " +
-            fmt_bytes(m.total()) + " (weights" + (m.bf16_weights > 0 ? " with their bf16 copy" : "") +
-            ", gradients and AdamW state " +
-            fmt_bytes(m.weights + m.gradients + m.optimizer + m.bf16_weights) +
-            ", activations " + fmt_bytes(m.activations) + ", step scratch " +
-            fmt_bytes(m.step_scratch) + "; tmx params --batch B --seq T shows it), more than the " +
-            backend.name() + " backend's " + fmt_bytes(static_cast<double>(capacity)) +
-            "; lower " + flags.batch + " or " + flags.seq + flags.advice);
-}
 
 namespace {
 

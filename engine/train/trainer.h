@@ -27,7 +27,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "engine/core/errors.h"
+#include "engine/model/adamw.h"
 #include "engine/model/model.h"
+#include "engine/model/training_memory.h"
 #include "engine/compute/precision.h"
 #include "engine/data/token_shards.h"
 
@@ -77,23 +79,6 @@ struct TrainReport {
     std::string checkpoint;           // a checkpoint written at this step, if any
 };
 
-// The flags a training-memory refusal names, and advice appended to it.
-struct TrainingMemoryFlags {
-    std::string batch, seq, advice;
-};
-// Training at batch x seq in `precision` must not pass the parameter report's 1 EiB bound, and
-// the engine's own tensors (training_memory(): weights, gradients, AdamW state, the bf16 weight
-// copy, kept activations and the step's scratch) must fit in backend.memory_capacity():
-// otherwise a UsageError naming the flags. Called before anything is allocated, so that an
-// absurd batch is a usage error rather than a run that grows until the system kills it.
-void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
-                           const Backend& backend, const TrainingMemoryFlags& flags);
-
-// One AdamW step over the model's flat parameters with its gradients and the moments m, v (each
-// [num_params]): weight decay on the tensors the layout marks (ParamSpec::decay) and none on the
-// others. Each run of neighbouring tensors alike is one Backend::adamw call on views, so no
-// per-parameter mask exists (it would cost 4 B/param of device memory).
-void adamw_step(Model& model, const Tensor& m, const Tensor& v, const Backend::AdamWParams& hp);
 
 // Polled before every micro-batch and every evaluation batch: true stops the run.
 using StopPredicate = std::function<bool()>;

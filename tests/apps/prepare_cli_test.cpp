@@ -20,6 +20,7 @@
 #include "engine/data/token_shards.h"
 #include "engine/data/tokenizer.h"
 #include "tests/test_util.h"
+#include "engine/core/sha256.h"
 
 namespace tmx {
 namespace {

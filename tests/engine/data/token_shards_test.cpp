@@ -20,6 +20,7 @@
 #include "engine/core/file_io.h"
 #include "engine/core/rng.h"
 #include "tests/test_util.h"
+#include "engine/core/sha256.h"
 
 namespace tmx {
 namespace {
