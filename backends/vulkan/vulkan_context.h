@@ -54,6 +54,8 @@ struct DeviceInfo {
 
 // Every physical device the loader reports. Throws tmx::Error when Vulkan is unavailable.
 std::vector<DeviceInfo> list_vulkan_devices();
+// Whether the loader finds VK_LAYER_KHRONOS_validation (VulkanOptions::validation needs it).
+bool validation_layer_installed();
 // The index make_backend("vulkan") picks without an explicit choice (see the top of the file).
 uint32_t default_vulkan_device(const std::vector<DeviceInfo>& devices);
 // Whether the backend on this device reads matmul weights as fp16 (see the top of the file).

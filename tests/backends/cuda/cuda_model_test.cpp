@@ -380,7 +380,8 @@ using CudaMemory = CudaTest;
 // memory_capacity() (what Trainer checks a run's estimate against) is the device's free memory
 // plus what the memory pool holds: making a tensor, and freeing it, moves memory between the
 // two, so the capacity stays put (within the pool's and the driver's rounding), and it never
-// passes the device's memory.
+// passes the device's memory. Other processes' allocations move the free memory too, so it
+// needs the GPU to itself (scripts/gpu-check.sh runs it after the parallel tests, alone).
 TEST_F(CudaMemory, CapacityIsFreeMemoryPlusWhatThePoolHolds) {
     SCOPED_TRACE(trace());
     const auto& device = static_cast<CudaBackend&>(cuda()).device();

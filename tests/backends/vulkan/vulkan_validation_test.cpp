@@ -15,6 +15,14 @@ namespace {
 
 class VulkanValidation : public VulkanTest, public ::testing::WithParamInterface<bool> {
   protected:
+    // The layer is a developer's tool, not part of the backend: without it the tests skip,
+    // also where TMX_REQUIRE_BACKENDS requires Vulkan.
+    void SetUp() override {
+        if (!vk::validation_layer_installed())
+            GTEST_SKIP() << "VK_LAYER_KHRONOS_validation is not installed "
+                            "(Debian: apt-get install vulkan-validationlayers)";
+        VulkanTest::SetUp();
+    }
     vk::VulkanOptions options() const override {
         return {.validation = true, .fp16_weights = GetParam()};
     }
