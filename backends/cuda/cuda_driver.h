@@ -33,7 +33,7 @@ inline std::string insufficient_driver_advice(int driver_version, int runtime_ve
     // A toolkit of the driver's major version runs on it (tmx needs CUDA 12.0 or newer).
     if (driver_major >= 12 && driver_major < runtime_major)
         s += ", or build tmx with a CUDA " + std::to_string(driver_major) + ".x toolkit";
-    return s + " (README: GPU machines)";
+    return s + " (docs/gpu-machines.md)";
 }
 
 }  // namespace tmx::cuda
