@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cuda/cublaslt_loader.h"
 #include "backends/cuda/cuda_driver.h"
 #include "engine/core/errors.h"
 
@@ -194,6 +195,7 @@ CudaBackend::CudaBackend(const cuda::CudaOptions& options) : state_(std::make_sh
     uint64_t keep = UINT64_MAX;
     cuda::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), op,
                 "cudaMemPoolSetAttribute(ReleaseThreshold)");
+    cuda::load_cublaslt();
     cuda::check(cublasLtCreate(&s.lt), op, "cublasLtCreate");
     cuda::check(cudaMalloc(&s.workspace, kCublasLtWorkspaceBytes), op, "cudaMalloc(workspace)");
     cuda::check(cudaMalloc(reinterpret_cast<void**>(&s.status), 4 * sizeof(int)), op,
