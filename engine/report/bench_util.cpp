@@ -1,0 +1,85 @@
+#include "engine/report/bench_util.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace tmx::bench_detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+double median_seconds(Backend& be, const std::function<void()>& work, int warmup, int repeats,
+                      const std::function<void()>& before_each) {
+    for (int i = 0; i < warmup; ++i) {
+        if (before_each) before_each();
+        work();
+        be.synchronize();
+    }
+    std::vector<double> times;
+    for (int i = 0; i < std::max(1, repeats); ++i) {
+        if (before_each) before_each();
+        be.synchronize();
+        const auto t0 = Clock::now();
+        work();
+        be.synchronize();
+        times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return median(times);
+}
+
+double max_error(const std::vector<float>& got, const std::vector<float>& want) {
+    double scale = 1.0, worst = 0.0;
+    for (float w : want) scale = std::max(scale, std::abs(double(w)));
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+        const double d = std::abs(double(got[i]) - double(want[i]));
+        worst = std::max(worst, std::isnan(d) ? INFINITY : d);
+    }
+    return worst / scale;
+}
+
+std::vector<float> download(Backend& be, const Tensor& t) {
+    std::vector<float> host(static_cast<size_t>(t.numel()));
+    be.download(t, host.data());
+    return host;
+}
+
+Tensor upload(Backend& be, const std::vector<float>& host, Shape shape) {
+    Tensor t = be.alloc(std::move(shape));
+    be.upload(t, host.data());
+    return t;
+}
+
+Tensor upload_operand(Backend& be, const std::vector<float>& host, Shape shape) {
+    Tensor t = upload(be, host, std::move(shape));
+    if (be.matmul_precision() != Precision::BF16) return t;
+    Tensor bf16 = be.alloc(t.shape(), DType::BF16);
+    be.convert(t, bf16);
+    return bf16;
+}
+
+Tensor upload_ids(Backend& be, const std::vector<int32_t>& host, Shape shape) {
+    Tensor t = be.alloc(std::move(shape), DType::I32);
+    be.upload(t, host.data());
+    return t;
+}
+
+std::string dims(std::initializer_list<int64_t> d) {
+    std::string s;
+    for (int64_t x : d) {
+        if (!s.empty()) s += 'x';
+        s += std::to_string(x);
+    }
+    return s;
+}
+
+}  // namespace tmx::bench_detail

@@ -1,0 +1,48 @@
+// What tmx bench's op and model timings share: timing on a backend, errors against the CPU,
+// transfers, and the matmul precision for a scope. Internal to engine/report/.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "engine/compute/backend.h"
+
+namespace tmx::bench_detail {
+
+// Median wall time in seconds of `work` after warm-up; each run ends when the device is done.
+double median_seconds(Backend& be, const std::function<void()>& work, int warmup, int repeats,
+                      const std::function<void()>& before_each = {});
+
+// The largest difference between got and want, over want's largest magnitude (at least 1); a
+// NaN counts as infinite.
+double max_error(const std::vector<float>& got, const std::vector<float>& want);
+
+std::vector<float> download(Backend& be, const Tensor& t);
+Tensor upload(Backend& be, const std::vector<float>& host, Shape shape);
+// A matmul operand as the model holds it in the backend's precision: BF16 in bf16 (the model's
+// bf16 weight copy and the activations only matmuls read), F32 otherwise.
+Tensor upload_operand(Backend& be, const std::vector<float>& host, Shape shape);
+Tensor upload_ids(Backend& be, const std::vector<int32_t>& host, Shape shape);
+
+// "512x8x64".
+std::string dims(std::initializer_list<int64_t> d);
+
+// Sets a backend's matmul precision for a scope and restores the one before, however it ends.
+class PrecisionScope {
+public:
+    PrecisionScope(Backend& be, Precision p) : be_(be), before_(be.matmul_precision()) {
+        be.set_matmul_precision(p);
+    }
+    ~PrecisionScope() { be_.set_matmul_precision(before_); }
+    PrecisionScope(const PrecisionScope&) = delete;
+    PrecisionScope& operator=(const PrecisionScope&) = delete;
+
+private:
+    Backend& be_;
+    Precision before_;
+};
+
+}  // namespace tmx::bench_detail
