@@ -10,7 +10,7 @@
 #include "engine/data/corpus.h"
 #include "engine/core/file_io.h"
 #include "engine/model/model.h"
-#include "engine/data/token_shards.h"
+#include "engine/data/dataset.h"
 #include "engine/data/tokenizer.h"
 
 namespace tmx::cli {

@@ -8,6 +8,7 @@
 #include "engine/data/corpus.h"
 #include "engine/core/errors.h"
 #include "engine/core/threads.h"
+#include "engine/data/prepare.h"
 #include "engine/data/token_shards.h"
 
 namespace tmx::cli {

@@ -10,7 +10,7 @@
 #include "engine/infer/generator.h"
 #include "engine/model/kv_cache.h"
 #include "engine/core/rng.h"
-#include "engine/data/token_shards.h"
+#include "engine/data/prepare.h"
 #include "engine/data/tokenizer.h"
 #include "tests/test_util.h"
 

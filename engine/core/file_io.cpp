@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -105,6 +106,48 @@ void write_file_atomic(const std::string& path, std::string_view data) {
         ::unlink(tmp.c_str());
         throw Error(path + ": cannot rename into place: " + std::strerror(err));
     }
+}
+
+void fsync_path(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
+}
+
+std::string replace_directory(const std::string& tmp, const std::string& dir,
+                              const std::string& what, WithoutExchange without_exchange) {
+    namespace fs = std::filesystem;
+    fsync_path(tmp);
+    std::string previous;
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) {
+        fs::rename(tmp, dir, ec);
+        if (ec) throw Error(dir + ": cannot move the " + what + " into place: " + ec.message());
+    } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+        previous = tmp;  // now holds the previous contents
+    } else if ((errno == EINVAL || errno == ENOSYS) &&
+               without_exchange == WithoutExchange::MoveAside) {
+        // No atomic exchange on this filesystem: move the old directory aside first.
+        const std::string old = dir + ".old-" + std::to_string(::getpid());
+        if (std::rename(dir.c_str(), old.c_str()) != 0) {
+            const int err = errno;
+            throw Error(dir + ": cannot replace the " + what + ": " + std::strerror(err));
+        }
+        if (std::rename(tmp.c_str(), dir.c_str()) != 0) {
+            const int err = errno;
+            std::rename(old.c_str(), dir.c_str());
+            throw Error(dir + ": cannot replace the " + what + ": " + std::strerror(err));
+        }
+        previous = old;
+    } else {
+        const int err = errno;
+        throw Error(dir + ": cannot replace the " + what + ": " + std::strerror(err));
+    }
+    const fs::path parent = fs::path(dir).parent_path();
+    fsync_path(parent.empty() ? "." : parent.string());
+    return previous;
 }
 
 }  // namespace tmx

@@ -1,4 +1,5 @@
-// Small file helpers shared by the engine: whole-file reads, JSON files, atomic writes.
+// Small file helpers shared by the engine: whole-file reads, JSON files, atomic writes of a file
+// and of a whole directory, fsync.
 #pragma once
 
 #include <string>
@@ -22,5 +23,27 @@ nlohmann::json read_json_file(const std::string& path);
 // Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename.
 // A reader sees either the old file or the new one, never a partial write.
 void write_file_atomic(const std::string& path, std::string_view data);
+
+// Flushes `path` (a file or a directory) to disk: open, fsync, close. Best effort: a path that
+// cannot be opened, or a filesystem that cannot fsync a directory, is no error.
+void fsync_path(const std::string& path);
+
+// What replace_directory does when `dir` exists and the filesystem cannot exchange two
+// directories atomically (renameat2 RENAME_EXCHANGE fails with EINVAL or ENOSYS, e.g. NFS).
+enum class WithoutExchange {
+    Fail,       // a tmx::Error: "DIR: cannot replace the WHAT: Invalid argument"
+    MoveAside,  // `dir` is renamed to DIR.old-PID, then `tmp` to `dir` (the old one is put
+                // back if that fails): never a mix of the two, but for a moment no `dir` at all
+};
+
+// Moves the finished directory `tmp` (a sibling of `dir`, its files already fsynced) to `dir`,
+// so that a reader sees the old directory or the new one, never a mix, and the result survives
+// a crash: fsyncs `tmp`; renames it to `dir` when `dir` does not exist, else exchanges the two
+// atomically; then fsyncs the parent of `dir`. Returns the directory that now holds the previous
+// contents, for the caller to remove ("" when `dir` did not exist). Errors are tmx::Errors
+// naming `dir`, with `what` naming its contents: "DIR: cannot move the WHAT into place: ...",
+// "DIR: cannot replace the WHAT: ...".
+std::string replace_directory(const std::string& tmp, const std::string& dir,
+                              const std::string& what, WithoutExchange without_exchange);
 
 }  // namespace tmx

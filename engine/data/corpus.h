@@ -98,7 +98,7 @@ class DocumentSplitter {
     const CorpusStats& stats() const { return stats_; }
 
   private:
-    class JsonlLine;  // the streaming parser of one JSONL line
+    class JsonlLine;  // the streaming parser of one JSONL line (engine/data/jsonl_reader.h)
     // Where the current line of a text format stands: only whitespace so far; whitespace and
     // the first sep_matched_ bytes of `<|endoftext|>`; the whole separator and whitespace
     // (held in sep_tail_); or text.

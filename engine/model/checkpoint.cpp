@@ -1,13 +1,9 @@
 #include "engine/model/checkpoint.h"
 
-#include <fcntl.h>
-#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -19,28 +15,6 @@ namespace tmx {
 namespace fs = std::filesystem;
 
 namespace {
-
-void fsync_path(const fs::path& p) {
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ::fsync(fd);
-        ::close(fd);
-    }
-}
-
-// Moves the finished temporary directory to `dir`: a plain rename when `dir` does not exist,
-// otherwise an atomic exchange followed by removing the old contents.
-void commit_directory(const fs::path& tmp, const fs::path& dir) {
-    fsync_path(tmp);
-    if (!fs::exists(dir)) {
-        fs::rename(tmp, dir);
-    } else {
-        if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0)
-            throw Error(dir.string() + ": cannot replace the checkpoint: " + std::strerror(errno));
-        fs::remove_all(tmp);  // now holds the previous checkpoint
-    }
-    fsync_path(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
-}
 
 // Index of the first NaN or infinity in data[0, n), or -1. Branch-free over blocks, so that
 // the pass over a whole model costs little next to reading it.
@@ -111,7 +85,11 @@ void save_checkpoint(const Model& model, const std::string& dir_str,
             write_file_atomic((tmp / "tokenizer.model").string(), tokenizer_bytes);
         for (const auto& [name, bytes] : options.extra_files)
             write_file_atomic((tmp / name).string(), bytes);
-        commit_directory(tmp, dir);
+        // No fallback where the filesystem cannot exchange directories: a checkpoint is
+        // replaced atomically or not at all.
+        const std::string previous =
+            replace_directory(tmp.string(), dir.string(), "checkpoint", WithoutExchange::Fail);
+        if (!previous.empty()) fs::remove_all(previous);  // the old checkpoint; throws on failure
     } catch (...) {
         std::error_code ec;
         fs::remove_all(tmp, ec);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/core/errors.h"
+#include "engine/data/dataset.h"
 #include "engine/data/token_shards.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -1,5 +1,5 @@
 // Reading user-given files: a FIFO, device or directory where a regular file is expected is an
-// error naming the path, never a hang or an unbounded read.
+// error naming the path, never a hang or an unbounded read. Replacing a directory whole.
 #include "engine/core/file_io.h"
 
 #include <fcntl.h>
@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "engine/core/errors.h"
@@ -83,6 +84,48 @@ TEST(FileIo, CommandsRefuseAFifoInsteadOfWaiting) {
     EXPECT_NE(r.err.find(fifo + ": is a FIFO (named pipe), expected a regular file"),
               std::string::npos)
         << r.err;
+}
+
+std::string replace_error(const std::string& tmp, const std::string& dir) {
+    try {
+        replace_directory(tmp, dir, "thing", WithoutExchange::Fail);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(FileIo, ReplaceDirectoryMovesANewDirectoryIntoPlace) {
+    test::TempDir tmp;
+    std::filesystem::create_directory(tmp / "out.tmp");
+    test::write_text(tmp / "out.tmp/a.txt", "new");
+    EXPECT_EQ(replace_directory(tmp / "out.tmp", tmp / "out", "thing", WithoutExchange::Fail), "");
+    EXPECT_EQ(read_file(tmp / "out/a.txt"), "new");
+    EXPECT_FALSE(std::filesystem::exists(tmp / "out.tmp"));
+}
+
+TEST(FileIo, ReplaceDirectorySwapsAnExistingOneAndReturnsThePreviousContents) {
+    test::TempDir tmp;
+    std::filesystem::create_directory(tmp / "out");
+    test::write_text(tmp / "out/a.txt", "old");
+    std::filesystem::create_directory(tmp / "out.tmp");
+    test::write_text(tmp / "out.tmp/a.txt", "new");
+    const std::string previous =
+        replace_directory(tmp / "out.tmp", tmp / "out", "thing", WithoutExchange::MoveAside);
+    EXPECT_EQ(read_file(tmp / "out/a.txt"), "new");
+    ASSERT_FALSE(previous.empty());
+    EXPECT_EQ(read_file(previous + "/a.txt"), "old");
+}
+
+TEST(FileIo, ReplaceDirectoryErrorsNameTheDirectory) {
+    test::TempDir tmp;
+    const std::string dir = tmp / "out";
+    EXPECT_EQ(replace_error(tmp / "absent", dir),
+              dir + ": cannot move the thing into place: No such file or directory");
+    std::filesystem::create_directory(dir);
+    EXPECT_EQ(replace_error(tmp / "absent", dir),
+              dir + ": cannot replace the thing: No such file or directory");
+    fsync_path(tmp / "absent");  // best effort: no error
 }
 
 }  // namespace
