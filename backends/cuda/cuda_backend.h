@@ -122,73 +122,8 @@ public:
     void check_launch(const char* op) const;
 
 protected:
-    std::shared_ptr<DeviceBuffer> alloc_impl(size_t bytes) override;
-    void upload_impl(const Tensor& dst, const void* host) override;
-    void download_impl(const Tensor& src, void* host) override;
-    void fill_impl(const Tensor& dst, float value) override;
-    void copy_impl(const Tensor& src, const Tensor& dst) override;
-    void convert_impl(const Tensor& src, const Tensor& dst) override;
-
-    void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) override;
-    void norm_impl(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   float eps, const Tensor& out) override;
-    void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
-                     const Tensor& bias) override;
-    void rope_impl(const Tensor& x, const Tensor& positions, double theta, bool inverse) override;
-    void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        int64_t window) override;
-    void attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
-                               const Tensor& out, int64_t window) override;
-    void kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
-                             const Tensor& v_cache, const Tensor& start) override;
-    void router_topk_impl(const Tensor& logits, const Tensor& indices,
-                          const Tensor& gates) override;
-    void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
-                        const Tensor& slot_rows, const Tensor& slot_of) override;
-    void gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) override;
-    void grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
-                             const Tensor& offsets, const Tensor& out) override;
-    void moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of, const Tensor& gates,
-                          const Tensor& out) override;
-    void activation_impl(Activation act, const Tensor& x, const Tensor& out) override;
-    void swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) override;
-    void add_impl(const Tensor& a, const Tensor& b, const Tensor& out) override;
-    void cross_entropy_impl(const Tensor& logits, const Tensor& targets,
-                            const Tensor& losses) override;
-    void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
-                              const Tensor& out) override;
-
-    void embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
-                                 const Tensor& d_table) override;
-    void norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
-                            const Tensor& d_out, float eps, const Tensor& d_x,
-                            const Tensor& d_weight, const Tensor& d_bias) override;
-    void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) override;
-    void attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                                 const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
-                                 const Tensor& d_v, int64_t window) override;
-    void router_backward_impl(const Tensor& logits, const Tensor& indices, const Tensor& gates,
-                              const Tensor& d_gates, float aux_weight,
-                              const Tensor& d_logits) override;
-    void gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
-                                   const Tensor& d_x) override;
-    void grouped_matmul_backward_impl(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                                      const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
-                                      const Tensor& d_bias) override;
-    void moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
-                                   const Tensor& gates, const Tensor& d_out,
-                                   const Tensor& d_expert_out, const Tensor& d_gates) override;
-    void activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
-                                  const Tensor& d_x) override;
-    void swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
-                              const Tensor& d_gate, const Tensor& d_up) override;
-    void cross_entropy_backward_impl(const Tensor& logits, const Tensor& targets, float scale,
-                                     const Tensor& d_logits) override;
-    void sum_squares_impl(const Tensor& x, const Tensor& out) override;
-    void scale_impl(const Tensor& x, float s) override;
-    void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                    const AdamWParams& hp) override;
+    // The ops of every list in engine/compute/backend_ops.h, and convert_impl.
+    TMX_BACKEND_TRAINING_BACKEND_OVERRIDES
 
 private:
     void grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w, const int32_t* offsets,

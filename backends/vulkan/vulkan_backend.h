@@ -82,44 +82,13 @@ class VulkanBackend final : public Backend {
     const Tuning& tuning() const { return tuning_; }
 
   protected:
-    std::shared_ptr<DeviceBuffer> alloc_impl(size_t bytes) override;
-    void upload_impl(const Tensor& dst, const void* host) override;
-    void download_impl(const Tensor& src, void* host) override;
-    void fill_impl(const Tensor& dst, float value) override;
-    void copy_impl(const Tensor& src, const Tensor& dst) override;
-
-    void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) override;
-    void norm_impl(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   float eps, const Tensor& out) override;
-    void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
-                     const Tensor& bias) override;
+    TMX_BACKEND_MEMORY_OP_OVERRIDES
+    TMX_BACKEND_FORWARD_OP_OVERRIDES
     // A linear layer's weight is read from its fp16 copy when fp16 weights are on.
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
-    void rope_impl(const Tensor& x, const Tensor& positions, double theta, bool inverse) override;
-    void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        int64_t window) override;
-    void attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
-                               const Tensor& out, int64_t window) override;
-    void kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
-                             const Tensor& v_cache, const Tensor& start) override;
-    void router_topk_impl(const Tensor& logits, const Tensor& indices,
-                          const Tensor& gates) override;
-    void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
-                        const Tensor& slot_rows, const Tensor& slot_of) override;
-    void gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) override;
-    void grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
-                             const Tensor& offsets, const Tensor& out) override;
-    void moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of, const Tensor& gates,
-                          const Tensor& out) override;
-    void activation_impl(Activation act, const Tensor& x, const Tensor& out) override;
-    void swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) override;
-    void add_impl(const Tensor& a, const Tensor& b, const Tensor& out) override;
-    void cross_entropy_impl(const Tensor& logits, const Tensor& targets,
-                            const Tensor& losses) override;
-    void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
-                              const Tensor& out) override;
+    // convert_impl and the backward and optimizer ops are Backend's defaults: no BF16 tensors,
+    // and each training op throws tmx::Error.
 
   private:
     // Bindings of tensors: read, written, or both. An undefined or empty tensor binds a

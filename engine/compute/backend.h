@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/compute/backend_ops.h"
 #include "engine/compute/op_kinds.h"
 #include "engine/compute/precision.h"
 #include "engine/compute/tensor.h"
@@ -320,87 +321,25 @@ public:
                const AdamWParams& hp);
 
 protected:
-    // The buffer's memory stays allocated until the last Tensor referring to it is gone.
-    virtual std::shared_ptr<DeviceBuffer> alloc_impl(size_t bytes) = 0;
-    virtual void upload_impl(const Tensor& dst, const void* host) = 0;
-    virtual void download_impl(const Tensor& src, void* host) = 0;
-    virtual void fill_impl(const Tensor& dst, float value) = 0;
-    virtual void copy_impl(const Tensor& src, const Tensor& dst) = 0;
+    // The *_impl functions the public methods call after their checks. Their lists are in
+    // engine/compute/backend_ops.h (which says what each list holds); a backend declares its
+    // overrides from the same lists (TMX_BACKEND_FORWARD_OP_OVERRIDES and the like).
+    // alloc_impl: the buffer's memory stays allocated until the last Tensor referring to it is
+    // gone.
+    TMX_BACKEND_MEMORY_OPS(TMX_BACKEND_DECLARE_PURE_IMPL)
     // Only backends with BF16 tensors are asked; the default says there are none.
     virtual void convert_impl(const Tensor& src, const Tensor& dst);
 
-    virtual void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
-    virtual void norm_impl(NormType type, const Tensor& x, const Tensor& weight,
-                           const Tensor& bias, float eps, const Tensor& out) = 0;
-    virtual void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
-                             MatmulOptions opts, const Tensor& bias) = 0;
+    TMX_BACKEND_FORWARD_OPS(TMX_BACKEND_DECLARE_PURE_IMPL)
     // By default the matmul_impl (and bias_backward_impl) calls the contracts state; a backend
     // that treats weights apart overrides them.
     virtual void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                              bool accumulate);
     virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& d_y,
                                       const Tensor& d_x, const Tensor& d_w, const Tensor& d_b);
-    virtual void rope_impl(const Tensor& x, const Tensor& positions, double theta,
-                           bool inverse) = 0;
-    virtual void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& out, int64_t window) = 0;
-    virtual void attention_cached_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                                       const Tensor& k_cache, const Tensor& v_cache,
-                                       const Tensor& start, const Tensor& out,
-                                       int64_t window) = 0;
-    virtual void kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
-                                     const Tensor& v_cache, const Tensor& start) = 0;
-    virtual void router_topk_impl(const Tensor& logits, const Tensor& indices,
-                                  const Tensor& gates) = 0;
-    virtual void moe_group_impl(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
-                                const Tensor& slot_rows, const Tensor& slot_of) = 0;
-    virtual void gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;
-    virtual void grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                     const Tensor& offsets, const Tensor& out) = 0;
-    virtual void moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of,
-                                  const Tensor& gates, const Tensor& out) = 0;
-    virtual void activation_impl(Activation act, const Tensor& x, const Tensor& out) = 0;
-    virtual void swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
-    virtual void add_impl(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-    virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets,
-                                    const Tensor& losses) = 0;
-    virtual void router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
-                                      const Tensor& out) = 0;
     // The backward and optimizer ops. A backend that does not train leaves them alone: each
     // throws tmx::Error ("<op> is not available on the <name> backend ...").
-    virtual void embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
-                                         const Tensor& d_table);
-    virtual void norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
-                                    const Tensor& d_out, float eps, const Tensor& d_x,
-                                    const Tensor& d_weight, const Tensor& d_bias);
-    virtual void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias);
-    virtual void attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                                         const Tensor& d_out, const Tensor& d_q,
-                                         const Tensor& d_k, const Tensor& d_v,
-                                         int64_t window);
-    virtual void router_backward_impl(const Tensor& logits, const Tensor& indices,
-                                      const Tensor& gates, const Tensor& d_gates,
-                                      float aux_weight, const Tensor& d_logits);
-    virtual void gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
-                                           const Tensor& d_x);
-    virtual void grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
-                                              const Tensor& offsets, const Tensor& d_out,
-                                              const Tensor& d_x, const Tensor& d_w,
-                                              const Tensor& d_bias);
-    virtual void moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
-                                           const Tensor& gates, const Tensor& d_out,
-                                           const Tensor& d_expert_out,
-                                           const Tensor& d_gates);
-    virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
-                                          const Tensor& d_x);
-    virtual void swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
-                                      const Tensor& d_gate, const Tensor& d_up);
-    virtual void cross_entropy_backward_impl(const Tensor& logits, const Tensor& targets,
-                                             float scale, const Tensor& d_logits);
-    virtual void sum_squares_impl(const Tensor& x, const Tensor& out);
-    virtual void scale_impl(const Tensor& x, float s);
-    virtual void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m,
-                            const Tensor& v, const AdamWParams& hp);
+    TMX_BACKEND_TRAINING_OPS(TMX_BACKEND_DECLARE_DEFAULT_IMPL)
 
 private:
     [[noreturn]] void training_op_unavailable(const char* op) const;
