@@ -1,5 +1,6 @@
 #include "engine/core/format.h"
 
+#include <cmath>
 #include <cstdio>
 
 namespace tmx {
@@ -26,6 +27,13 @@ std::string fmt_bytes(double b) {
         std::snprintf(buf, sizeof buf, "%.0f B", b);
     else
         std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
+    return buf;
+}
+
+std::string format_real(double v) {
+    if (std::isnan(v)) return "NaN";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
     return buf;
 }
 

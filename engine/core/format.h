@@ -10,5 +10,7 @@ namespace tmx {
 std::string with_thousands(int64_t v);
 // Bytes in binary units: "512 B", "1.50 GiB".
 std::string fmt_bytes(double bytes);
+// A real number as printf's %g writes it, NaN as "NaN" (printf's "-nan" suggests a sign).
+std::string format_real(double v);
 
 }  // namespace tmx

@@ -9,52 +9,17 @@
 #include "engine/core/checked_math.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/core/json_fields.h"
 
 namespace tmx {
 namespace {
 
 using nlohmann::json;
-
-[[noreturn]] void field_error(const std::string& source, const std::string& field,
-                              const std::string& what) {
-    throw Error(source + ": field '" + field + "': " + what);
-}
-
-std::string describe(const json& v) {
-    std::string s = v.dump();
-    if (s.size() > 40) s = s.substr(0, 37) + "...";
-    return s;
-}
-
-int64_t get_int(const json& v, const std::string& src, const std::string& field) {
-    // nlohmann keeps integers up to 2^64 - 1 as unsigned; beyond int64_t they would wrap.
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-        field_error(src, field, "expected an integer that fits in 64 bits, got " + describe(v));
-    if (v.is_number_integer()) return v.get<int64_t>();
-    field_error(src, field, "expected an integer, got " + describe(v));
-}
-
-double get_number(const json& v, const std::string& src, const std::string& field) {
-    if (v.is_number()) return v.get<double>();
-    field_error(src, field, "expected a number, got " + describe(v));
-}
-
-bool get_bool(const json& v, const std::string& src, const std::string& field) {
-    if (v.is_boolean()) return v.get<bool>();
-    field_error(src, field, "expected true or false, got " + describe(v));
-}
-
-template <typename E>
-E get_enum(const json& v, const std::string& src, const std::string& field,
-           const std::map<std::string, E>& choices) {
-    std::string names;
-    for (const auto& [name, _] : choices) names += (names.empty() ? "\"" : ", \"") + name + "\"";
-    if (!v.is_string()) field_error(src, field, "expected one of " + names + ", got " + describe(v));
-    auto it = choices.find(v.get<std::string>());
-    if (it == choices.end())
-        field_error(src, field, "expected one of " + names + ", got " + describe(v));
-    return it->second;
-}
+using json_fields::as_bool;
+using json_fields::as_enum;
+using json_fields::as_int;
+using json_fields::as_number;
+using json_fields::fail;
 
 const std::map<std::string, FfnType> kFfnTypes = {{"mlp", FfnType::Mlp},
                                                   {"swiglu", FfnType::SwiGlu}};
@@ -80,7 +45,7 @@ const char* to_string(NormType n) { return enum_name(n, kNormTypes); }
 
 void validate_config(const ModelConfig& c, const std::string& src) {
     auto positive = [&](int64_t v, const char* field) {
-        if (v <= 0) field_error(src, field, "must be positive, got " + std::to_string(v));
+        if (v <= 0) fail(src, field, "must be positive, got " + std::to_string(v));
     };
     positive(c.vocab_size, "vocab_size");
     positive(c.d_model, "d_model");
@@ -91,38 +56,38 @@ void validate_config(const ModelConfig& c, const std::string& src) {
     positive(c.d_ff, "d_ff");
     positive(c.max_seq_len, "max_seq_len");
     if (c.head_dim % 2 != 0)
-        field_error(src, "head_dim", "must be even for RoPE, got " + std::to_string(c.head_dim));
+        fail(src, "head_dim", "must be even for RoPE, got " + std::to_string(c.head_dim));
     if (c.n_heads % c.n_kv_heads != 0)
-        field_error(src, "n_heads",
+        fail(src, "n_heads",
                     "must be a multiple of n_kv_heads (" + std::to_string(c.n_kv_heads) +
                         "), got " + std::to_string(c.n_heads));
     if (c.n_experts < 0)
-        field_error(src, "n_experts",
+        fail(src, "n_experts",
                     "must be 0 (dense FFN) or positive, got " + std::to_string(c.n_experts));
     if (c.is_moe() && (c.top_k < 1 || c.top_k > c.n_experts))
-        field_error(src, "top_k",
+        fail(src, "top_k",
                     "must be between 1 and n_experts (" + std::to_string(c.n_experts) +
                         "), got " + std::to_string(c.top_k));
     if (c.sliding_window < 0)
-        field_error(src, "sliding_window",
+        fail(src, "sliding_window",
                     "must be 0 (unlimited) or positive, got " + std::to_string(c.sliding_window));
     if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
-        field_error(src, "norm_eps", "must be a positive number");
+        fail(src, "norm_eps", "must be a positive number");
     if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
-        field_error(src, "rope_theta", "must be a positive number");
+        fail(src, "rope_theta", "must be a positive number");
     if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef))
-        field_error(src, "router_aux_loss_coef", "must be a non-negative number");
+        fail(src, "router_aux_loss_coef", "must be a non-negative number");
     // Token ids and positions travel as int32 on every backend.
     if (c.vocab_size > (int64_t{1} << 31) - 1)
-        field_error(src, "vocab_size", "must be below 2^31");
+        fail(src, "vocab_size", "must be below 2^31");
     if (c.max_seq_len > (int64_t{1} << 31) - 1)
-        field_error(src, "max_seq_len", "must be below 2^31");
+        fail(src, "max_seq_len", "must be below 2^31");
     if (c.n_layers > kMaxLayers)
-        field_error(src, "n_layers",
+        fail(src, "n_layers",
                     "must be at most " + std::to_string(kMaxLayers) + ", got " +
                         std::to_string(c.n_layers));
     if (c.is_moe() && c.n_experts > kMaxLayerExperts / c.n_layers)
-        field_error(src, "n_experts",
+        fail(src, "n_experts",
                     "n_layers x n_experts must be at most " + std::to_string(kMaxLayerExperts) +
                         ", got " + std::to_string(c.n_layers) + " x " +
                         std::to_string(c.n_experts));
@@ -166,13 +131,13 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
     ModelConfig c;
     using Setter = std::function<void(const json&, const std::string&)>;
     auto int_field = [&](int64_t& dst) -> Setter {
-        return [&dst, &src](const json& v, const std::string& f) { dst = get_int(v, src, f); };
+        return [&dst, &src](const json& v, const std::string& f) { dst = as_int(v, src, f); };
     };
     auto num_field = [&](double& dst) -> Setter {
-        return [&dst, &src](const json& v, const std::string& f) { dst = get_number(v, src, f); };
+        return [&dst, &src](const json& v, const std::string& f) { dst = as_number(v, src, f); };
     };
     auto bool_field = [&](bool& dst) -> Setter {
-        return [&dst, &src](const json& v, const std::string& f) { dst = get_bool(v, src, f); };
+        return [&dst, &src](const json& v, const std::string& f) { dst = as_bool(v, src, f); };
     };
     const std::map<std::string, Setter> fields = {
         {"vocab_size", int_field(c.vocab_size)},
@@ -182,17 +147,17 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
         {"n_kv_heads", int_field(c.n_kv_heads)},
         {"head_dim", int_field(c.head_dim)},
         {"ffn_type",
-         [&](const json& v, const std::string& f) { c.ffn_type = get_enum(v, src, f, kFfnTypes); }},
+         [&](const json& v, const std::string& f) { c.ffn_type = as_enum(v, src, f, kFfnTypes); }},
         {"activation",
          [&](const json& v, const std::string& f) {
-             c.activation = get_enum(v, src, f, kActivations);
+             c.activation = as_enum(v, src, f, kActivations);
          }},
         {"d_ff", int_field(c.d_ff)},
         {"ffn_bias", bool_field(c.ffn_bias)},
         {"attn_bias", bool_field(c.attn_bias)},
         {"norm_type",
          [&](const json& v, const std::string& f) {
-             c.norm_type = get_enum(v, src, f, kNormTypes);
+             c.norm_type = as_enum(v, src, f, kNormTypes);
          }},
         {"norm_eps", num_field(c.norm_eps)},
         {"n_experts", int_field(c.n_experts)},
@@ -205,9 +170,9 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
     };
     for (const auto& [key, value] : j.items()) {
         if (key == "format_version") {  // written by checkpoints; not a model field
-            int64_t v = get_int(value, src, key);
+            int64_t v = as_int(value, src, key);
             if (v > kCheckpointFormatVersion)
-                field_error(src, key,
+                fail(src, key,
                             "version " + std::to_string(v) + " is newer than this engine reads (" +
                                 std::to_string(kCheckpointFormatVersion) + ")");
             continue;

@@ -19,6 +19,7 @@
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/format.h"
+#include "engine/core/json_fields.h"
 #include "engine/train/metrics_plot.h"
 #include "engine/core/rng.h"
 #include "engine/model/safetensors.h"
@@ -29,228 +30,16 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kStateFile = "trainer_state.json";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
-constexpr const char* kMetricsFile = "metrics.jsonl";
-constexpr const char* kBestDir = "best";
-constexpr const char* kLockFile = "train.lock";
-constexpr const char* kStepPrefix = "step_";
-
-// Options that change the run's cadence or budget but not its math: --resume may override them.
-// (skip_nonfinite changes only what happens to a step that is not finite.)
-const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "eval_every",
-                                          "eval_batches", "checkpoint_every", "keep_last",
-                                          "log_every",    "skip_nonfinite"};
-
-// "grad_accum" -> "--grad-accum".
-std::string flag_of(const std::string& key) {
-    std::string flag = "--" + key;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    return flag;
-}
-
-std::string step_dir_name(int64_t step) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%s%08lld", kStepPrefix, static_cast<long long>(step));
-    return buf;
-}
-
-// The step of a checkpoint directory name "step_N" (digits only: "step_N.tmp-PID" is not one).
-std::optional<int64_t> step_of_dir_name(const std::string& name) {
-    const size_t prefix = std::strlen(kStepPrefix);
-    if (name.rfind(kStepPrefix, 0) != 0 || name.size() == prefix || name.size() > prefix + 18)
-        return std::nullopt;
-    if (!std::all_of(name.begin() + prefix, name.end(),
-                     [](char c) { return c >= '0' && c <= '9'; }))
-        return std::nullopt;
-    return std::stoll(name.substr(prefix));
-}
-
-bool is_step_dir(const fs::path& p) {
-    return step_of_dir_name(p.filename().string()) && fs::exists(p / kStateFile);
-}
-
-// What an interrupted write leaves in a run directory: the checkpoint writer's temporary
-// directory "step_N.tmp-PID" / "best.tmp-PID", and write_file_atomic's "metrics.jsonl.tmp.PID".
-bool is_leftover_name(const std::string& name) {
-    for (const char* marker : {".tmp-", ".tmp."}) {
-        const size_t at = name.rfind(marker);
-        if (at == std::string::npos || at == 0) continue;
-        const std::string base = name.substr(0, at), pid = name.substr(at + std::strlen(marker));
-        const bool numeric = !pid.empty() && std::all_of(pid.begin(), pid.end(), [](char c) {
-            return c >= '0' && c <= '9';
-        });
-        if (numeric && (step_of_dir_name(base) || base == kBestDir || base == kMetricsFile))
-            return true;
-    }
-    return false;
-}
-
-// Removes the leftovers of interrupted writes; the caller holds the run's lock, so none of them
-// is being written. One that cannot be removed stays ignored.
-void remove_leftovers(const fs::path& run_dir) {
-    for (const auto& entry : fs::directory_iterator(run_dir))
-        if (is_leftover_name(entry.path().filename().string())) {
-            std::error_code ignored;
-            fs::remove_all(entry.path(), ignored);
-        }
-}
-
-// "run/step_5/" and "run/step_5" name the same checkpoint; "step_5" lies in ".".
-fs::path normalized(const std::string& path) {
-    fs::path p = fs::path(path).lexically_normal();
-    if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
-    return p;
-}
-
-fs::path parent_or_dot(const fs::path& p) {
-    return p.has_parent_path() ? p.parent_path() : fs::path(".");
-}
-
-// std::filesystem reports a refused permission or a full disk as std::filesystem_error, which
-// the CLI would call an internal error; they are the user's environment, so they become
-// tmx::Error (its message names the operation and the path).
-template <class F>
-auto filesystem_errors_as_errors(F&& body) -> decltype(body()) {
-    try {
-        return body();
-    } catch (const fs::filesystem_error& e) {
-        throw Error(e.what());
-    }
-}
-
 // A metrics.jsonl write that failed: the run stops after a last checkpoint attempt.
 class MetricsWriteError : public Error {
   public:
     using Error::Error;
 };
 
-std::string format_real(double v) {
-    if (std::isnan(v)) return "NaN";  // printf's "-nan" would suggest a sign NaN does not have
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", v);
-    return buf;
-}
-
-void check_positive(int64_t v, const char* flag) {
-    if (v <= 0) throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
-}
-
-void check_not_negative(int64_t v, const char* flag) {
-    if (v < 0)
-        throw UsageError(std::string(flag) + ": must not be negative, got " + std::to_string(v));
-}
-
-// A real-valued option must be finite and in range. Finiteness is tested on its own: NaN fails
-// every comparison, so a range test written the wrong way round would let it through.
-void check_real(double v, bool in_range, const char* flag, const char* expected) {
-    if (!std::isfinite(v) || !in_range)
-        throw UsageError(std::string(flag) + ": must be a finite number " + expected + ", got " +
-                         format_real(v));
-}
-
-// Token counts are products of flags; one that overflows is a usage error naming them.
-int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::string& flags) {
-    try {
-        return checked_product(factors, flags);
-    } catch (const Error& e) {
-        throw UsageError(e.what());
-    }
-}
-
-void validate_options(const TrainOptions& o, const ModelConfig& c) {
-    if (o.data_dir.empty()) throw UsageError("--data: a token dataset directory is required");
-    check_positive(o.batch_size, "--batch-size");
-    check_positive(o.grad_accum, "--grad-accum");
-    if (o.seq_len < 0 || o.seq_len > c.max_seq_len)
-        throw UsageError("--seq-len: must be between 1 and the model's max_seq_len (" +
-                         std::to_string(c.max_seq_len) + "), got " + std::to_string(o.seq_len));
-    check_not_negative(o.max_steps, "--max-steps");
-    check_not_negative(o.max_tokens, "--max-tokens");
-    if ((o.max_steps > 0) == (o.max_tokens > 0))
-        throw UsageError("give exactly one budget: --max-steps N or --max-tokens N");
-    check_real(o.lr, o.lr > 0, "--lr", "> 0");
-    check_real(o.min_lr, o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", "between 0 and --lr");
-    check_not_negative(o.warmup_steps, "--warmup-steps");
-    check_real(o.beta1, o.beta1 >= 0 && o.beta1 < 1, "--beta1", "in [0, 1)");
-    check_real(o.beta2, o.beta2 >= 0 && o.beta2 < 1, "--beta2", "in [0, 1)");
-    check_real(o.eps, o.eps > 0, "--eps", "> 0");
-    check_real(o.weight_decay, o.weight_decay >= 0, "--weight-decay", ">= 0");
-    check_real(o.grad_clip, o.grad_clip >= 0, "--grad-clip", ">= 0 (0 = off)");
-    check_not_negative(o.eval_every, "--eval-every");
-    check_positive(o.eval_batches, "--eval-batches");
-    check_not_negative(o.checkpoint_every, "--checkpoint-every");
-    check_positive(o.keep_last, "--keep-last");
-    check_positive(o.log_every, "--log-every");
-    check_not_negative(o.skip_nonfinite, "--skip-nonfinite");
-    const int64_t seq = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
-    const int64_t per_step = checked_flag_product({o.batch_size, o.grad_accum, seq},
-                                                  "--batch-size x --grad-accum x --seq-len");
-    checked_flag_product({o.max_steps, per_step}, "--max-steps x tokens per step");
-    checked_flag_product({o.eval_batches, o.batch_size}, "--eval-batches x --batch-size");
-}
-
-}  // namespace
-
-namespace {
-
 void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
     check_training_memory(c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision,
                           backend,
                           {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
-}
-
-// Fields of trainer_state.json. A missing field or one of the wrong type is an error naming the
-// file and the field, and saying what was expected.
-std::string describe(const json& v) {
-    std::string s = v.dump();
-    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
-}
-
-const json& state_field(const json& j, const std::string& key, const std::string& source,
-                        const char* expected) {
-    auto it = j.find(key);
-    if (it == j.end()) throw Error(source + ": missing \"" + key + "\" (" + expected + ")");
-    return *it;
-}
-
-[[noreturn]] void wrong_type(const json& v, const std::string& key, const std::string& source,
-                             const char* expected) {
-    throw Error(source + ": \"" + key + "\" must be " + expected + ", got " + describe(v));
-}
-
-int64_t int_field(const json& j, const std::string& key, const std::string& source,
-                  int64_t min_value = std::numeric_limits<int64_t>::min()) {
-    const char* expected = min_value >= 0 ? "an integer >= 0" : "an integer";
-    const json& v = state_field(j, key, source, expected);
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
-                                             : v.is_number_integer();
-    if (!fits || v.get<int64_t>() < min_value) wrong_type(v, key, source, expected);
-    return v.get<int64_t>();
-}
-
-uint64_t uint_field(const json& j, const std::string& key, const std::string& source) {
-    const json& v = state_field(j, key, source, "an integer >= 0");
-    if (!v.is_number_unsigned()) wrong_type(v, key, source, "an integer >= 0");
-    return v.get<uint64_t>();
-}
-
-double number_field(const json& j, const std::string& key, const std::string& source) {
-    const json& v = state_field(j, key, source, "a number");
-    if (!v.is_number()) wrong_type(v, key, source, "a number");
-    return v.get<double>();
-}
-
-std::string string_field(const json& j, const std::string& key, const std::string& source) {
-    const json& v = state_field(j, key, source, "a string");
-    if (!v.is_string()) wrong_type(v, key, source, "a string");
-    return v.get<std::string>();
-}
-
-bool bool_field(const json& j, const std::string& key, const std::string& source) {
-    const json& v = state_field(j, key, source, "true or false");
-    if (!v.is_boolean()) wrong_type(v, key, source, "true or false");
-    return v.get<bool>();
 }
 
 void add_slots(std::vector<std::vector<int64_t>>& total,
@@ -271,129 +60,6 @@ std::string first_nonfinite_tensor(const ParamLayout& layout, const std::vector<
 }
 
 }  // namespace
-
-// An exclusive flock() on RUN/train.lock while a trainer lives. The kernel drops it when the
-// process ends however it ends, so a killed run leaves no stale lock; the file's text names the
-// holder for the error a second trainer gets.
-class RunDirLock {
-  public:
-    explicit RunDirLock(const fs::path& run_dir) {
-        const std::string path = (run_dir / kLockFile).string();
-        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (fd_ < 0)
-            throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno));
-        if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-            const int err = errno;
-            if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS)
-                return;  // a file system without locks: train unlocked rather than not at all
-            std::string holder(256, '\0');
-            const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
-            holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
-            holder.erase(std::find(holder.begin(), holder.end(), '\n'), holder.end());
-            ::close(fd_);
-            if (err != EWOULDBLOCK)
-                throw Error(path + ": cannot lock the run directory: " + std::strerror(err));
-            throw Error(run_dir.string() + ": the run is in use by another tmx train (" +
-                        (holder.empty() ? std::string("its holder is starting") : holder) +
-                        "); wait for it to end or stop it first");
-        }
-        char host[256] = {};
-        if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
-        const std::string holder =
-            "pid " + std::to_string(::getpid()) + " on host " + std::string(host) + "\n";
-        // The holder's name is for the message only: a failure to write it is no reason to stop.
-        if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, holder.data(), holder.size(), 0);
-    }
-    ~RunDirLock() { ::close(fd_); }
-    RunDirLock(const RunDirLock&) = delete;
-    RunDirLock& operator=(const RunDirLock&) = delete;
-
-  private:
-    int fd_ = -1;
-};
-
-json train_options_to_json(const TrainOptions& o) {
-    return {{"data_dir", o.data_dir},
-            {"val_dir", o.val_dir},
-            {"batch_size", o.batch_size},
-            {"seq_len", o.seq_len},
-            {"grad_accum", o.grad_accum},
-            {"max_steps", o.max_steps},
-            {"max_tokens", o.max_tokens},
-            {"lr", o.lr},
-            {"min_lr", o.min_lr},
-            {"warmup_steps", o.warmup_steps},
-            {"beta1", o.beta1},
-            {"beta2", o.beta2},
-            {"eps", o.eps},
-            {"weight_decay", o.weight_decay},
-            {"grad_clip", o.grad_clip},
-            {"eval_every", o.eval_every},
-            {"eval_batches", o.eval_batches},
-            {"checkpoint_every", o.checkpoint_every},
-            {"keep_last", o.keep_last},
-            {"log_every", o.log_every},
-            {"seed", o.seed},
-            {"skip_nonfinite", o.skip_nonfinite},
-            {"precision", to_string(o.precision)}};
-}
-
-TrainOptions train_options_from_json(const json& j, const std::string& source) {
-    if (!j.is_object()) throw Error(source + ": expected a JSON object of training options");
-    TrainOptions o;
-    o.data_dir = string_field(j, "data_dir", source);
-    o.val_dir = string_field(j, "val_dir", source);
-    o.batch_size = int_field(j, "batch_size", source);
-    o.seq_len = int_field(j, "seq_len", source);
-    o.grad_accum = int_field(j, "grad_accum", source);
-    o.max_steps = int_field(j, "max_steps", source);
-    o.max_tokens = int_field(j, "max_tokens", source);
-    o.lr = number_field(j, "lr", source);
-    o.min_lr = number_field(j, "min_lr", source);
-    o.warmup_steps = int_field(j, "warmup_steps", source);
-    o.beta1 = number_field(j, "beta1", source);
-    o.beta2 = number_field(j, "beta2", source);
-    o.eps = number_field(j, "eps", source);
-    o.weight_decay = number_field(j, "weight_decay", source);
-    o.grad_clip = number_field(j, "grad_clip", source);
-    o.eval_every = int_field(j, "eval_every", source);
-    o.eval_batches = int_field(j, "eval_batches", source);
-    o.checkpoint_every = int_field(j, "checkpoint_every", source);
-    o.keep_last = int_field(j, "keep_last", source);
-    o.log_every = int_field(j, "log_every", source);
-    o.seed = uint_field(j, "seed", source);
-    // Absent from the checkpoints of versions before it existed: those runs skip nothing.
-    if (j.contains("skip_nonfinite")) o.skip_nonfinite = int_field(j, "skip_nonfinite", source);
-    // Absent before bf16 existed: those runs were fp32.
-    if (j.contains("precision"))
-        o.precision = parse_precision(string_field(j, "precision", source), source + ": precision");
-    return o;
-}
-
-std::string resolve_run_checkpoint(const std::string& path) {
-    return filesystem_errors_as_errors([&] {
-        const fs::path p = normalized(path);
-        if (is_leftover_name(p.filename().string()))
-            throw Error(path + ": an unfinished checkpoint left by an interrupted write (resume "
-                        "the run directory " + parent_or_dot(p).string() +
-                        ", whose next run removes it)");
-        if (fs::exists(p / kStateFile)) return p.string();
-        if (!fs::is_directory(p)) throw Error(path + ": no such run directory or checkpoint");
-        fs::path latest;
-        int64_t latest_step = -1;
-        for (const auto& entry : fs::directory_iterator(p)) {
-            const std::optional<int64_t> step = step_of_dir_name(entry.path().filename().string());
-            if (step && *step > latest_step && entry.is_directory() && is_step_dir(entry.path())) {
-                latest = entry.path();
-                latest_step = *step;
-            }
-        }
-        if (latest.empty())
-            throw Error(path + ": not a training run (no step_* checkpoint with " + kStateFile +
-                        ")");
-        return latest.string();
-    });
-}
 
 double Trainer::learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps) {
     if (o.warmup_steps > 0 && step < o.warmup_steps)
@@ -452,7 +118,7 @@ void Trainer::open_data() {
 std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOptions& options,
                                         const std::string& run_dir, uint64_t init_seed,
                                         Backend& backend) {
-    validate_options(options, config);
+    validate_train_options(options, config);
     check_run_memory(config, options, backend);
     return filesystem_errors_as_errors([&] {
         const std::string refusal =
@@ -493,18 +159,19 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         const std::string ckpt = resolve_run_checkpoint(path);
         const std::string state_path = (fs::path(ckpt) / kStateFile).string();
         const json state = read_json_file(state_path);
-        if (!state.is_object()) throw Error(state_path + ": expected a JSON object");
-        json options_json = state_field(state, "options", state_path, "the training options");
+        json options_json =
+            json_fields::Fields(state, state_path).at("options", "an object of training options");
         if (!options_json.is_object())
-            wrong_type(options_json, "options", state_path, "an object of training options");
+            json_fields::fail(state_path, "options",
+                              "expected an object of training options, got " +
+                                  json_fields::describe(options_json));
         for (const auto& [key, value] : overrides.items()) {
             // The run's own value is no change (a run from before "precision" existed is fp32).
             const json current = key == "precision" ? options_json.value(key, json("fp32"))
                                                     : options_json.value(key, json());
             if (value == current) continue;
-            if (std::find(std::begin(kResumeOverridable), std::end(kResumeOverridable), key) ==
-                std::end(kResumeOverridable))
-                throw UsageError(flag_of(key) +
+            if (!resume_may_override(key))
+                throw UsageError(option_flag(key) +
                                  " cannot change when resuming (it would change the run's math); "
                                  "the run uses " + current.dump());
             options_json[key] = value;
@@ -521,7 +188,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
                              "newer); a run keeps its precision: resume it with --backend cpu "
                              "or on a GPU that has them");
         const ModelConfig config = load_checkpoint_config(ckpt);
-        validate_options(options, config);
+        validate_train_options(options, config);
         check_run_memory(config, options, backend);
         auto model = std::make_unique<Model>(config, backend);
         load_checkpoint_weights(*model, ckpt);
@@ -550,35 +217,37 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
 }
 
 void Trainer::restore_state(const json& state, const std::string& source) {
-    step_ = int_field(state, "step", source, 0);
+    const json_fields::Fields f(state, source);
+    step_ = f.integer("step", 0);
     checked_mul(step_, options_.tokens_per_step(seq_len_), source + ": \"step\" x tokens per step");
     has_best_ = state.contains("best_val_loss") && !state["best_val_loss"].is_null();
-    if (has_best_) best_val_loss_ = number_field(state, "best_val_loss", source);
+    if (has_best_) best_val_loss_ = f.number("best_val_loss");
     // The fields below are absent from checkpoints of versions before them: nothing skipped,
     // nothing pending, and reports average the steps after the resume.
-    if (state.contains("nonfinite_skipped"))
-        nonfinite_skipped_ = int_field(state, "nonfinite_skipped", source, 0);
-    if (state.contains("finish_pending"))
-        finish_pending_ = bool_field(state, "finish_pending", source);
-    if (state.contains("since_report")) {
-        const json& w = state["since_report"];
-        const std::string where = source + ": since_report";
-        if (!w.is_object()) wrong_type(w, "since_report", source, "an object");
-        window_.applied = int_field(w, "applied", where, 0);
-        window_.skipped = int_field(w, "skipped", where, 0);
-        window_.loss_sum = number_field(w, "loss_sum", where);
-        window_.aux_sum = number_field(w, "aux_sum", where);
-        window_.grad_norm_sum = number_field(w, "grad_norm_sum", where);
-        const json& slots = state_field(w, "expert_slots", where, "per layer, slots per expert");
+    if (f.has("nonfinite_skipped")) nonfinite_skipped_ = f.integer("nonfinite_skipped", 0);
+    if (f.has("finish_pending")) finish_pending_ = f.boolean("finish_pending");
+    if (f.has("since_report")) {
+        const json_fields::Fields w(state["since_report"], source + ": since_report");
+        window_.applied = w.integer("applied", 0);
+        window_.skipped = w.integer("skipped", 0);
+        window_.loss_sum = w.number("loss_sum");
+        window_.aux_sum = w.number("aux_sum");
+        window_.grad_norm_sum = w.number("grad_norm_sum");
         const char* expected = "an array (per layer) of arrays of integers >= 0";
-        if (!slots.is_array()) wrong_type(slots, "expert_slots", where, expected);
+        const json& slots = w.at("expert_slots", expected);
+        auto wrong = [&] {
+            json_fields::fail(w.source(), "expert_slots",
+                              std::string("expected ") + expected + ", got " +
+                                  json_fields::describe(slots));
+        };
+        if (!slots.is_array()) wrong();
         for (const json& layer : slots) {
-            if (!layer.is_array()) wrong_type(slots, "expert_slots", where, expected);
+            if (!layer.is_array()) wrong();
             window_.expert_slots.emplace_back();
             for (const json& count : layer) {
                 if (!count.is_number_unsigned() ||
                     count.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-                    wrong_type(slots, "expert_slots", where, expected);
+                    wrong();
                 window_.expert_slots.back().push_back(count.get<int64_t>());
             }
         }

@@ -31,38 +31,11 @@
 #include "engine/model/model.h"
 #include "engine/model/training_memory.h"
 #include "engine/compute/precision.h"
-#include "engine/data/token_shards.h"
+#include "engine/data/dataset.h"
+#include "engine/train/run_dir.h"
+#include "engine/train/train_options.h"
 
 namespace tmx {
-
-struct TrainOptions {
-    std::string data_dir;       // token dataset (tmx prepare): its train split
-    std::string val_dir;        // dataset whose val split evaluates; default data_dir
-    int64_t batch_size = 8;     // sequences per micro-batch
-    int64_t seq_len = 0;        // tokens per sequence; 0 = the config's max_seq_len
-    int64_t grad_accum = 1;     // micro-batches per optimizer step
-    int64_t max_steps = 0;      // budget in optimizer steps ...
-    int64_t max_tokens = 0;     // ... or in training tokens (one of the two)
-    double lr = 1e-3;           // peak learning rate
-    double min_lr = 1e-4;       // floor of the cosine decay
-    int64_t warmup_steps = 100; // linear warmup from lr/warmup_steps
-    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-    double grad_clip = 1.0;     // global-norm clipping; 0 = off
-    int64_t eval_every = 100;   // steps between evaluations (and at the end); 0 = only at the end
-    int64_t eval_batches = 8;   // batches of validation windows per evaluation
-    int64_t checkpoint_every = 500;  // steps between checkpoints (and at the end)
-    int64_t keep_last = 2;      // step checkpoints kept (best/ is kept besides)
-    int64_t log_every = 10;     // steps between progress reports and metrics lines
-    uint64_t seed = 0;          // data order
-    int64_t skip_nonfinite = 0;  // steps with a non-finite loss or gradient norm the run may
-                                 // skip (not apply) before it stops
-    Precision precision = Precision::F32;  // of the matmuls (Backend::set_matmul_precision)
-
-    int64_t tokens_per_step(int64_t seq) const { return batch_size * grad_accum * seq; }
-};
-
-nlohmann::json train_options_to_json(const TrainOptions& o);
-TrainOptions train_options_from_json(const nlohmann::json& j, const std::string& source);
 
 // One progress report (every log_every steps, after evaluations and at the end).
 struct TrainReport {
@@ -189,8 +162,5 @@ private:
     int64_t run_start_step_ = 0, last_report_step_ = 0;
 };
 
-// The checkpoint directory a path names: itself when it holds trainer_state.json, else the
-// run directory's latest step checkpoint (step_N; never a leftover step_N.tmp-PID).
-std::string resolve_run_checkpoint(const std::string& path);
 
 }  // namespace tmx

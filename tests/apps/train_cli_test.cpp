@@ -7,7 +7,7 @@
 
 #include "engine/model/checkpoint.h"
 #include "engine/core/file_io.h"
-#include "engine/data/token_shards.h"
+#include "engine/data/prepare.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -282,7 +282,7 @@ TEST(TrainCli, FileSystemAndFileContentErrorsNameThePathAndField) {
     test::write_text(state, j.dump());
     r = test::run_tmx("train --resume " + (tmp / "run"));
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find("tmx: error: " + state + ": missing \"step\""), std::string::npos)
+    EXPECT_NE(r.err.find("tmx: error: " + state + ": field 'step': missing"), std::string::npos)
         << r.err;
 
     test::write_text(tmp / "run/metrics.jsonl",

@@ -532,17 +532,17 @@ TEST(Trainer, AMissingOrMistypedTrainerStateFieldIsAnErrorNamingFileAndField) {
         return error_of([&] { Trainer::resume(tmp / "run", *be, nlohmann::json::object()); });
     };
     EXPECT_EQ(error_with([](nlohmann::json& s) { s.erase("step"); }),
-              path + ": missing \"step\" (an integer >= 0)");
+              path + ": field 'step': missing (expected an integer >= 0)");
     EXPECT_EQ(error_with([](nlohmann::json& s) { s["step"] = -3; }),
-              path + ": \"step\" must be an integer >= 0, got -3");
+              path + ": field 'step': expected an integer >= 0, got -3");
     EXPECT_EQ(error_with([](nlohmann::json& s) { s["options"].erase("lr"); }),
-              path + ": options: missing \"lr\" (a number)");
+              path + ": options: field 'lr': missing (expected a number)");
     EXPECT_EQ(error_with([](nlohmann::json& s) { s["options"]["seq_len"] = "16"; }),
-              path + ": options: \"seq_len\" must be an integer, got \"16\"");
+              path + ": options: field 'seq_len': expected an integer, got \"16\"");
     EXPECT_EQ(error_with([](nlohmann::json& s) { s["since_report"]["expert_slots"] = 3; }),
               path +
-                  ": since_report: \"expert_slots\" must be an array (per layer) of arrays "
-                  "of integers >= 0, got 3");
+                  ": since_report: field 'expert_slots': expected an array (per layer) of "
+                  "arrays of integers >= 0, got 3");
 }
 
 

@@ -1,0 +1,156 @@
+#include "engine/train/train_options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/checked_math.h"
+#include "engine/core/errors.h"
+#include "engine/core/format.h"
+#include "engine/core/json_fields.h"
+
+namespace tmx {
+
+using nlohmann::json;
+
+namespace {
+
+// Options that change the run's cadence or budget but not its math: --resume may override them.
+// (skip_nonfinite changes only what happens to a step that is not finite.)
+const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "eval_every",
+                                          "eval_batches", "checkpoint_every", "keep_last",
+                                          "log_every",    "skip_nonfinite"};
+
+void check_positive(int64_t v, const char* flag) {
+    if (v <= 0) throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
+}
+
+void check_not_negative(int64_t v, const char* flag) {
+    if (v < 0)
+        throw UsageError(std::string(flag) + ": must not be negative, got " + std::to_string(v));
+}
+
+// A real-valued option must be finite and in range. Finiteness is tested on its own: NaN fails
+// every comparison, so a range test written the wrong way round would let it through.
+void check_real(double v, bool in_range, const char* flag, const char* expected) {
+    if (!std::isfinite(v) || !in_range)
+        throw UsageError(std::string(flag) + ": must be a finite number " + expected + ", got " +
+                         format_real(v));
+}
+
+// Token counts are products of flags; one that overflows is a usage error naming them.
+int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::string& flags) {
+    try {
+        return checked_product(factors, flags);
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+}
+
+}  // namespace
+
+void validate_train_options(const TrainOptions& o, const ModelConfig& c) {
+    if (o.data_dir.empty()) throw UsageError("--data: a token dataset directory is required");
+    check_positive(o.batch_size, "--batch-size");
+    check_positive(o.grad_accum, "--grad-accum");
+    if (o.seq_len < 0 || o.seq_len > c.max_seq_len)
+        throw UsageError("--seq-len: must be between 1 and the model's max_seq_len (" +
+                         std::to_string(c.max_seq_len) + "), got " + std::to_string(o.seq_len));
+    check_not_negative(o.max_steps, "--max-steps");
+    check_not_negative(o.max_tokens, "--max-tokens");
+    if ((o.max_steps > 0) == (o.max_tokens > 0))
+        throw UsageError("give exactly one budget: --max-steps N or --max-tokens N");
+    check_real(o.lr, o.lr > 0, "--lr", "> 0");
+    check_real(o.min_lr, o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", "between 0 and --lr");
+    check_not_negative(o.warmup_steps, "--warmup-steps");
+    check_real(o.beta1, o.beta1 >= 0 && o.beta1 < 1, "--beta1", "in [0, 1)");
+    check_real(o.beta2, o.beta2 >= 0 && o.beta2 < 1, "--beta2", "in [0, 1)");
+    check_real(o.eps, o.eps > 0, "--eps", "> 0");
+    check_real(o.weight_decay, o.weight_decay >= 0, "--weight-decay", ">= 0");
+    check_real(o.grad_clip, o.grad_clip >= 0, "--grad-clip", ">= 0 (0 = off)");
+    check_not_negative(o.eval_every, "--eval-every");
+    check_positive(o.eval_batches, "--eval-batches");
+    check_not_negative(o.checkpoint_every, "--checkpoint-every");
+    check_positive(o.keep_last, "--keep-last");
+    check_positive(o.log_every, "--log-every");
+    check_not_negative(o.skip_nonfinite, "--skip-nonfinite");
+    const int64_t seq = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
+    const int64_t per_step = checked_flag_product({o.batch_size, o.grad_accum, seq},
+                                                  "--batch-size x --grad-accum x --seq-len");
+    checked_flag_product({o.max_steps, per_step}, "--max-steps x tokens per step");
+    checked_flag_product({o.eval_batches, o.batch_size}, "--eval-batches x --batch-size");
+}
+
+json train_options_to_json(const TrainOptions& o) {
+    return {{"data_dir", o.data_dir},
+            {"val_dir", o.val_dir},
+            {"batch_size", o.batch_size},
+            {"seq_len", o.seq_len},
+            {"grad_accum", o.grad_accum},
+            {"max_steps", o.max_steps},
+            {"max_tokens", o.max_tokens},
+            {"lr", o.lr},
+            {"min_lr", o.min_lr},
+            {"warmup_steps", o.warmup_steps},
+            {"beta1", o.beta1},
+            {"beta2", o.beta2},
+            {"eps", o.eps},
+            {"weight_decay", o.weight_decay},
+            {"grad_clip", o.grad_clip},
+            {"eval_every", o.eval_every},
+            {"eval_batches", o.eval_batches},
+            {"checkpoint_every", o.checkpoint_every},
+            {"keep_last", o.keep_last},
+            {"log_every", o.log_every},
+            {"seed", o.seed},
+            {"skip_nonfinite", o.skip_nonfinite},
+            {"precision", to_string(o.precision)}};
+}
+
+TrainOptions train_options_from_json(const json& j, const std::string& source) {
+    const json_fields::Fields f(j, source);
+    TrainOptions o;
+    o.data_dir = f.string("data_dir");
+    o.val_dir = f.string("val_dir");
+    o.batch_size = f.integer("batch_size");
+    o.seq_len = f.integer("seq_len");
+    o.grad_accum = f.integer("grad_accum");
+    o.max_steps = f.integer("max_steps");
+    o.max_tokens = f.integer("max_tokens");
+    o.lr = f.number("lr");
+    o.min_lr = f.number("min_lr");
+    o.warmup_steps = f.integer("warmup_steps");
+    o.beta1 = f.number("beta1");
+    o.beta2 = f.number("beta2");
+    o.eps = f.number("eps");
+    o.weight_decay = f.number("weight_decay");
+    o.grad_clip = f.number("grad_clip");
+    o.eval_every = f.integer("eval_every");
+    o.eval_batches = f.integer("eval_batches");
+    o.checkpoint_every = f.integer("checkpoint_every");
+    o.keep_last = f.integer("keep_last");
+    o.log_every = f.integer("log_every");
+    o.seed = f.uinteger("seed");
+    // Absent from the checkpoints of versions before it existed: those runs skip nothing.
+    if (j.contains("skip_nonfinite")) o.skip_nonfinite = f.integer("skip_nonfinite");
+    // Absent before bf16 existed: those runs were fp32.
+    if (j.contains("precision"))
+        o.precision = parse_precision(f.string("precision"), source + ": precision");
+    return o;
+}
+
+bool resume_may_override(const std::string& key) {
+    return std::find(std::begin(kResumeOverridable), std::end(kResumeOverridable), key) !=
+           std::end(kResumeOverridable);
+}
+
+// "grad_accum" -> "--grad-accum".
+std::string option_flag(const std::string& key) {
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return flag;
+}
+
+}  // namespace tmx

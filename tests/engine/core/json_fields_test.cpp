@@ -1,0 +1,76 @@
+// The one JSON field reader: each getter takes what its type allows and nothing else, and every
+// error names the source, the field, what was expected and what was found.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/errors.h"
+#include "engine/core/json_fields.h"
+#include "engine/core/rng.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+using nlohmann::json;
+
+template <typename F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(JsonFields, TypedGettersTakeTheirTypeAndNameTheFieldOtherwise) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    const int64_t n = static_cast<int64_t>(rng.below(uint64_t{1} << 62)) - (int64_t{1} << 61);
+    const double x = rng.normal() * 1e3;
+    const json j = {{"n", n}, {"x", x}, {"name", "abc"}, {"flag", true}, {"big", UINT64_MAX}};
+    const json_fields::Fields f(j, "run/state.json");
+    EXPECT_EQ(f.integer("n"), n);
+    EXPECT_EQ(f.number("x"), x);
+    EXPECT_EQ(f.number("n"), static_cast<double>(n));  // an integer is a number
+    EXPECT_EQ(f.string("name"), "abc");
+    EXPECT_TRUE(f.boolean("flag"));
+    EXPECT_EQ(f.uinteger("big"), UINT64_MAX);
+
+    EXPECT_EQ(error_of([&] { f.integer("missing"); }),
+              "run/state.json: field 'missing': missing (expected an integer)");
+    EXPECT_EQ(error_of([&] { f.integer("x"); }),
+              "run/state.json: field 'x': expected an integer, got " + j["x"].dump());
+    EXPECT_EQ(error_of([&] { f.integer("big"); }),
+              "run/state.json: field 'big': expected an integer that fits in 64 bits, got "
+              "18446744073709551615");
+    if (n < 0) {
+        EXPECT_EQ(error_of([&] { f.integer("n", 0); }),
+                  "run/state.json: field 'n': expected an integer >= 0, got " + std::to_string(n));
+    }
+    EXPECT_EQ(error_of([&] { f.string("n"); }),
+              "run/state.json: field 'n': expected a string, got " + std::to_string(n));
+    EXPECT_EQ(error_of([&] { f.boolean("name"); }),
+              "run/state.json: field 'name': expected true or false, got \"abc\"");
+    EXPECT_EQ(error_of([&] { f.uinteger("name"); }),
+              "run/state.json: field 'name': expected an integer >= 0, got \"abc\"");
+    EXPECT_EQ(error_of([&] { json_fields::Fields(json::array({1}), "a.json"); }),
+              "a.json: expected a JSON object, got [1]");
+}
+
+TEST(JsonFields, LongValuesAreCutInMessagesAndEnumsListTheirChoices) {
+    const json long_string = std::string(100, 'x');
+    EXPECT_EQ(json_fields::describe(long_string).size(), 40u);
+    const std::map<std::string, int> choices = {{"a", 1}, {"b", 2}};
+    EXPECT_EQ(json_fields::as_enum(json("b"), "c.json", "kind", choices), 2);
+    EXPECT_EQ(error_of([&] { json_fields::as_enum(json("z"), "c.json", "kind", choices); }),
+              "c.json: field 'kind': expected one of \"a\", \"b\", got \"z\"");
+}
+
+}  // namespace
+}  // namespace tmx
