@@ -21,20 +21,8 @@ start=$SECONDS
 # clang, its sanitizer and libFuzzer runtimes, and its OpenMP runtime; scripts/setup.sh (run by
 # scripts/test.sh before this stage) installed everything else.
 packages=(clang libclang-rt-14-dev libomp-14-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "sanitize: installing ${missing[*]}" >&2
-  as_root=()
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "sanitize: run as root to install packages" >&2; exit 1; }
-    as_root=(sudo)
-  fi
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+source "$root/scripts/lib/packages.sh"
+ensure_packages sanitize "${packages[@]}"
 
 CC=clang CXX=clang++ cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTMX_SANITIZE=ON -DTMX_CUDA=OFF -DTMX_BUILD_BENCHMARKS=OFF >/dev/null

@@ -30,20 +30,8 @@ packages=(
   libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}" >&2
-  as_root=()
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "setup: run as root to install packages" >&2; exit 1; }
-    as_root=(sudo)
-  fi
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+source "$root/scripts/lib/packages.sh"
+ensure_packages setup "${packages[@]}"
 
 if [ -z "$cuda" ]; then
   # A machine without an NVIDIA GPU cannot run the CUDA backend: skip its kernels.
