@@ -15,9 +15,11 @@ namespace tmx::cli {
 void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
     sub.add_option("--backend", choice.backend,
                    training ? "Backend: auto (CUDA when a GPU is present, else the CPU) or one "
-                              "of " + training_backend_list()
+                              "of " +
+                                  training_backend_list()
                             : "Backend: auto (the best present: CUDA, else a Vulkan GPU, else "
-                              "the CPU) or one of " + backend_list())
+                              "the CPU) or one of " +
+                                  backend_list())
         ->capture_default_str();
     sub.add_option("--device", choice.device,
                    "GPU index of the chosen backend, as `tmx devices` lists them (default: "
@@ -50,17 +52,17 @@ Precision BackendChoice::resolve_precision(const Backend& be) const {
 std::string with_device(const std::string& name, int device) {
     if (device < 0) return name;
     if (name == "vulkan" || name == "cuda") return name + ":" + std::to_string(device);
-    throw UsageError("--device " + std::to_string(device) +
-                     " selects a GPU; backend '" + name + "' has none");
+    throw UsageError("--device " + std::to_string(device) + " selects a GPU; backend '" + name +
+                     "' has none");
 }
 
 std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
     const std::string name = resolve_backend(backend, training);
     auto be = make_backend(with_device(name, device));
     if (training && !be->supports_training())
-        throw UsageError("--backend " + backend + ": the " + be->name() +
-                         " backend runs inference only; backends that train: " +
-                         training_backend_list());
+        throw UsageError(
+            "--backend " + backend + ": the " + be->name() +
+            " backend runs inference only; backends that train: " + training_backend_list());
     be->set_matmul_precision(resolve_precision(*be));
     if (announce_it) announce(*be);
     return be;

@@ -1,15 +1,14 @@
 // tmx bench: backend comparison runs at a model's real shapes (engine/report/bench.h).
 #include <algorithm>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
 #include "backends/registry.h"
 #include "engine/compute/backend.h"
-#include "engine/report/bench.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/errors.h"
+#include "engine/model/checkpoint.h"
+#include "engine/report/bench.h"
 #include "engine/report/param_report.h"
 
 namespace tmx::cli {
@@ -49,11 +48,11 @@ void print_profile(const DecodeProfile& p) {
         commands += c.count;
     }
     const double steps = static_cast<double>(p.steps);
-    std::printf("  decode profile, batch %lld, %lld steps: %.3f ms a step, the device busy %.3f ms "
-                "of it; %.1f commands a step\n",
-                static_cast<long long>(p.batch), static_cast<long long>(p.steps),
-                1e3 * p.wall_seconds / steps, 1e3 * device / steps,
-                static_cast<double>(commands) / steps);
+    std::printf(
+        "  decode profile, batch %lld, %lld steps: %.3f ms a step, the device busy %.3f ms "
+        "of it; %.1f commands a step\n",
+        static_cast<long long>(p.batch), static_cast<long long>(p.steps),
+        1e3 * p.wall_seconds / steps, 1e3 * device / steps, static_cast<double>(commands) / steps);
     std::vector<Backend::ProfiledCommands> by_time = p.commands;
     std::stable_sort(by_time.begin(), by_time.end(),
                      [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
@@ -79,13 +78,14 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
             }
             char gflops[32] = "-";
             if (op.gflops > 0) std::snprintf(gflops, sizeof gflops, "%.1f", op.gflops);
-            std::printf("  %-24s %-34s %10.3f %10s %9.1f %10.1e\n", op.op.c_str(),
-                        op.shape.c_str(), op.ms, gflops, op.gbytes_per_s, op.max_error);
+            std::printf("  %-24s %-34s %10.3f %10s %9.1f %10.1e\n", op.op.c_str(), op.shape.c_str(),
+                        op.ms, gflops, op.gbytes_per_s, op.max_error);
         }
         const ModelBench& m = r.model;
-        std::printf("  prefill %.1f tokens/s, decode batch 1 %.1f tokens/s, batch-N decode %.1f "
-                    "tokens/s\n",
-                    m.prefill_tokens_per_s, m.decode_tokens_per_s, m.batch_decode_tokens_per_s);
+        std::printf(
+            "  prefill %.1f tokens/s, decode batch 1 %.1f tokens/s, batch-N decode %.1f "
+            "tokens/s\n",
+            m.prefill_tokens_per_s, m.decode_tokens_per_s, m.batch_decode_tokens_per_s);
         std::printf("  logits vs cpu: max error %.1e; greedy tokens matching cpu %lld of %lld\n",
                     m.logits_error, static_cast<long long>(m.greedy_matching),
                     static_cast<long long>(m.greedy_steps));
@@ -100,12 +100,13 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
                 std::snprintf(mfu, sizeof mfu, ", MFU %.1f%% of %.0f TFLOP/s (%s)", 100 * t.mfu,
                               t.peak_tflops,
                               t.peak_from_spec ? "the device's published peak" : "--peak-tflops");
-            std::printf("  training step (%s matmuls): %.0f tokens/s, %.2f model TFLOP/s%s, peak "
-                        "memory %s (the step's engine tensors %s); loss %.6f (cpu "
-                        "%.6f)\n",
-                        to_string(t.precision), t.tokens_per_s, t.model_tflops, mfu,
-                        fmt_bytes(static_cast<double>(t.peak_bytes)).c_str(),
-                        fmt_bytes(t.engine_bytes).c_str(), t.loss, t.cpu_loss);
+            std::printf(
+                "  training step (%s matmuls): %.0f tokens/s, %.2f model TFLOP/s%s, peak "
+                "memory %s (the step's engine tensors %s); loss %.6f (cpu "
+                "%.6f)\n",
+                to_string(t.precision), t.tokens_per_s, t.model_tflops, mfu,
+                fmt_bytes(static_cast<double>(t.peak_bytes)).c_str(),
+                fmt_bytes(t.engine_bytes).c_str(), t.loss, t.cpu_loss);
         }
     }
 }
@@ -154,24 +155,23 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
         }
         const TrainBench& t = r.train;
         if (t.measured)
-            j["backends"].back()["train"] = {{"batch", o.train_batch},
-                                             {"seq", o.train_seq},
-                                             {"precision", to_string(t.precision)},
-                                             {"tokens_per_s", t.tokens_per_s},
-                                             {"model_tflops", t.model_tflops},
-                                             // null without a peak: no MFU
-                                             {"mfu", t.mfu > 0 ? nlohmann::json(t.mfu)
-                                                               : nlohmann::json(nullptr)},
-                                             {"peak_tflops", t.peak_tflops > 0
-                                                                 ? nlohmann::json(t.peak_tflops)
-                                                                 : nlohmann::json(nullptr)},
-                                             {"peak_source", t.peak_tflops <= 0   ? "none"
-                                                             : t.peak_from_spec ? "spec"
-                                                                                : "flag"},
-                                             {"peak_bytes", t.peak_bytes},
-                                             {"engine_bytes", t.engine_bytes},
-                                             {"loss", t.loss},
-                                             {"cpu_loss", t.cpu_loss}};
+            j["backends"].back()["train"] = {
+                {"batch", o.train_batch},
+                {"seq", o.train_seq},
+                {"precision", to_string(t.precision)},
+                {"tokens_per_s", t.tokens_per_s},
+                {"model_tflops", t.model_tflops},
+                // null without a peak: no MFU
+                {"mfu", t.mfu > 0 ? nlohmann::json(t.mfu) : nlohmann::json(nullptr)},
+                {"peak_tflops",
+                 t.peak_tflops > 0 ? nlohmann::json(t.peak_tflops) : nlohmann::json(nullptr)},
+                {"peak_source", t.peak_tflops <= 0 ? "none"
+                                : t.peak_from_spec ? "spec"
+                                                   : "flag"},
+                {"peak_bytes", t.peak_bytes},
+                {"engine_bytes", t.engine_bytes},
+                {"loss", t.loss},
+                {"cpu_loss", t.cpu_loss}};
     }
     return j;
 }
@@ -273,8 +273,10 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
             described = opts->config + " (random weights)";
         }
         const std::vector<BackendBench> results = run_bench(config, std::move(weights), o);
-        if (opts->json) std::printf("%s\n", to_json(results, described, o).dump().c_str());
-        else print_table(results, described, o);
+        if (opts->json)
+            std::printf("%s\n", to_json(results, described, o).dump().c_str());
+        else
+            print_table(results, described, o);
     });
 }
 

@@ -52,14 +52,15 @@ void print_cuda_devices(bool json, nlohmann::json& out) {
             out["cuda_devices"].push_back(
                 {{"index", d.index},
                  {"name", d.name},
-                 {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
+                 {"compute_capability",
+                  std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
                  {"sm_count", d.sm_count},
                  {"memory_bytes", d.memory_bytes},
                  {"shared_memory_per_block_bytes", d.shared_memory_per_block_optin},
                  {"memory_bus_width_bits", d.memory_bus_width_bits},
                  {"memory_clock_khz", d.memory_clock_khz},
-                 {"memory_bandwidth_gbps", cuda::memory_bandwidth_gbps(d.memory_clock_khz,
-                                                                       d.memory_bus_width_bits)},
+                 {"memory_bandwidth_gbps",
+                  cuda::memory_bandwidth_gbps(d.memory_clock_khz, d.memory_bus_width_bits)},
                  {"sm_clock_khz", d.sm_clock_khz},
                  {"peak_bf16_tflops", peak_or_null(d, true)},
                  {"peak_fp32_tflops", peak_or_null(d, false)}});
@@ -70,8 +71,8 @@ void print_cuda_devices(bool json, nlohmann::json& out) {
         std::printf("CUDA: no devices (%s)\n\n", error.empty() ? "none found" : error.c_str());
         return;
     }
-    std::printf("CUDA\n  %-3s %-36s %-8s %-6s %-10s %-30s %s\n", "#", "name", "sm", "SMs",
-                "memory", "memory bus", "published peak (dense)");
+    std::printf("CUDA\n  %-3s %-36s %-8s %-6s %-10s %-30s %s\n", "#", "name", "sm", "SMs", "memory",
+                "memory bus", "published peak (dense)");
     for (const cuda::DeviceInfo& d : devices) {
         char bus[64], peak[64] = "unknown";
         std::snprintf(bus, sizeof bus, "%d-bit, %.0f MHz, %.0f GB/s", d.memory_bus_width_bits,
@@ -85,11 +86,14 @@ void print_cuda_devices(bool json, nlohmann::json& out) {
                     ("sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor)).c_str(),
                     d.sm_count, gib(d.memory_bytes).c_str(), bus, peak);
     }
-    std::printf("backend \"cuda\" uses device 0 (or TMX_CUDA_DEVICE); choose another with "
-                "\"cuda:N\" or --device N\n\n");
+    std::printf(
+        "backend \"cuda\" uses device 0 (or TMX_CUDA_DEVICE); choose another with "
+        "\"cuda:N\" or --device N\n\n");
 #else
-    if (json) out["cuda_devices"] = nlohmann::json::array();
-    else std::printf("CUDA: not built in (install the CUDA toolkit >= 12.0 and rebuild)\n\n");
+    if (json)
+        out["cuda_devices"] = nlohmann::json::array();
+    else
+        std::printf("CUDA: not built in (install the CUDA toolkit >= 12.0 and rebuild)\n\n");
 #endif
 }
 
@@ -127,8 +131,9 @@ void print_devices(bool json, nlohmann::json& out) {
         std::printf("Vulkan: no devices\n");
         return;
     }
-    std::printf("Vulkan\n  %-3s %-36s %-10s %-8s %-10s %-8s %-8s %-5s %-12s %s\n", "#", "name", "type",
-                "vulkan", "memory", "subgroup", "shared", "fp16", "fp16-weights", "coop-matrix");
+    std::printf("Vulkan\n  %-3s %-36s %-10s %-8s %-10s %-8s %-8s %-5s %-12s %s\n", "#", "name",
+                "type", "vulkan", "memory", "subgroup", "shared", "fp16", "fp16-weights",
+                "coop-matrix");
     for (const vk::DeviceInfo& d : devices)
         std::printf("%c %-3u %-36s %-10s %-8s %-10s %-8u %-8s %-5s %-12s %s%s\n",
                     static_cast<int>(d.index) == default_index ? '*' : ' ', d.index, d.name.c_str(),
@@ -165,8 +170,9 @@ void add_devices_command(CLI::App& app, CommonOptions& common) {
         print_devices(*json, out);
 #else
         if (!*json)
-            std::printf("Vulkan: not built in (install libvulkan-dev and glslang-tools, then "
-                        "rebuild)\n");
+            std::printf(
+                "Vulkan: not built in (install libvulkan-dev and glslang-tools, then "
+                "rebuild)\n");
 #endif
         if (*json) std::printf("%s\n", out.dump().c_str());
     });

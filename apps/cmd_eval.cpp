@@ -1,17 +1,16 @@
 // tmx eval: score tokens with a checkpoint (mean next-token cross-entropy and perplexity).
 #include <cmath>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/errors.h"
-#include "engine/data/corpus.h"
 #include "engine/core/file_io.h"
-#include "engine/model/model.h"
+#include "engine/data/corpus.h"
 #include "engine/data/dataset.h"
 #include "engine/data/tokenizer.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/model.h"
 
 namespace tmx::cli {
 
@@ -45,7 +44,8 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
     };
     auto opts = std::make_shared<Options>();
     CLI::App* sub = app.add_subcommand(
-        "eval", "Mean next-token cross-entropy, perplexity (and bits per byte for text) of a checkpoint");
+        "eval",
+        "Mean next-token cross-entropy, perplexity (and bits per byte for text) of a checkpoint");
     sub->add_option("--model", opts->model, "Checkpoint directory")->required();
     auto* tokens = sub->add_option("--tokens", opts->tokens,
                                    "Comma-separated token ids, e.g. 1,415,2217,29889");
@@ -83,12 +83,14 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
         } else {
             const std::string tok_path = checkpoint_tokenizer(opts->model);
             if (tok_path.empty())
-                throw Error(opts->model + ": the checkpoint has no tokenizer.model (needed to "
+                throw Error(opts->model +
+                            ": the checkpoint has no tokenizer.model (needed to "
                             "score text; add one with tmx init --tokenizer)");
             Tokenizer tok = Tokenizer::load(tok_path);
             if (tok.vocab_size() != c.vocab_size)
                 throw Error(tok_path + ": the tokenizer has " + std::to_string(tok.vocab_size()) +
-                            " pieces but the model's vocab_size is " + std::to_string(c.vocab_size));
+                            " pieces but the model's vocab_size is " +
+                            std::to_string(c.vocab_size));
             tokens = tokenize_text_file(opts->text_file, tok, bytes);
         }
         TokenScore s = score_tokens(*model, tokens, c.max_seq_len);

@@ -1,15 +1,14 @@
 // tmx generate: continue text prompts with a checkpoint (rolling KV cache, batched prompts).
 #include <chrono>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
-#include "engine/infer/generator.h"
 #include "engine/data/tokenizer.h"
+#include "engine/infer/generator.h"
+#include "engine/model/checkpoint.h"
 
 namespace tmx::cli {
 namespace {
@@ -31,7 +30,9 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
     return prompts;
 }
 
-double per_second(double count, double seconds) { return seconds > 0 ? count / seconds : 0.0; }
+double per_second(double count, double seconds) {
+    return seconds > 0 ? count / seconds : 0.0;
+}
 
 }  // namespace
 
@@ -52,14 +53,15 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
         "and timing goes to stderr");
     sub->add_option("--model", opts->model, "Checkpoint directory (with tokenizer.model)")
         ->required();
-    auto* prompt = sub->add_option("--prompt", opts->prompt,
-                                   "Text to continue (\"\" = start from BOS alone)");
+    auto* prompt =
+        sub->add_option("--prompt", opts->prompt, "Text to continue (\"\" = start from BOS alone)");
     auto* file = sub->add_option("--prompts-file", opts->prompts_file,
                                  "File with one prompt per line (blank lines skipped), generated "
                                  "as one batch; each result prints when the batch is done")
                      ->check(CLI::ExistingFile);
     prompt->excludes(file);
-    sub->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most per prompt (generation also stops at the end "
+    sub->add_option("--max-new-tokens", g.max_new_tokens,
+                    "Tokens to generate at most per prompt (generation also stops at the end "
                     "of a document: EOS, or BOS starting the next)")
         ->check(in_range<int64_t>(0))
         ->capture_default_str();
@@ -99,9 +101,9 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
     add_common_options(*sub, common);
 
     sub->callback([opts]() {
-        std::vector<std::string> prompts =
-            opts->prompts_file.empty() ? std::vector<std::string>{opts->prompt}
-                                       : read_prompts_file(opts->prompts_file);
+        std::vector<std::string> prompts = opts->prompts_file.empty()
+                                               ? std::vector<std::string>{opts->prompt}
+                                               : read_prompts_file(opts->prompts_file);
         validate(opts->gen.sampling);
         const std::string tok_path =
             opts->tokenizer.empty() ? checkpoint_tokenizer(opts->model) : opts->tokenizer;
@@ -152,7 +154,9 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                                     {"decode_tokens_per_s", decode_rate},
                                     {"backend", backend->name()},
                                     {"precision", to_string(backend->matmul_precision())}};
-                std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+                std::printf(
+                    "%s\n",
+                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
             } else if (single) {
                 std::printf("\n");
             } else {

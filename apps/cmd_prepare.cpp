@@ -5,9 +5,9 @@
 #include <memory>
 
 #include "apps/commands.h"
-#include "engine/data/corpus.h"
 #include "engine/core/errors.h"
 #include "engine/core/threads.h"
+#include "engine/data/corpus.h"
 #include "engine/data/prepare.h"
 #include "engine/data/token_shards.h"
 

@@ -7,17 +7,16 @@
 #include <memory>
 
 #include "apps/commands.h"
-#include "engine/data/corpus.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/core/sha256.h"
 #include "engine/core/threads.h"
+#include "engine/data/corpus.h"
 #include "engine/data/token_shards.h"
 #include "engine/data/tokenizer.h"
-#include "engine/core/sha256.h"
 
 namespace tmx::cli {
 namespace {
-
 
 std::string format_bytes(double b) {
     char buf[64];

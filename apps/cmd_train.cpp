@@ -5,7 +5,6 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
-
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
@@ -61,17 +60,22 @@ extern "C" void on_stop_signal(int sig) {
 std::string format_duration(double s) {
     char buf[32];
     const long t = static_cast<long>(s + 0.5);
-    if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-    else std::snprintf(buf, sizeof buf, "%lds", t);
+    if (t >= 3600)
+        std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+    else
+        std::snprintf(buf, sizeof buf, "%lds", t);
     return buf;
 }
 
 void print_report(const TrainReport& r) {
-    std::fprintf(stderr, "step %lld/%lld | loss %.4f | aux %.3f | %s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s\n",
-                 static_cast<long long>(r.step), static_cast<long long>(r.max_steps), r.loss, r.aux,
-                 r.val_loss ? ("val " + std::to_string(*r.val_loss).substr(0, 6)).c_str() : "val -",
-                 r.lr, r.grad_norm, r.tokens_per_s, format_duration(r.eta_s).c_str());
+    std::fprintf(
+        stderr,
+        "step %lld/%lld | loss %.4f | aux %.3f | %s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s\n",
+        static_cast<long long>(r.step), static_cast<long long>(r.max_steps), r.loss, r.aux,
+        r.val_loss ? ("val " + std::to_string(*r.val_loss).substr(0, 6)).c_str() : "val -", r.lr,
+        r.grad_norm, r.tokens_per_s, format_duration(r.eta_s).c_str());
     if (r.skipped > 0)
         std::fprintf(stderr,
                      "  skipped %lld non-finite step(s) since the last line (--skip-nonfinite)\n",
@@ -113,34 +117,71 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
     config->excludes(resume);
     sub->add_option("--out", o->out, "Run directory of a new run (checkpoints, metrics.jsonl)");
     sub->add_option("--data", t.data_dir, "Token dataset directory (its train split trains)");
-    sub->add_option("--val-data", t.val_dir,
-                    "Dataset whose val split evaluates (default: --data)");
+    sub->add_option("--val-data", t.val_dir, "Dataset whose val split evaluates (default: --data)");
     // Name -> flag, for the options --resume may override.
     struct Flag {
         const char* key;
         CLI::Option* opt;
     };
     std::vector<Flag> flags = {
-        {"batch_size", sub->add_option("--batch-size", t.batch_size, "Sequences per micro-batch")->check(in_range<int64_t>(1))->capture_default_str()},
-        {"seq_len", sub->add_option("--seq-len", t.seq_len, "Tokens per sequence (0: the config's max_seq_len)")->check(in_range<int64_t>(0))->capture_default_str()},
-        {"grad_accum", sub->add_option("--grad-accum", t.grad_accum, "Micro-batches per optimizer step")->check(in_range<int64_t>(1))->capture_default_str()},
-        {"max_steps", sub->add_option("--max-steps", t.max_steps, "Budget in optimizer steps")->check(in_range<int64_t>(1))},
-        {"max_tokens", sub->add_option("--max-tokens", t.max_tokens, "Budget in training tokens")->check(in_range<int64_t>(1))},
+        {"batch_size", sub->add_option("--batch-size", t.batch_size, "Sequences per micro-batch")
+                           ->check(in_range<int64_t>(1))
+                           ->capture_default_str()},
+        {"seq_len", sub->add_option("--seq-len", t.seq_len,
+                                    "Tokens per sequence (0: the config's max_seq_len)")
+                        ->check(in_range<int64_t>(0))
+                        ->capture_default_str()},
+        {"grad_accum",
+         sub->add_option("--grad-accum", t.grad_accum, "Micro-batches per optimizer step")
+             ->check(in_range<int64_t>(1))
+             ->capture_default_str()},
+        {"max_steps", sub->add_option("--max-steps", t.max_steps, "Budget in optimizer steps")
+                          ->check(in_range<int64_t>(1))},
+        {"max_tokens", sub->add_option("--max-tokens", t.max_tokens, "Budget in training tokens")
+                           ->check(in_range<int64_t>(1))},
         {"lr", sub->add_option("--lr", t.lr, "Peak learning rate")->capture_default_str()},
-        {"min_lr", sub->add_option("--min-lr", t.min_lr, "Cosine decay floor")->capture_default_str()},
-        {"warmup_steps", sub->add_option("--warmup-steps", t.warmup_steps, "Linear warmup steps")->check(in_range<int64_t>(0))->capture_default_str()},
+        {"min_lr",
+         sub->add_option("--min-lr", t.min_lr, "Cosine decay floor")->capture_default_str()},
+        {"warmup_steps", sub->add_option("--warmup-steps", t.warmup_steps, "Linear warmup steps")
+                             ->check(in_range<int64_t>(0))
+                             ->capture_default_str()},
         {"beta1", sub->add_option("--beta1", t.beta1, "AdamW beta1")->capture_default_str()},
         {"beta2", sub->add_option("--beta2", t.beta2, "AdamW beta2")->capture_default_str()},
         {"eps", sub->add_option("--eps", t.eps, "AdamW epsilon")->capture_default_str()},
-        {"weight_decay", sub->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay (2-D weights except the embedding)")->capture_default_str()},
-        {"grad_clip", sub->add_option("--grad-clip", t.grad_clip, "Global gradient-norm clip (0: off)")->capture_default_str()},
-        {"eval_every", sub->add_option("--eval-every", t.eval_every, "Steps between validations (0: only at the end)")->check(in_range<int64_t>(0))->capture_default_str()},
-        {"eval_batches", sub->add_option("--eval-batches", t.eval_batches, "Batches of validation windows per evaluation")->check(in_range<int64_t>(1))->capture_default_str()},
-        {"checkpoint_every", sub->add_option("--checkpoint-every", t.checkpoint_every, "Steps between checkpoints (0: only at the end)")->check(in_range<int64_t>(0))->capture_default_str()},
-        {"keep_last", sub->add_option("--keep-last", t.keep_last, "Step checkpoints kept (best/ is kept besides)")->check(in_range<int64_t>(1))->capture_default_str()},
-        {"log_every", sub->add_option("--log-every", t.log_every, "Steps between progress lines")->check(in_range<int64_t>(1))->capture_default_str()},
-        {"seed", sub->add_option("--seed", t.seed, "Data-order seed")->check(in_range<uint64_t>(0))->capture_default_str()},
-        {"skip_nonfinite", sub->add_option("--skip-nonfinite", t.skip_nonfinite, "Non-finite steps (loss or gradient norm) skipped, not applied, before the run stops")->check(in_range<int64_t>(0))->capture_default_str()},
+        {"weight_decay",
+         sub->add_option("--weight-decay", t.weight_decay,
+                         "AdamW decoupled weight decay (2-D weights except the embedding)")
+             ->capture_default_str()},
+        {"grad_clip",
+         sub->add_option("--grad-clip", t.grad_clip, "Global gradient-norm clip (0: off)")
+             ->capture_default_str()},
+        {"eval_every", sub->add_option("--eval-every", t.eval_every,
+                                       "Steps between validations (0: only at the end)")
+                           ->check(in_range<int64_t>(0))
+                           ->capture_default_str()},
+        {"eval_batches", sub->add_option("--eval-batches", t.eval_batches,
+                                         "Batches of validation windows per evaluation")
+                             ->check(in_range<int64_t>(1))
+                             ->capture_default_str()},
+        {"checkpoint_every", sub->add_option("--checkpoint-every", t.checkpoint_every,
+                                             "Steps between checkpoints (0: only at the end)")
+                                 ->check(in_range<int64_t>(0))
+                                 ->capture_default_str()},
+        {"keep_last", sub->add_option("--keep-last", t.keep_last,
+                                      "Step checkpoints kept (best/ is kept besides)")
+                          ->check(in_range<int64_t>(1))
+                          ->capture_default_str()},
+        {"log_every", sub->add_option("--log-every", t.log_every, "Steps between progress lines")
+                          ->check(in_range<int64_t>(1))
+                          ->capture_default_str()},
+        {"seed", sub->add_option("--seed", t.seed, "Data-order seed")
+                     ->check(in_range<uint64_t>(0))
+                     ->capture_default_str()},
+        {"skip_nonfinite", sub->add_option("--skip-nonfinite", t.skip_nonfinite,
+                                           "Non-finite steps (loss or gradient norm) skipped, not "
+                                           "applied, before the run stops")
+                               ->check(in_range<int64_t>(0))
+                               ->capture_default_str()},
     };
     sub->add_option("--init-seed", o->init_seed, "Weight initialisation seed of a new run")
         ->check(in_range<uint64_t>(0))
@@ -153,7 +194,8 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
         std::unique_ptr<Trainer> trainer;
         if (!o->resume.empty()) {
             if (!o->out.empty() || !o->train.data_dir.empty() || !o->train.val_dir.empty())
-                throw UsageError("--resume continues a run where it was: drop --out, --data and --val-data");
+                throw UsageError(
+                    "--resume continues a run where it was: drop --out, --data and --val-data");
             nlohmann::json overrides = nlohmann::json::object();
             const nlohmann::json given = train_options_to_json(o->train);
             for (const Flag& f : flags)
@@ -169,10 +211,12 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
                          static_cast<long long>(trainer->max_steps()),
                          to_string(backend->matmul_precision()));
         } else {
-            if (o->config.empty()) throw UsageError("give --config CFG for a new run, or --resume RUN");
+            if (o->config.empty())
+                throw UsageError("give --config CFG for a new run, or --resume RUN");
             if (o->out.empty()) throw UsageError("--out: the run directory is required");
             o->train.precision = backend->matmul_precision();  // --precision, resolved
-            trainer = Trainer::start(load_config(o->config), o->train, o->out, o->init_seed, *backend);
+            trainer =
+                Trainer::start(load_config(o->config), o->train, o->out, o->init_seed, *backend);
             o->backend.announce(*backend);
             std::fprintf(stderr, "training %lld parameters for %lld steps into %s (%s matmuls)\n",
                          static_cast<long long>(trainer->model().num_params()),
@@ -202,7 +246,8 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
                              trainer->last_checkpoint().c_str(), trainer->run_dir().c_str());
             throw Interrupted{128 + g_signal.load()};
         }
-        std::fprintf(stderr, "done: %lld steps; checkpoints in %s (best/ has the lowest validation loss)\n",
+        std::fprintf(stderr,
+                     "done: %lld steps; checkpoints in %s (best/ has the lowest validation loss)\n",
                      static_cast<long long>(last.step), trainer->run_dir().c_str());
     });
 }

@@ -20,8 +20,8 @@ void default_to_passive_openmp_waiting(int, char**, char**) {
     if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT"))
         setenv("OMP_WAIT_POLICY", "passive", 0);
 }
-[[gnu::section(".preinit_array"), gnu::used]] void (*const preinit_openmp)(int, char**, char**) =
-    default_to_passive_openmp_waiting;
+[[gnu::section(".preinit_array"),
+  gnu::used]] void (*const preinit_openmp)(int, char**, char**) = default_to_passive_openmp_waiting;
 
 }  // namespace
 

@@ -90,7 +90,9 @@ std::string join(const std::vector<std::string>& names) {
 
 }  // namespace
 
-std::string backend_list() { return join(backend_names()); }
+std::string backend_list() {
+    return join(backend_names());
+}
 
 std::string training_backend_list() {
 #ifdef TMX_HAS_CUDA

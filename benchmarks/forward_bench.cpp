@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "backends/registry.h"
-#include "engine/model/model.h"
 #include "engine/core/rng.h"
+#include "engine/model/model.h"
 
 namespace {
 
@@ -30,8 +30,8 @@ void BM_Forward(benchmark::State& state) {
         be->synchronize();
         benchmark::DoNotOptimize(r.logits);
     }
-    state.counters["tokens/s"] =
-        benchmark::Counter(static_cast<double>(B * T), benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(B * T),
+                                                    benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Forward)->Args({1, 512})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(5.0);
 
@@ -46,9 +46,13 @@ void BM_Matmul(benchmark::State& state) {
     be->upload(a, ha.data());
     be->upload(b, hb.data());
     for (auto _ : state) be->matmul(a, b, c, {.trans_b = true});
-    state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * 1e-9,
-                                                   benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(2.0 * M * N * K * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Matmul)->Args({512, 2048, 512})->Args({512, 32000, 512})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Matmul)
+    ->Args({512, 2048, 512})
+    ->Args({512, 32000, 512})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace

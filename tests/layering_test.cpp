@@ -92,8 +92,8 @@ TEST(Layering, EveryIncludePointsOneWay) {
         const std::string why = violation(inc);
         if (why.empty()) continue;
         ++bad;
-        ADD_FAILURE() << inc.file << ":" << inc.line << ": #include \"" << inc.target << "\": "
-                      << why;
+        ADD_FAILURE() << inc.file << ":" << inc.line << ": #include \"" << inc.target
+                      << "\": " << why;
     }
     std::cout << "[          ] " << includes.size() << " #include lines checked, " << bad
               << " against the order engine/{core, compute, model, data, train, infer, report}"

@@ -6,12 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
-#include "engine/model/checkpoint.h"
-#include "engine/infer/generator.h"
-#include "engine/model/kv_cache.h"
 #include "engine/core/rng.h"
 #include "engine/data/prepare.h"
 #include "engine/data/tokenizer.h"
+#include "engine/infer/generator.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/kv_cache.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {
@@ -45,8 +45,8 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 
 std::string cache_case_name(const ::testing::TestParamInfo<CacheCase>& info) {
     const CacheCase& c = info.param;
-    std::string name = std::string(c.config) + "_" + std::to_string(c.windows_total) +
-                       "W_prompt" + std::to_string(c.prompt) + "_chunk" + std::to_string(c.chunk);
+    std::string name = std::string(c.config) + "_" + std::to_string(c.windows_total) + "W_prompt" +
+                       std::to_string(c.prompt) + "_chunk" + std::to_string(c.chunk);
     std::replace(name.begin(), name.end(), '-', '_');
     return name;
 }
@@ -90,7 +90,8 @@ void expect_cached_decoding_matches_recompute(Backend& be, const CacheCase& cc, 
 }
 
 void expect_greedy_demo_matches_cpu(
-    Backend& cpu, Backend& other, const std::function<double(const std::vector<float>&)>& near_tie) {
+    Backend& cpu, Backend& other,
+    const std::function<double(const std::vector<float>&)>& near_tie) {
     const std::string demo = source_dir() + "/assets/demo";
     auto on_cpu = load_model(demo, cpu);
     auto on_other = load_model(demo, other);
@@ -114,8 +115,8 @@ void expect_greedy_demo_matches_cpu(
         const double tie = near_tie(cpu_logits[i]);
         std::vector<float> l = cpu_logits[i];
         std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<float>());
-        EXPECT_LE(l[0] - l[1], tie) << "step " << i << ": " << other.name() << " chose "
-                                    << got[i] << ", the CPU " << want[i] << " without a near-tie";
+        EXPECT_LE(l[0] - l[1], tie) << "step " << i << ": " << other.name() << " chose " << got[i]
+                                    << ", the CPU " << want[i] << " without a near-tie";
         break;
     }
 }

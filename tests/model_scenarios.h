@@ -45,8 +45,8 @@ void expect_cached_decoding_matches_recompute(Backend& be, const CacheCase& cc, 
 // `other` chooses the CPU's token at every step, unless the CPU's top two logits there are
 // within near_tie(cpu logits of that step), a gap its rounding may flip (the texts part ways
 // after it, so the comparison ends there).
-void expect_greedy_demo_matches_cpu(Backend& cpu, Backend& other,
-                                    const std::function<double(const std::vector<float>&)>& near_tie);
+void expect_greedy_demo_matches_cpu(
+    Backend& cpu, Backend& other, const std::function<double(const std::vector<float>&)>& near_tie);
 
 // A dataset of learnable documents under dir: BOS, then a random start and a random stride,
 // counting modulo the vocabulary, so that the next token follows from the previous two.

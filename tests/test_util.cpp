@@ -59,7 +59,8 @@ std::string slurp(const std::string& path) {
 CommandResult run_tmx(const std::string& args) {
     TempDir dir;
     std::string out = dir / "out", err = dir / "err";
-    std::string cmd = std::string(TMX_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+    std::string cmd =
+        std::string(TMX_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
     int status = std::system(cmd.c_str());
     CommandResult r;
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -68,7 +69,9 @@ CommandResult run_tmx(const std::string& args) {
     return r;
 }
 
-std::string source_dir() { return TMX_SOURCE_DIR; }
+std::string source_dir() {
+    return TMX_SOURCE_DIR;
+}
 
 std::string shared_dir() {
     auto p = std::filesystem::path(TMX_SOURCE_DIR) / ".." / "shared";

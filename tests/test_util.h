@@ -23,13 +23,13 @@ std::vector<int32_t> random_ints(Rng& rng, size_t n, int32_t lo, int32_t hi);  /
 
 // A temporary directory removed at scope exit.
 class TempDir {
-public:
+  public:
     TempDir();
     ~TempDir();
     const std::filesystem::path& path() const { return path_; }
     std::string operator/(const std::string& name) const { return (path_ / name).string(); }
 
-private:
+  private:
     std::filesystem::path path_;
 };
 
@@ -48,12 +48,12 @@ bool backend_required(const std::string& name);
 // Skips the test when `backend` cannot be opened on this machine, saying why, or fails it when
 // TMX_REQUIRE_BACKENDS names that backend. Returns from the calling function either way, so a
 // fixture's SetUp() that calls a helper using it checks IsSkipped() || HasFatalFailure().
-#define TMX_SKIP_UNAVAILABLE(backend, why)                                                \
-    do {                                                                                  \
-        if (::tmx::test::backend_required(backend))                                       \
+#define TMX_SKIP_UNAVAILABLE(backend, why)                                                   \
+    do {                                                                                     \
+        if (::tmx::test::backend_required(backend))                                          \
             GTEST_FAIL() << "backend " << (backend) << " is required (TMX_REQUIRE_BACKENDS)" \
-                         << " but unavailable: " << why;                                  \
-        GTEST_SKIP() << "backend " << (backend) << " unavailable here: " << why;          \
+                         << " but unavailable: " << why;                                     \
+        GTEST_SKIP() << "backend " << (backend) << " unavailable here: " << why;             \
     } while (0)
 
 std::string source_dir();

@@ -3,12 +3,12 @@
 // weighted sum of values. In bf16 (attention_in_bf16) attention() and its backward multiply
 // copies of their operands rounded to bf16, and round the softmax weights (and the backward's
 // dS) before their products, as engine/compute/backend.h states.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
-
-#include <cblas.h>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_math.h"
@@ -61,7 +61,9 @@ void attend(const float* q, int64_t hd, float scale, int64_t n_keys, KeyAt key, 
 
 // Threads pay off above ~1e5 multiply-adds; a decode step's attention is often below, and
 // waking threads for it costs more than it saves.
-bool worth_threads(int64_t multiply_adds) { return multiply_adds >= (1 << 17); }
+bool worth_threads(int64_t multiply_adds) {
+    return multiply_adds >= (1 << 17);
+}
 
 }  // namespace
 
@@ -131,8 +133,7 @@ void CpuBackend::attention_cached_impl(const Tensor& q, const Tensor& k, const T
                 const int64_t n_cached = std::max<int64_t>(0, p0 - first);
                 const int64_t chunk_first = std::max(first, p0) - p0;
                 auto row = [&](const float* chunk, const float* cache, int64_t j) {
-                    if (j < n_cached)
-                        return cache + ((b * S + (first + j) % S) * Hkv + kvh) * hd;
+                    if (j < n_cached) return cache + ((b * S + (first + j) % S) * Hkv + kvh) * hd;
                     return chunk + ((b * T + chunk_first + j - n_cached) * Hkv + kvh) * hd;
                 };
                 attend(
@@ -193,8 +194,8 @@ void gemm_ld(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float 
 // In bf16, Q, K, V and dO are rounded copies, P and dS (without the scale) are rounded after
 // rowsum(P * dP) is taken, and the scale goes into the dQ and dK GEMMs' alpha.
 void CpuBackend::attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                                         const Tensor& d_out, const Tensor& d_q,
-                                         const Tensor& d_k, const Tensor& d_v, int64_t window) {
+                                         const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
+                                         const Tensor& d_v, int64_t window) {
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), hd = q.dim(3), Hkv = k.dim(2);
     const int64_t group = H / Hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

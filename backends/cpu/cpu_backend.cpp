@@ -1,6 +1,5 @@
 // CPU backend: memory, transfers and the elementwise ops.
 #include "backends/cpu/cpu_backend.h"
-#include "backends/cpu/cpu_math.h"
 
 #include <unistd.h>
 
@@ -10,19 +9,22 @@
 #include <new>
 #include <string>
 
+#include "backends/cpu/cpu_math.h"
+
 namespace tmx {
 namespace {
 
 // 64-byte aligned host memory, so BLAS and the vectorised loops see aligned rows.
 class CpuBuffer final : public DeviceBuffer {
-public:
+  public:
     explicit CpuBuffer(size_t bytes)
         : DeviceBuffer(bytes),
-          data_(static_cast<std::byte*>(::operator new[](bytes ? bytes : 1, std::align_val_t{64}))) {}
+          data_(
+              static_cast<std::byte*>(::operator new[](bytes ? bytes : 1, std::align_val_t{64}))) {}
     ~CpuBuffer() override { ::operator delete[](data_, std::align_val_t{64}); }
     std::byte* data() const { return data_; }
 
-private:
+  private:
     std::byte* data_;
 };
 
@@ -68,7 +70,8 @@ uint64_t CpuBackend::memory_capacity() const {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
     uint64_t capacity =
         pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-    for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    for (const char* path :
+         {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
         std::ifstream in(path);
         std::string text;
         if (!in || !std::getline(in, text)) continue;
@@ -154,9 +157,8 @@ void CpuBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Te
 
 void CpuBackend::activation_impl(Activation act, const Tensor& x, const Tensor& out) {
     CpuOutput result(out);
-    cpu::with_activation(act, [&](auto fn, auto) {
-        map_elementwise(data<float>(x), result.data(), x.numel(), fn);
-    });
+    cpu::with_activation(
+        act, [&](auto fn, auto) { map_elementwise(data<float>(x), result.data(), x.numel(), fn); });
     result.store();
 }
 

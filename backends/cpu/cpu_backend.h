@@ -15,7 +15,7 @@ namespace tmx {
 uint64_t parse_cgroup_memory_limit(std::string_view text);
 
 class CpuBackend : public Backend {
-public:
+  public:
     std::string name() const override { return "cpu"; }
     std::string description() const override {
         return std::string("cpu, ") + to_string(matmul_precision()) + " matmuls";
@@ -32,11 +32,11 @@ public:
         return reinterpret_cast<T*>(host_ptr(t));
     }
 
-protected:
+  protected:
     // Every op (engine/compute/backend_ops.h), training and bf16 conversion included.
     TMX_BACKEND_TRAINING_BACKEND_OVERRIDES
 
-private:
+  private:
     static std::byte* host_ptr(const Tensor& t);
 };
 
@@ -58,12 +58,12 @@ void cpu_widen_bf16(const uint16_t* in, float* out, int64_t n);
 // scratch that store() then rounds into out. The arithmetic is the same either way, so a BF16
 // out holds exactly the rounding of what an F32 out would.
 class CpuOutput {
-public:
+  public:
     explicit CpuOutput(const Tensor& out);
     float* data() { return data_; }
     void store();
 
-private:
+  private:
     Tensor out_;
     std::vector<float> scratch_;
     float* data_;

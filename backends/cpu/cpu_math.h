@@ -58,7 +58,9 @@ inline float gelu_tanh_derivative(float x) {
     return s + 2.0f * x * kGeluK * (1.0f + 3.0f * kGeluC * x2) * (e * s) * s;
 }
 
-inline float silu(float x) { return x / (1.0f + exp_fast(-x)); }
+inline float silu(float x) {
+    return x / (1.0f + exp_fast(-x));
+}
 
 // d silu / dx = s (1 + x (1 - s)), s = sigmoid(x).
 inline float silu_derivative(float x) {
@@ -67,10 +69,18 @@ inline float silu_derivative(float x) {
     return s * (1.0f + x * (e * s));
 }
 
-inline float relu(float x) { return x > 0.0f ? x : 0.0f; }
-inline float relu_derivative(float x) { return x > 0.0f ? 1.0f : 0.0f; }
-inline float relu2(float x) { return x > 0.0f ? x * x : 0.0f; }
-inline float relu2_derivative(float x) { return x > 0.0f ? 2.0f * x : 0.0f; }
+inline float relu(float x) {
+    return x > 0.0f ? x : 0.0f;
+}
+inline float relu_derivative(float x) {
+    return x > 0.0f ? 1.0f : 0.0f;
+}
+inline float relu2(float x) {
+    return x > 0.0f ? x * x : 0.0f;
+}
+inline float relu2_derivative(float x) {
+    return x > 0.0f ? 2.0f * x : 0.0f;
+}
 
 // Calls f(act_fn, act_derivative) with the two functions of `act`, as function objects, so that
 // loops written once over them are instantiated (and vectorised) per activation instead of
@@ -86,8 +96,7 @@ void with_activation(Activation act, F&& f) {
         case Activation::Relu:
             return f([](float x) { return relu(x); }, [](float x) { return relu_derivative(x); });
         case Activation::Relu2:
-            return f([](float x) { return relu2(x); },
-                     [](float x) { return relu2_derivative(x); });
+            return f([](float x) { return relu2(x); }, [](float x) { return relu2_derivative(x); });
     }
 }
 

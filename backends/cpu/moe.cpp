@@ -109,7 +109,8 @@ void CpuBackend::router_aux_loss_impl(const Tensor& logits, const Tensor& indice
         for (int64_t e = 1; e < E; ++e) m = std::max(m, row[e]);
         double z = 0.0;
         for (int64_t e = 0; e < E; ++e) z += std::exp(static_cast<double>(row[e] - m));
-        for (int64_t e = 0; e < E; ++e) prob_sum[e] += std::exp(static_cast<double>(row[e] - m)) / z;
+        for (int64_t e = 0; e < E; ++e)
+            prob_sum[e] += std::exp(static_cast<double>(row[e] - m)) / z;
         for (int64_t j = 0; j < k; ++j) count[idx[n * k + j]] += 1.0;
     }
     double aux = 0.0;
@@ -118,8 +119,8 @@ void CpuBackend::router_aux_loss_impl(const Tensor& logits, const Tensor& indice
 }
 
 void CpuBackend::router_backward_impl(const Tensor& logits, const Tensor& indices,
-                                      const Tensor& gates, const Tensor& d_gates,
-                                      float aux_weight, const Tensor& d_logits) {
+                                      const Tensor& gates, const Tensor& d_gates, float aux_weight,
+                                      const Tensor& d_logits) {
     const int64_t N = logits.dim(0), E = logits.dim(1), k = indices.dim(1);
     const float* r = data<float>(logits);
     const int32_t* idx = data<int32_t>(indices);
@@ -140,8 +141,7 @@ void CpuBackend::router_backward_impl(const Tensor& logits, const Tensor& indice
         double s = 0.0;
         for (int64_t j = 0; j < k; ++j) s += static_cast<double>(g[n * k + j]) * dg[n * k + j];
         for (int64_t j = 0; j < k; ++j)
-            drow[idx[n * k + j]] +=
-                static_cast<float>(g[n * k + j] * (dg[n * k + j] - s));
+            drow[idx[n * k + j]] += static_cast<float>(g[n * k + j] * (dg[n * k + j] - s));
         if (aux_weight == 0.0f) continue;
         // Full softmax p of the row: d r = p * (dprob - <p, dprob>).
         const float* row = r + n * E;
@@ -150,7 +150,8 @@ void CpuBackend::router_backward_impl(const Tensor& logits, const Tensor& indice
         double z = 0.0;
         for (int64_t e = 0; e < E; ++e) z += std::exp(static_cast<double>(row[e] - m));
         double dot = 0.0;
-        for (int64_t e = 0; e < E; ++e) dot += std::exp(static_cast<double>(row[e] - m)) / z * dprob[e];
+        for (int64_t e = 0; e < E; ++e)
+            dot += std::exp(static_cast<double>(row[e] - m)) / z * dprob[e];
         for (int64_t e = 0; e < E; ++e) {
             const double p = std::exp(static_cast<double>(row[e] - m)) / z;
             drow[e] += static_cast<float>(p * (dprob[e] - dot));

@@ -34,8 +34,8 @@ RowStats row_stats(NormType type, const float* row, int64_t d, float eps) {
 
 }  // namespace
 
-void CpuBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight,
-                           const Tensor& bias, float eps, const Tensor& out) {
+void CpuBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                           float eps, const Tensor& out) {
     int64_t N = x.dim(0), d = x.dim(1);
     const float* in = data<float>(x);
     const float* w = data<float>(weight);

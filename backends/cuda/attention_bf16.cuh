@@ -1,9 +1,10 @@
 // Attention in bf16 precision on tensor cores (mma.sync m16n8k16, bf16 x bf16 -> fp32, sm_80
 // and newer): the forward and the backward of attention() when the backend's matmul precision
-// is BF16 and head_dim <= 128 (engine/compute/backend.h states the contract; backends/cpu/attention.cpp
-// is its twin). Private to attention.cu, which rounds q, k, v and d_out into bf16 rows padded
-// with zeros to HD = 32, 64 or 128 dims (pad_to_bf16_rows) and launches these kernels. The
-// forward's out is fp32 or bf16 (a BF16 tensor: the fp32 result, rounded as it is stored).
+// is BF16 and head_dim <= 128 (engine/compute/backend.h states the contract;
+// backends/cpu/attention.cpp is its twin). Private to attention.cu, which rounds q, k, v and d_out
+// into bf16 rows padded with zeros to HD = 32, 64 or 128 dims (pad_to_bf16_rows) and launches these
+// kernels. The forward's out is fp32 or bf16 (a BF16 tensor: the fp32 result, rounded as it is
+// stored).
 //
 // The layout is the fp32 kernels' (attention.cu): a block serves one (sequence b, kv head) and
 // the G query heads that read it as rows r = t * G + g (attention_tiles.h).

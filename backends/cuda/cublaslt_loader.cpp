@@ -12,14 +12,23 @@
 #include "engine/core/errors.h"
 
 // Every cuBLASLt function the backend calls; a new call needs its name here and a forwarder below.
-#define TMX_CUBLASLT_FUNCTIONS(X)                                                                \
-    X(cublasLtCreate)                                                                            \
-    X(cublasLtDestroy) X(cublasLtGetStatusName) X(cublasLtGetStatusString) X(cublasLtMatmul)    \
-        X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate)                            \
-            X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulDescDestroy)                       \
-                X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceSetAttribute)        \
-                    X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatrixLayoutCreate)             \
-                        X(cublasLtMatrixLayoutDestroy)
+// clang-format off
+#define TMX_CUBLASLT_FUNCTIONS(X) \
+    X(cublasLtCreate) \
+    X(cublasLtDestroy) \
+    X(cublasLtGetStatusName) \
+    X(cublasLtGetStatusString) \
+    X(cublasLtMatmul) \
+    X(cublasLtMatmulAlgoGetHeuristic) \
+    X(cublasLtMatmulDescCreate) \
+    X(cublasLtMatmulDescSetAttribute) \
+    X(cublasLtMatmulDescDestroy) \
+    X(cublasLtMatmulPreferenceCreate) \
+    X(cublasLtMatmulPreferenceSetAttribute) \
+    X(cublasLtMatmulPreferenceDestroy) \
+    X(cublasLtMatrixLayoutCreate) \
+    X(cublasLtMatrixLayoutDestroy)
+// clang-format on
 
 namespace tmx::cuda {
 namespace {
@@ -57,12 +66,12 @@ void open_library(Library& lib) {
                     TMX_CUBLASLT_SONAME + " on LD_LIBRARY_PATH";
         return;
     }
-#define TMX_RESOLVE(name)                                                                 \
-    lib.name = reinterpret_cast<decltype(lib.name)>(dlsym(handle, #name));                \
-    if (!lib.name) {                                                                      \
+#define TMX_RESOLVE(name)                                                                   \
+    lib.name = reinterpret_cast<decltype(lib.name)>(dlsym(handle, #name));                  \
+    if (!lib.name) {                                                                        \
         lib.error = lib.path + " has no function " #name " (built for CUDA " TMX_CUDA_MAJOR \
-                    "; is the library of another CUDA version?)";                          \
-        return;                                                                           \
+                               "; is the library of another CUDA version?)";                \
+        return;                                                                             \
     }
     TMX_CUBLASLT_FUNCTIONS(TMX_RESOLVE)
 #undef TMX_RESOLVE
@@ -76,7 +85,9 @@ void load_cublaslt() {
     if (!library().error.empty()) throw Error("cuda: " + library().error);
 }
 
-std::string cublaslt_path() { return library().error.empty() ? library().path : ""; }
+std::string cublaslt_path() {
+    return library().error.empty() ? library().path : "";
+}
 
 }  // namespace tmx::cuda
 
@@ -94,11 +105,11 @@ cublasStatus_t CUBLASWINAPI cublasLtDestroy(cublasLtHandle_t handle) {
 }
 const char* CUBLASWINAPI cublasLtGetStatusName(cublasStatus_t status) {
     return library().cublasLtGetStatusName ? library().cublasLtGetStatusName(status)
-                                            : "cuBLASLt not loaded";
+                                           : "cuBLASLt not loaded";
 }
 const char* CUBLASWINAPI cublasLtGetStatusString(cublasStatus_t status) {
     return library().cublasLtGetStatusString ? library().cublasLtGetStatusString(status)
-                                              : "cuBLASLt not loaded";
+                                             : "cuBLASLt not loaded";
 }
 cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                            const void* alpha, const void* A,
@@ -114,8 +125,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatm
 cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
     cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
-    cublasLtMatmulPreference_t preference, int requested,
-    cublasLtMatmulHeuristicResult_t results[], int* returned) {
+    cublasLtMatmulPreference_t preference, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned) {
     return library().cublasLtMatmulAlgoGetHeuristic(handle, desc, Adesc, Bdesc, Cdesc, Ddesc,
                                                     preference, requested, results, returned);
 }

@@ -18,8 +18,8 @@ void check(cudaError_t status, const char* op, const char* call, const std::stri
     if (status == cudaSuccess) return;
     // Clears a non-sticky error, so that the backend stays usable after a reported one.
     cudaGetLastError();
-    throw Error(std::string("cuda: ") + op + ": " + call + " failed: " +
-                cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")" +
+    throw Error(std::string("cuda: ") + op + ": " + call +
+                " failed: " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")" +
                 (advice.empty() ? "" : "; " + advice));
 }
 
@@ -147,7 +147,7 @@ namespace {
 // A tensor's memory from the stream-ordered pool, returned to it on the backend's stream when
 // the last Tensor lets go: kernels already queued that read it finish first.
 class CudaBuffer final : public DeviceBuffer {
-public:
+  public:
     CudaBuffer(size_t bytes, void* ptr, std::shared_ptr<void> state,
                std::shared_ptr<Capture> capture, cudaStream_t stream)
         : DeviceBuffer(bytes),
@@ -164,7 +164,7 @@ public:
     }
     void* ptr() const { return ptr_; }
 
-private:
+  private:
     void* ptr_;
     std::shared_ptr<void> state_;  // keeps the stream alive while the buffer lives
     std::shared_ptr<Capture> capture_;
@@ -232,11 +232,21 @@ std::string CudaBackend::description() const {
            to_string(matmul_precision()) + " matmuls";
 }
 
-cudaStream_t CudaBackend::stream() const { return state_->stream; }
-cublasLtHandle_t CudaBackend::cublaslt() const { return state_->lt; }
-void* CudaBackend::cublaslt_workspace() const { return state_->workspace; }
-size_t CudaBackend::cublaslt_workspace_bytes() const { return kCublasLtWorkspaceBytes; }
-int* CudaBackend::status_word() const { return state_->status; }
+cudaStream_t CudaBackend::stream() const {
+    return state_->stream;
+}
+cublasLtHandle_t CudaBackend::cublaslt() const {
+    return state_->lt;
+}
+void* CudaBackend::cublaslt_workspace() const {
+    return state_->workspace;
+}
+size_t CudaBackend::cublaslt_workspace_bytes() const {
+    return kCublasLtWorkspaceBytes;
+}
+int* CudaBackend::status_word() const {
+    return state_->status;
+}
 
 void CudaBackend::check_launch(const char* op) const {
     cuda::check(cudaGetLastError(), op, "kernel launch");
@@ -253,9 +263,9 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::check_status() {
     State& s = *state_;
-    cuda::check(cudaMemcpyAsync(s.status_host, s.status, 4 * sizeof(int), cudaMemcpyDeviceToHost,
-                                s.stream),
-                "status", "cudaMemcpyAsync");
+    cuda::check(
+        cudaMemcpyAsync(s.status_host, s.status, 4 * sizeof(int), cudaMemcpyDeviceToHost, s.stream),
+        "status", "cudaMemcpyAsync");
     cuda::check(cudaStreamSynchronize(s.stream), "status", "cudaStreamSynchronize");
     const int code = s.status_host[0];
     if (code == cuda::kStatusOk) return;
@@ -267,15 +277,18 @@ void CudaBackend::check_status() {
     switch (code) {
         case cuda::kBadTokenId:
             throw Error("embedding: token id " + value + " outside the vocabulary of " + limit);
-        case cuda::kBadRow: throw Error("gather_rows: row " + value + " outside [0, " + limit + ")");
+        case cuda::kBadRow:
+            throw Error("gather_rows: row " + value + " outside [0, " + limit + ")");
         case cuda::kBadExpert:
             throw Error("moe: expert index " + value + " outside [0, " + limit + ")");
         case cuda::kBadTarget:
             throw Error("cross_entropy: target " + value + " outside the vocabulary of " + limit);
         case cuda::kBadSlot:
             throw Error("moe_combine: slot " + value + " outside [0, " + limit + ")");
-        case cuda::kBadPosition: throw Error("position " + value + " is negative");
-        default: throw Error("a CUDA kernel reported error code " + std::to_string(code));
+        case cuda::kBadPosition:
+            throw Error("position " + value + " is negative");
+        default:
+            throw Error("a CUDA kernel reported error code " + std::to_string(code));
     }
 }
 
@@ -296,8 +309,7 @@ std::shared_ptr<DeviceBuffer> CudaBackend::alloc_impl(size_t bytes) {
         if (capture.active)  // usable from the captured stream once this returns
             cuda::check(cudaStreamSynchronize(on), "alloc", "cudaStreamSynchronize");
     }
-    auto buffer =
-        std::make_shared<CudaBuffer>(bytes, ptr, state_, state_->capture, state_->stream);
+    auto buffer = std::make_shared<CudaBuffer>(bytes, ptr, state_, state_->capture, state_->stream);
     if (capture.active) capture.pinned.push_back(buffer);
     return buffer;
 }
@@ -353,9 +365,9 @@ void CudaBackend::run_recorded(StepRecording& rec, const std::function<void()>& 
 void CudaBackend::upload_impl(const Tensor& dst, const void* host) {
     if (dst.bytes() == 0) return;
     // From pageable memory this returns once the data is staged: the caller may reuse `host`.
-    cuda::check(cudaMemcpyAsync(device_ptr(dst), host, dst.bytes(), cudaMemcpyHostToDevice,
-                                state_->stream),
-                "upload", "cudaMemcpyAsync(host to device)");
+    cuda::check(
+        cudaMemcpyAsync(device_ptr(dst), host, dst.bytes(), cudaMemcpyHostToDevice, state_->stream),
+        "upload", "cudaMemcpyAsync(host to device)");
     check_launch("upload");
 }
 
@@ -374,9 +386,9 @@ void CudaBackend::copy_impl(const Tensor& src, const Tensor& dst) {
     const size_t n = src.bytes();
     if (s < d + n && d < s + n) {
         Tensor scratch = alloc(src.shape(), src.dtype());
-        cuda::check(cudaMemcpyAsync(device_ptr(scratch), s, n, cudaMemcpyDeviceToDevice,
-                                    state_->stream),
-                    "copy", "cudaMemcpyAsync(device to device)");
+        cuda::check(
+            cudaMemcpyAsync(device_ptr(scratch), s, n, cudaMemcpyDeviceToDevice, state_->stream),
+            "copy", "cudaMemcpyAsync(device to device)");
         s = device_ptr(scratch);
     }
     cuda::check(cudaMemcpyAsync(device_ptr(dst), s, n, cudaMemcpyDeviceToDevice, state_->stream),

@@ -63,12 +63,12 @@ void check(cublasStatus_t status, const char* op, const char* call);
 // Error codes a kernel records in the status word (cuda_common.cuh: report_error()).
 enum StatusCode : int {
     kStatusOk = 0,
-    kBadTokenId = 1,     // embedding: id outside [0, V)
-    kBadRow = 2,         // gather_rows and its backward: row outside [0, N)
-    kBadExpert = 3,      // moe: expert index outside [0, E)
-    kBadTarget = 4,      // cross_entropy: target outside [-1, V)
-    kBadSlot = 5,        // moe_combine: slot outside [0, S)
-    kBadPosition = 6,    // rope and the cached attention: negative position
+    kBadTokenId = 1,   // embedding: id outside [0, V)
+    kBadRow = 2,       // gather_rows and its backward: row outside [0, N)
+    kBadExpert = 3,    // moe: expert index outside [0, E)
+    kBadTarget = 4,    // cross_entropy: target outside [-1, V)
+    kBadSlot = 5,      // moe_combine: slot outside [0, S)
+    kBadPosition = 6,  // rope and the cached attention: negative position
 };
 
 }  // namespace cuda
@@ -77,7 +77,7 @@ enum StatusCode : int {
 std::unique_ptr<Backend> make_cuda_backend(const cuda::CudaOptions& options = {});
 
 class CudaBackend final : public Backend {
-public:
+  public:
     explicit CudaBackend(const cuda::CudaOptions& options = {});
     ~CudaBackend() override;
 
@@ -121,11 +121,11 @@ public:
     int* status_word() const;
     void check_launch(const char* op) const;
 
-protected:
+  protected:
     // The ops of every list in engine/compute/backend_ops.h, and convert_impl.
     TMX_BACKEND_TRAINING_BACKEND_OVERRIDES
 
-private:
+  private:
     void grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w, const int32_t* offsets,
                                       int E, int S, int Nout, int K, const Tensor& d_out,
                                       const Tensor& d_x, const Tensor& d_w, const Tensor& d_bias);

@@ -27,8 +27,9 @@ inline std::string insufficient_driver_advice(int driver_version, int runtime_ve
                     ", which needs an NVIDIA driver ";
     s += needed ? std::to_string(needed) + " or newer" : std::string("that supports it");
     if (driver_version <= 0)
-        return s + "; no NVIDIA driver is loaded on this machine (nvidia-smi lists the GPUs when "
-                   "one is)";
+        return s +
+               "; no NVIDIA driver is loaded on this machine (nvidia-smi lists the GPUs when "
+               "one is)";
     s += "; the installed driver supports CUDA " + version(driver_version) + ": update the driver";
     // A toolkit of the driver's major version runs on it (tmx needs CUDA 12.0 or newer).
     if (driver_major >= 12 && driver_major < runtime_major)

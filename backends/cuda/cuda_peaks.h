@@ -22,12 +22,10 @@ struct SpecPeak {
 };
 
 inline constexpr SpecPeak kSpecPeaks[] = {
-    {"H100", "PCIe", 114, 756.0, 51.2},
-    {"H100", "", 132, 989.4, 66.9},  // SXM5
-    {"H200", "", 132, 989.4, 66.9},  // SXM
-    {"A100", "", 108, 312.0, 19.5},  // SXM4 and PCIe alike
-    {"L40S", "", 142, 362.05, 91.6},
-    {"L4", "", 58, 121.0, 30.3},
+    {"H100", "PCIe", 114, 756.0, 51.2}, {"H100", "", 132, 989.4, 66.9},  // SXM5
+    {"H200", "", 132, 989.4, 66.9},                                      // SXM
+    {"A100", "", 108, 312.0, 19.5},                                      // SXM4 and PCIe alike
+    {"L40S", "", 142, 362.05, 91.6},    {"L4", "", 58, 121.0, 30.3},
     {"4090", "RTX", 128, 165.2, 82.6},  // GeForce: fp32 accumulation at half the fp16 rate
 };
 // Variants whose clocks (so peaks) differ from the rows above: no peak rather than a wrong one.

@@ -164,8 +164,8 @@ void CudaBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight
     const int threads = kRowsPerBlock * kWarp;
     cuda::with_float_data(out, [&](auto* o) {
         if (type == NormType::LayerNorm)
-            norm_kernel<true><<<blocks, threads, 0, stream()>>>(
-                data<float>(x), data<float>(weight), data<float>(bias), o, N, d, eps);
+            norm_kernel<true><<<blocks, threads, 0, stream()>>>(data<float>(x), data<float>(weight),
+                                                                data<float>(bias), o, N, d, eps);
         else
             norm_kernel<false><<<blocks, threads, 0, stream()>>>(
                 data<float>(x), data<float>(weight), nullptr, o, N, d, eps);

@@ -54,8 +54,7 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
 }
 
 __global__ void adamw_kernel(float* params, const float* grads, float grad_scale, float* m,
-                             float* v, int64_t n,
-                             cuda::AdamWCoefficients c) {
+                             float* v, int64_t n, cuda::AdamWCoefficients c) {
     for (int64_t i = grid_start(); i < n; i += grid_stride()) {
         float p = params[i], mi = m[i], vi = v[i];
         cuda::adamw_update(p, mi, vi, grads[i] * grad_scale, c);
@@ -100,8 +99,8 @@ void CudaBackend::adamw_impl(const Tensor& params, const Tensor& grads, const Te
     const cuda::AdamWCoefficients c =
         cuda::adamw_coefficients(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
     adamw_kernel<<<elementwise_blocks(n, device().sm_count), kThreads, 0, stream()>>>(
-        data<float>(params), data<float>(grads), hp.grad_scale, data<float>(m), data<float>(v),
-        n, c);
+        data<float>(params), data<float>(grads), hp.grad_scale, data<float>(m), data<float>(v), n,
+        c);
     check_launch("adamw");
 }
 

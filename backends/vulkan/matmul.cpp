@@ -14,7 +14,7 @@ namespace {
 // where a skinny tile would mostly hold padding and loop over K serially (an 8 x 512 x 512
 // projection is 8 such tiles). The grouped one goes to 32 slots (decoding up to 16 sequences at
 // top-2), as CUDA's does.
-constexpr int64_t kGemvMaxRows = 16;  // a batch's decode step
+constexpr int64_t kGemvMaxRows = 16;      // a batch's decode step
 constexpr int64_t kGemvRowsPerGroup = 4;  // matmul_gemv.comp's MMAX, grouped_matmul_gemv's MS
 constexpr int64_t kGroupedGemvMaxSlots = 32;
 
@@ -45,8 +45,8 @@ void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& 
     dense_matmul(a, b, out_t, opts, bias, /*b_is_weight=*/false);
 }
 
-void VulkanBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b,
-                                const Tensor& y, bool accumulate) {
+void VulkanBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                                bool accumulate) {
     dense_matmul(x, w, y, {.trans_b = true, .accumulate = accumulate}, b, /*b_is_weight=*/true);
 }
 
@@ -85,9 +85,9 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         return;
     }
     // Large tiles only when there are enough of them to occupy a big GPU.
-    const Tuning::Tile& t = M >= 256 && N >= 256              ? tuning_.large
+    const Tuning::Tile& t = M >= 256 && N >= 256           ? tuning_.large
                             : M <= tuning_.skinny_max_rows ? tuning_.skinny
-                                                            : tuning_.small;
+                                                           : tuning_.small;
     run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(N, t.bn),
         ceil_div(M, t.bm));
 }

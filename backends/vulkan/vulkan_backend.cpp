@@ -138,7 +138,9 @@ struct VulkanStep {
 
 }  // namespace
 
-void VulkanBackend::begin_profile() { stream_->start_timing(); }
+void VulkanBackend::begin_profile() {
+    stream_->start_timing();
+}
 
 std::vector<Backend::ProfiledCommands> VulkanBackend::end_profile() {
     if (!stream_->timing()) throw std::logic_error("end_profile() without begin_profile()");

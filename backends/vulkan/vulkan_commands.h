@@ -147,10 +147,10 @@ class Stream {
         VkBuffer buffer;
         VkDeviceSize begin, end;
     };
-    std::vector<Range> written_, read_;  // since the last barrier
-    Recording* into_ = nullptr;          // the recording commands go to, if any
+    std::vector<Range> written_, read_;              // since the last barrier
+    Recording* into_ = nullptr;                      // the recording commands go to, if any
     std::vector<Range> outer_written_, outer_read_;  // the submit's, while recording
-    bool barrier_next_ = false;          // after execute(): the next command waits for it
+    bool barrier_next_ = false;  // after execute(): the next command waits for it
 
     std::vector<Allocation> staging_chunks_;
     size_t staging_chunk_ = 0;

@@ -250,7 +250,9 @@ void fail(VkResult result, const std::string& what) {
     throw Error("Vulkan: " + what + " failed (" + result_name(result) + ")");
 }
 
-bool validation_layer_installed() { return has_layer(kValidationLayer); }
+bool validation_layer_installed() {
+    return has_layer(kValidationLayer);
+}
 
 std::vector<DeviceInfo> list_vulkan_devices() {
     VkInstance instance = create_instance(nullptr);

@@ -11,8 +11,7 @@ bool Fp16Weights::Less::operator()(const Key& a, const Key& b) const {
     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
 }
 
-Fp16Weights::Fp16Weights(std::shared_ptr<Allocator> allocator)
-    : allocator_(std::move(allocator)) {}
+Fp16Weights::Fp16Weights(std::shared_ptr<Allocator> allocator) : allocator_(std::move(allocator)) {}
 
 Fp16Weights::~Fp16Weights() {
     for (const auto& [key, copy] : copies_) allocator_->release(copy);
@@ -37,7 +36,8 @@ Fp16Weights::Copy Fp16Weights::get(const BufferRange& src, size_t elements) {
     // A part of a range already copied (q, k or v of the fused QKV weight after that weight) is
     // read from that copy: one copy of each weight, however the matmuls view it.
     for (auto it = copies_.lower_bound({src.buffer, 0, 0});
-         it != copies_.end() && it->first.buffer == src.buffer && it->first.begin <= key.begin; ++it) {
+         it != copies_.end() && it->first.buffer == src.buffer && it->first.begin <= key.begin;
+         ++it) {
         const VkDeviceSize skip = key.begin - it->first.begin;
         if (it->first.end >= key.end && starts_on_a_word(skip))
             return {{it->second.buffer, it->second.offset + skip / 2, bytes}, false};

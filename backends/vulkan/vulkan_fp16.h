@@ -5,11 +5,11 @@
 // range (at an even element of it) is read from that copy, and a new copy takes over the
 // copies of the parts it covers, so the fused QKV weight and its q, k and v views share one.
 // The backend records the conversion (shaders/to_fp16.comp) before the matmul that reads it,
-// in the same stream, whose barriers order it after the source's last write. Every write the stream records to a range
-// overlapping a source (Stream::on_write), and the release of the source's buffer, drops the
-// copy, so a matmul never reads a stale one: the next use makes it again. A dropped copy's
-// range goes back to the allocator at once, like a freed tensor's: the stream's hazard
-// tracking orders its reuse after the reads already recorded.
+// in the same stream, whose barriers order it after the source's last write. Every write the stream
+// records to a range overlapping a source (Stream::on_write), and the release of the source's
+// buffer, drops the copy, so a matmul never reads a stale one: the next use makes it again. A
+// dropped copy's range goes back to the allocator at once, like a freed tensor's: the stream's
+// hazard tracking orders its reuse after the reads already recorded.
 #pragma once
 
 #include <vulkan/vulkan.h>

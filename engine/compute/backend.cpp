@@ -60,7 +60,9 @@ Tensor Backend::alloc(Shape shape, DType dtype) {
     // Shapes reach here from configs and flags: a negative dimension or a byte count past 64
     // bits is an error naming the shape, never a wrapped size handed to the allocator. (The
     // message is built only on failure: this runs for every tensor.)
-    auto what = [&] { return "tensor of shape " + shape_string(shape) + " (" + to_string(dtype) + ")"; };
+    auto what = [&] {
+        return "tensor of shape " + shape_string(shape) + " (" + to_string(dtype) + ")";
+    };
     for (int64_t d : shape)
         if (d < 0) throw Error(what() + ": a dimension is negative");
     int64_t signed_bytes = 0;
@@ -74,11 +76,11 @@ Tensor Backend::alloc(Shape shape, DType dtype) {
     m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
     // The same buffer, behind a reference count that also settles the accounting when the
     // last Tensor lets go.
-    std::shared_ptr<DeviceBuffer> counted(
-        buffer.get(), [buffer, memory = memory_, bytes](DeviceBuffer*) mutable {
-            memory->live_bytes -= bytes;
-            buffer.reset();
-        });
+    std::shared_ptr<DeviceBuffer> counted(buffer.get(),
+                                          [buffer, memory = memory_, bytes](DeviceBuffer*) mutable {
+                                              memory->live_bytes -= bytes;
+                                              buffer.reset();
+                                          });
     return Tensor(std::move(counted), std::move(shape), dtype);
 }
 
@@ -163,8 +165,7 @@ void Backend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, Matmul
 
 namespace {
 // x [N, in] and w [out, in] of linear() and linear_backward().
-void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w,
-                           bool bf16_operands) {
+void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w, bool bf16_operands) {
     c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
     c.rank(w, "w", 2, OpCheck::float_type(w, bf16_operands));
     if (w.dim(1) != x.dim(1))
@@ -483,8 +484,8 @@ void Backend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor
                               const Tensor& d_gate, const Tensor& d_up) {
     OpCheck c{"swiglu_backward"};
     c.shape(gate, "gate", gate.shape());
-    for (const auto& [t, name] : {std::pair{&up, "up"}, {&d_out, "d_out"}, {&d_gate, "d_gate"},
-                                  {&d_up, "d_up"}})
+    for (const auto& [t, name] :
+         {std::pair{&up, "up"}, {&d_out, "d_out"}, {&d_gate, "d_gate"}, {&d_up, "d_up"}})
         c.shape(*t, name, gate.shape());
     swiglu_backward_impl(gate, up, d_out, d_gate, d_up);
 }
@@ -554,8 +555,8 @@ void Backend::grouped_matmul_backward_impl(const Tensor&, const Tensor&, const T
                                            const Tensor&) {
     training_op_unavailable("grouped_matmul_backward");
 }
-void Backend::moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&,
-                                        const Tensor&, const Tensor&, const Tensor&) {
+void Backend::moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                        const Tensor&, const Tensor&) {
     training_op_unavailable("moe_combine_backward");
 }
 void Backend::activation_backward_impl(Activation, const Tensor&, const Tensor&, const Tensor&) {
@@ -571,7 +572,9 @@ void Backend::cross_entropy_backward_impl(const Tensor&, const Tensor&, float, c
 void Backend::sum_squares_impl(const Tensor&, const Tensor&) {
     training_op_unavailable("sum_squares");
 }
-void Backend::scale_impl(const Tensor&, float) { training_op_unavailable("scale"); }
+void Backend::scale_impl(const Tensor&, float) {
+    training_op_unavailable("scale");
+}
 void Backend::adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const AdamWParams&) {
     training_op_unavailable("adamw");

@@ -32,7 +32,7 @@ struct MatmulOptions {
 };
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
     // The backend and what it runs on, for logs and benchmark reports.
@@ -135,7 +135,7 @@ public:
         double seconds = 0;
     };
     virtual bool can_profile() const { return false; }
-    virtual void begin_profile();  // throws tmx::Error when !can_profile()
+    virtual void begin_profile();                         // throws tmx::Error when !can_profile()
     virtual std::vector<ProfiledCommands> end_profile();  // logic_error without begin_profile()
 
     // ---- forward ops
@@ -187,9 +187,9 @@ public:
     // p - window < j <= p (window 0 = unlimited; then S must cover every earlier position).
     // q, out [B, T, H, hd]; k, v [B, T, Hkv, hd] (the chunk's own keys and values, keys after
     // RoPE); k_cache, v_cache [B, S, Hkv, hd]; start [B] (I32, >= 0).
-    void attention_cached(const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
-                          const Tensor& out, int64_t window);
+    void attention_cached(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                          const Tensor& v_cache, const Tensor& start, const Tensor& out,
+                          int64_t window);
     // Stores the chunk's keys and values in the cache after attention_cached() has read it:
     // position start[b] + t goes to slot (start[b] + t) mod S, in increasing t (a chunk longer
     // than S leaves its last S positions). Shapes as for attention_cached().
@@ -247,8 +247,7 @@ public:
 
     // Backward of norm(): d_x, d_weight and (layernorm) d_bias accumulate.
     void norm_backward(NormType type, const Tensor& x, const Tensor& weight, const Tensor& d_out,
-                       float eps, const Tensor& d_x, const Tensor& d_weight,
-                       const Tensor& d_bias);
+                       float eps, const Tensor& d_x, const Tensor& d_weight, const Tensor& d_bias);
 
     // d_bias[N] += sum over rows of d_out [M, N] (the bias gradient of a linear layer).
     void bias_backward(const Tensor& d_out, const Tensor& d_bias);
@@ -265,9 +264,9 @@ public:
     //   dS_ij = P_ij (dP_ij - D_i),  d_q_i += scale sum_j bf16(dS_ij) k^_j,
     //   d_k_j += scale sum_i bf16(dS_ij) q^_i,  d_v_j += sum_i bf16(P_ij) dO^_i:
     // P and dS are rounded before their products, as the forward's weights are.
-    void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& d_out, const Tensor& d_q, const Tensor& d_k,
-                            const Tensor& d_v, int64_t window);
+    void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d_out,
+                            const Tensor& d_q, const Tensor& d_k, const Tensor& d_v,
+                            int64_t window);
 
     // d_logits (+)= gradient through the gate softmax (from d_gates [N, k]) plus, when
     // aux_weight > 0, through the load-balancing loss aux_weight * router_aux_loss(logits,
@@ -284,9 +283,9 @@ public:
                                  const Tensor& d_bias);
 
     // Backward of moe_combine(): d_expert_out and d_gates accumulate.
-    void moe_combine_backward(const Tensor& expert_out, const Tensor& slot_of,
-                              const Tensor& gates, const Tensor& d_out,
-                              const Tensor& d_expert_out, const Tensor& d_gates);
+    void moe_combine_backward(const Tensor& expert_out, const Tensor& slot_of, const Tensor& gates,
+                              const Tensor& d_out, const Tensor& d_expert_out,
+                              const Tensor& d_gates);
 
     // d_x += act'(x) * d_out.
     void activation_backward(Activation act, const Tensor& x, const Tensor& d_out,
@@ -320,7 +319,7 @@ public:
     void adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                const AdamWParams& hp);
 
-protected:
+  protected:
     // The *_impl functions the public methods call after their checks. Their lists are in
     // engine/compute/backend_ops.h (which says what each list holds); a backend declares its
     // overrides from the same lists (TMX_BACKEND_FORWARD_OP_OVERRIDES and the like).
@@ -341,7 +340,7 @@ protected:
     // throws tmx::Error ("<op> is not available on the <name> backend ...").
     TMX_BACKEND_TRAINING_OPS(TMX_BACKEND_DECLARE_DEFAULT_IMPL)
 
-private:
+  private:
     [[noreturn]] void training_op_unavailable(const char* op) const;
     Precision matmul_precision_ = Precision::F32;
     // Shared with every buffer's release hook, so buffers may outlive the backend object.

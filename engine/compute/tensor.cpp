@@ -8,9 +8,12 @@ namespace tmx {
 
 const char* to_string(DType t) {
     switch (t) {
-        case DType::F32: return "f32";
-        case DType::I32: return "i32";
-        case DType::BF16: return "bf16";
+        case DType::F32:
+            return "f32";
+        case DType::I32:
+            return "i32";
+        case DType::BF16:
+            return "bf16";
     }
     return "unknown dtype";
 }

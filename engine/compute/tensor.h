@@ -12,11 +12,14 @@
 
 namespace tmx {
 
-// BF16 holds bfloat16 values: the upper 16 bits of an fp32 (round_to_bf16 in engine/compute/precision.h
-// gives the value an fp32 rounds to). Backends with bf16 matmuls have them (engine/compute/backend.h).
+// BF16 holds bfloat16 values: the upper 16 bits of an fp32 (round_to_bf16 in
+// engine/compute/precision.h gives the value an fp32 rounds to). Backends with bf16 matmuls have
+// them (engine/compute/backend.h).
 enum class DType : uint8_t { F32, I32, BF16 };
 
-inline size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
+inline size_t dtype_size(DType t) {
+    return t == DType::BF16 ? 2 : 4;
+}
 const char* to_string(DType t);
 
 using Shape = std::vector<int64_t>;
@@ -26,19 +29,19 @@ std::string shape_string(const Shape& s);
 
 // Backend-owned memory. Each backend subclasses it with its own handle.
 class DeviceBuffer {
-public:
+  public:
     explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {}
     virtual ~DeviceBuffer() = default;
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
     size_t bytes() const { return bytes_; }
 
-private:
+  private:
     size_t bytes_;
 };
 
 class Tensor {
-public:
+  public:
     Tensor() = default;
     Tensor(std::shared_ptr<DeviceBuffer> buffer, Shape shape, DType dtype, int64_t offset = 0);
 
@@ -59,7 +62,7 @@ public:
     // Rows [begin, end) along the first dimension.
     Tensor rows(int64_t begin, int64_t end) const;
 
-private:
+  private:
     std::shared_ptr<DeviceBuffer> buffer_;
     Shape shape_;
     DType dtype_ = DType::F32;

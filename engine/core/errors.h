@@ -9,13 +9,13 @@ namespace tmx {
 
 // Anything wrong with input data, files or the environment.
 class Error : public std::runtime_error {
-public:
+  public:
     using std::runtime_error::runtime_error;
 };
 
 // Wrong command-line usage (bad flag values, conflicting flags): exit code 2.
 class UsageError : public Error {
-public:
+  public:
     using Error::Error;
 };
 

@@ -2,10 +2,9 @@
 // and of a whole directory, fsync.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace tmx {
 

@@ -16,11 +16,10 @@ void fail(const std::string& source, const std::string& field, const std::string
 
 int64_t as_int(const json& v, const std::string& source, const std::string& field,
                int64_t min_value) {
-    const std::string expected =
-        min_value == 0 ? "an integer >= 0"
-        : min_value == std::numeric_limits<int64_t>::min()
-            ? "an integer"
-            : "an integer >= " + std::to_string(min_value);
+    const std::string expected = min_value == 0 ? "an integer >= 0"
+                                 : min_value == std::numeric_limits<int64_t>::min()
+                                     ? "an integer"
+                                     : "an integer >= " + std::to_string(min_value);
     // nlohmann keeps integers up to 2^64 - 1 as unsigned; beyond int64_t they would wrap.
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
         fail(source, field, "expected " + expected + " that fits in 64 bits, got " + describe(v));
@@ -58,7 +57,8 @@ Fields::Fields(const json& object, std::string source)
 
 const json& Fields::at(const std::string& field, const char* expected) const {
     auto it = object_.find(field);
-    if (it == object_.end()) fail(source_, field, std::string("missing (expected ") + expected + ")");
+    if (it == object_.end())
+        fail(source_, field, std::string("missing (expected ") + expected + ")");
     return *it;
 }
 

@@ -6,9 +6,8 @@
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/core/errors.h"
 
@@ -28,8 +27,7 @@ int64_t as_int(const nlohmann::json& v, const std::string& source, const std::st
 uint64_t as_uint(const nlohmann::json& v, const std::string& source, const std::string& field);
 double as_number(const nlohmann::json& v, const std::string& source, const std::string& field);
 bool as_bool(const nlohmann::json& v, const std::string& source, const std::string& field);
-std::string as_string(const nlohmann::json& v, const std::string& source,
-                      const std::string& field);
+std::string as_string(const nlohmann::json& v, const std::string& source, const std::string& field);
 
 // A string naming one of `choices`.
 template <typename E>

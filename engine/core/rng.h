@@ -9,7 +9,7 @@
 namespace tmx {
 
 class Rng {
-public:
+  public:
     explicit Rng(uint64_t seed) : state_(seed) {}
 
     uint64_t next_u64() {
@@ -36,7 +36,7 @@ public:
     // Uniform integer in [0, n).
     uint64_t below(uint64_t n) { return n ? next_u64() % n : 0; }
 
-private:
+  private:
     uint64_t state_;
     double spare_ = 0.0;
     bool has_spare_ = false;

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/data/corpus.h"
 #include "engine/core/errors.h"
+#include "engine/data/corpus.h"
 
 namespace sentencepiece {
 class SentencePieceProcessor;

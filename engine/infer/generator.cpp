@@ -5,8 +5,8 @@
 #include <map>
 
 #include "engine/core/errors.h"
-#include "engine/model/kv_cache.h"
 #include "engine/core/rng.h"
+#include "engine/model/kv_cache.h"
 
 namespace tmx {
 namespace {
@@ -27,9 +27,12 @@ struct Sequence {
 
 const char* to_string(StopReason reason) {
     switch (reason) {
-        case StopReason::Eos: return "eos";
-        case StopReason::Stop: return "stop";
-        case StopReason::Length: return "length";
+        case StopReason::Eos:
+            return "eos";
+        case StopReason::Stop:
+            return "stop";
+        case StopReason::Length:
+            return "length";
     }
     return "?";
 }
@@ -46,8 +49,8 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
     const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : window;
     if (chunk > window)
         throw UsageError("--prefill-chunk " + std::to_string(chunk) +
-                         " is larger than the model's attention window (" +
-                         std::to_string(window) + ")");
+                         " is larger than the model's attention window (" + std::to_string(window) +
+                         ")");
     const int64_t limit = kv_cache_max_positions(c);  // -1: unbounded
     const int64_t B = static_cast<int64_t>(prompts.size());
     std::vector<TokenGeneration> results(prompts.size());
@@ -134,8 +137,8 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
     while (std::any_of(seqs.begin(), seqs.end(), [](const Sequence& s) { return !s.done; })) {
         for (int64_t b = 0; b < B; ++b) {
             tokens[b] = seqs[b].history.back();
-            start[b] = static_cast<int32_t>(
-                limit >= 0 ? std::min(seqs[b].next_position, limit - 1) : seqs[b].next_position);
+            start[b] = static_cast<int32_t>(limit >= 0 ? std::min(seqs[b].next_position, limit - 1)
+                                                       : seqs[b].next_position);
         }
         Tensor out = model.forward_cached(tokens, B, 1, start, cache);
         be.download(out, logits.data());
@@ -155,7 +158,7 @@ namespace {
 // Turns one sequence's tokens into text as they come: decodes incrementally, cuts at the
 // first stop string, and holds back a tail that might still become one.
 class TextStream {
-public:
+  public:
     TextStream(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                const std::vector<std::string>& stop)
         : decoder_(tok), stop_(stop) {
@@ -190,7 +193,7 @@ public:
     }
     const std::string& text() const { return text_; }
 
-private:
+  private:
     // Looks for stop strings that end in the text added after old_size; cuts the text at the
     // earliest one.
     bool find_stop(size_t old_size) {
@@ -233,9 +236,9 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
                                           const std::vector<std::string>& stop,
                                           const TextCallback& on_text) {
     if (tokenizer.vocab_size() != model.config().vocab_size)
-        throw Error("tokenizer " + tokenizer.path() + " has " +
-                    std::to_string(tokenizer.vocab_size()) + " pieces but the model's vocab_size is " +
-                    std::to_string(model.config().vocab_size));
+        throw Error(
+            "tokenizer " + tokenizer.path() + " has " + std::to_string(tokenizer.vocab_size()) +
+            " pieces but the model's vocab_size is " + std::to_string(model.config().vocab_size));
     if (tokenizer.bos_id() < 0)
         throw Error("tokenizer " + tokenizer.path() + " has no BOS token to start prompts with");
     std::vector<std::vector<int32_t>> prompt_ids;
@@ -262,7 +265,8 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
         }
         return stopped;
     };
-    std::vector<TokenGeneration> tokens = generate_tokens(model, prompt_ids, token_options, on_token);
+    std::vector<TokenGeneration> tokens =
+        generate_tokens(model, prompt_ids, token_options, on_token);
 
     std::vector<TextGeneration> results;
     for (size_t b = 0; b < prompts.size(); ++b) {

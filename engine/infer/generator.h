@@ -14,9 +14,9 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/model/model.h"
-#include "engine/infer/sampling.h"
 #include "engine/data/tokenizer.h"
+#include "engine/infer/sampling.h"
+#include "engine/model/model.h"
 
 namespace tmx {
 
@@ -39,9 +39,9 @@ struct TokenGeneration {
     std::vector<int32_t> prompt_ids;  // as fed to the model
     std::vector<int32_t> ids;         // generated, EOS included when drawn
     StopReason stop_reason = StopReason::Length;
-    double prefill_seconds = 0.0;     // this prompt's prefill
-    double decode_seconds = 0.0;      // from the first decode step until this sequence ended
-    int64_t decode_steps = 0;         // decode forward passes this sequence took part in
+    double prefill_seconds = 0.0;  // this prompt's prefill
+    double decode_seconds = 0.0;   // from the first decode step until this sequence ended
+    int64_t decode_steps = 0;      // decode forward passes this sequence took part in
 };
 
 // Called for every drawn token with the logits it was drawn from; returning true stops that

@@ -30,7 +30,7 @@ Truncation truncate(const float* logits, int64_t vocab, const SamplingOptions& o
         }
     }
     const int64_t top = std::max_element(w.begin(), w.end()) - w.begin();  // first maximum
-    if (o.temperature == 0.0) {  // greedy
+    if (o.temperature == 0.0) {                                            // greedy
         std::fill(w.begin(), w.end(), 0.0);
         w[top] = 1.0;
         t.kept = {static_cast<int32_t>(top)};
@@ -90,8 +90,10 @@ void validate(const SamplingOptions& o) {
     if (!(o.temperature >= 0.0) || !std::isfinite(o.temperature))
         bad("--temperature", o.temperature, "a number >= 0 (0 = greedy)");
     if (o.top_k < 0) bad("--top-k", static_cast<double>(o.top_k), "an integer >= 0 (0 = off)");
-    if (!(o.top_p >= 0.0 && o.top_p <= 1.0)) bad("--top-p", o.top_p, "a number in [0, 1] (1 = off)");
-    if (!(o.min_p >= 0.0 && o.min_p <= 1.0)) bad("--min-p", o.min_p, "a number in [0, 1] (0 = off)");
+    if (!(o.top_p >= 0.0 && o.top_p <= 1.0))
+        bad("--top-p", o.top_p, "a number in [0, 1] (1 = off)");
+    if (!(o.min_p >= 0.0 && o.min_p <= 1.0))
+        bad("--min-p", o.min_p, "a number in [0, 1] (0 = off)");
 }
 
 std::vector<double> sampling_distribution(const float* logits, int64_t vocab,

@@ -17,9 +17,9 @@ struct SamplingOptions {
     double repetition_penalty = 1.0;
     // Logits are divided by it; 0 = greedy (the most likely token, ties to the lower id).
     double temperature = 0.8;
-    int64_t top_k = 40;    // keep the k most likely tokens; 0 = off (also when k >= vocabulary)
-    double top_p = 0.95;   // keep the smallest prefix whose probability reaches p; 1 = off
-    double min_p = 0.05;   // drop tokens below min_p times the top probability; 0 = off
+    int64_t top_k = 40;   // keep the k most likely tokens; 0 = off (also when k >= vocabulary)
+    double top_p = 0.95;  // keep the smallest prefix whose probability reaches p; 1 = off
+    double min_p = 0.05;  // drop tokens below min_p times the top probability; 0 = off
 };
 
 // Throws tmx::UsageError naming the flag (--temperature, ...) when an option is out of range.

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/core/errors.h"
@@ -59,9 +58,11 @@ void save_checkpoint(const Model& model, const std::string& dir_str,
         if (!fs::is_directory(dir)) throw Error(dir_str + ": exists and is not a directory");
         const bool empty = fs::is_empty(dir);
         if (!empty && !fs::exists(dir / "config.json"))
-            throw Error(dir_str + ": exists and is not a checkpoint directory; refusing to replace it");
+            throw Error(dir_str +
+                        ": exists and is not a checkpoint directory; refusing to replace it");
         if (!empty && !options.overwrite)
-            throw Error(dir_str + ": a checkpoint already exists there (use --force to replace it)");
+            throw Error(dir_str +
+                        ": a checkpoint already exists there (use --force to replace it)");
     }
     std::string tokenizer_bytes;
     if (!options.tokenizer_path.empty()) tokenizer_bytes = read_file(options.tokenizer_path);

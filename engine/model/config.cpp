@@ -3,7 +3,6 @@
 #include <cmath>
 #include <functional>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/core/checked_math.h"
@@ -14,12 +13,12 @@
 namespace tmx {
 namespace {
 
-using nlohmann::json;
 using json_fields::as_bool;
 using json_fields::as_enum;
 using json_fields::as_int;
 using json_fields::as_number;
 using json_fields::fail;
+using nlohmann::json;
 
 const std::map<std::string, FfnType> kFfnTypes = {{"mlp", FfnType::Mlp},
                                                   {"swiglu", FfnType::SwiGlu}};
@@ -39,9 +38,15 @@ const char* enum_name(E value, const std::map<std::string, E>& choices) {
 
 }  // namespace
 
-const char* to_string(FfnType t) { return enum_name(t, kFfnTypes); }
-const char* to_string(Activation a) { return enum_name(a, kActivations); }
-const char* to_string(NormType n) { return enum_name(n, kNormTypes); }
+const char* to_string(FfnType t) {
+    return enum_name(t, kFfnTypes);
+}
+const char* to_string(Activation a) {
+    return enum_name(a, kActivations);
+}
+const char* to_string(NormType n) {
+    return enum_name(n, kNormTypes);
+}
 
 void validate_config(const ModelConfig& c, const std::string& src) {
     auto positive = [&](int64_t v, const char* field) {
@@ -59,18 +64,18 @@ void validate_config(const ModelConfig& c, const std::string& src) {
         fail(src, "head_dim", "must be even for RoPE, got " + std::to_string(c.head_dim));
     if (c.n_heads % c.n_kv_heads != 0)
         fail(src, "n_heads",
-                    "must be a multiple of n_kv_heads (" + std::to_string(c.n_kv_heads) +
-                        "), got " + std::to_string(c.n_heads));
+             "must be a multiple of n_kv_heads (" + std::to_string(c.n_kv_heads) + "), got " +
+                 std::to_string(c.n_heads));
     if (c.n_experts < 0)
         fail(src, "n_experts",
-                    "must be 0 (dense FFN) or positive, got " + std::to_string(c.n_experts));
+             "must be 0 (dense FFN) or positive, got " + std::to_string(c.n_experts));
     if (c.is_moe() && (c.top_k < 1 || c.top_k > c.n_experts))
         fail(src, "top_k",
-                    "must be between 1 and n_experts (" + std::to_string(c.n_experts) +
-                        "), got " + std::to_string(c.top_k));
+             "must be between 1 and n_experts (" + std::to_string(c.n_experts) + "), got " +
+                 std::to_string(c.top_k));
     if (c.sliding_window < 0)
         fail(src, "sliding_window",
-                    "must be 0 (unlimited) or positive, got " + std::to_string(c.sliding_window));
+             "must be 0 (unlimited) or positive, got " + std::to_string(c.sliding_window));
     if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
         fail(src, "norm_eps", "must be a positive number");
     if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
@@ -78,19 +83,16 @@ void validate_config(const ModelConfig& c, const std::string& src) {
     if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef))
         fail(src, "router_aux_loss_coef", "must be a non-negative number");
     // Token ids and positions travel as int32 on every backend.
-    if (c.vocab_size > (int64_t{1} << 31) - 1)
-        fail(src, "vocab_size", "must be below 2^31");
-    if (c.max_seq_len > (int64_t{1} << 31) - 1)
-        fail(src, "max_seq_len", "must be below 2^31");
+    if (c.vocab_size > (int64_t{1} << 31) - 1) fail(src, "vocab_size", "must be below 2^31");
+    if (c.max_seq_len > (int64_t{1} << 31) - 1) fail(src, "max_seq_len", "must be below 2^31");
     if (c.n_layers > kMaxLayers)
         fail(src, "n_layers",
-                    "must be at most " + std::to_string(kMaxLayers) + ", got " +
-                        std::to_string(c.n_layers));
+             "must be at most " + std::to_string(kMaxLayers) + ", got " +
+                 std::to_string(c.n_layers));
     if (c.is_moe() && c.n_experts > kMaxLayerExperts / c.n_layers)
         fail(src, "n_experts",
-                    "n_layers x n_experts must be at most " + std::to_string(kMaxLayerExperts) +
-                        ", got " + std::to_string(c.n_layers) + " x " +
-                        std::to_string(c.n_experts));
+             "n_layers x n_experts must be at most " + std::to_string(kMaxLayerExperts) + ", got " +
+                 std::to_string(c.n_layers) + " x " + std::to_string(c.n_experts));
     const int64_t params = param_count(c, src);
     if (params > kMaxParams)
         throw Error(src + ": the model would have " + std::to_string(params) +
@@ -155,10 +157,8 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
         {"d_ff", int_field(c.d_ff)},
         {"ffn_bias", bool_field(c.ffn_bias)},
         {"attn_bias", bool_field(c.attn_bias)},
-        {"norm_type",
-         [&](const json& v, const std::string& f) {
-             c.norm_type = as_enum(v, src, f, kNormTypes);
-         }},
+        {"norm_type", [&](const json& v,
+                          const std::string& f) { c.norm_type = as_enum(v, src, f, kNormTypes); }},
         {"norm_eps", num_field(c.norm_eps)},
         {"n_experts", int_field(c.n_experts)},
         {"top_k", int_field(c.top_k)},
@@ -173,8 +173,8 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
             int64_t v = as_int(value, src, key);
             if (v > kCheckpointFormatVersion)
                 fail(src, key,
-                            "version " + std::to_string(v) + " is newer than this engine reads (" +
-                                std::to_string(kCheckpointFormatVersion) + ")");
+                     "version " + std::to_string(v) + " is newer than this engine reads (" +
+                         std::to_string(kCheckpointFormatVersion) + ")");
             continue;
         }
         auto it = fields.find(key);

@@ -25,7 +25,7 @@ inline int64_t kv_cache_max_positions(const ModelConfig& c) {
 }
 
 class KvCache {
-public:
+  public:
     KvCache() = default;
     // Cache for `batch` sequences on `backend` (contents undefined until written).
     KvCache(const ModelConfig& config, Backend& backend, int64_t batch);
@@ -45,7 +45,7 @@ public:
     // cache owns it so that it lives as long as the cache (copies share it).
     std::shared_ptr<void>& decode_state() const { return decode_state_; }
 
-private:
+  private:
     int64_t batch_ = 0, slots_ = 0;
     std::vector<Tensor> keys_, values_;
     mutable std::shared_ptr<void> decode_state_;

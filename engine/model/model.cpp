@@ -171,9 +171,9 @@ std::vector<MemberSpec<LayerActivations>> activation_specs(const ModelConfig& c,
 
 // The backward pass's gradients of one layer's activations, reused layer after layer.
 struct BackwardScratch {
-    Tensor dh;  // gradient of the residual stream
+    Tensor dh;                                                 // gradient of the residual stream
     Tensor d_pre, d_up, d_act, d_xs, d_ys, d_gates, d_router;  // feed-forward block
-    Tensor d_q, d_att, d_k, d_v;                                // attention block
+    Tensor d_q, d_att, d_k, d_v;                               // attention block
 };
 std::vector<MemberSpec<BackwardScratch>> backward_scratch_specs(const ModelConfig& c, int64_t N) {
     using G = BackwardScratch;
@@ -233,11 +233,11 @@ TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
     // The classifier: the head's gradients, and a chunk of logits with their gradient (then,
     // for MoE, every layer's expert offsets, read back in one go).
     const int64_t rows = classifier_chunk_rows(classifier_chunk_values, V, N);
-    const double chunk = TensorSpec{{rows, V}}.bytes() + TensorSpec{{rows, V}, t.matmul_input}.bytes();
+    const double chunk =
+        TensorSpec{{rows, V}}.bytes() + TensorSpec{{rows, V}, t.matmul_input}.bytes();
     const double offsets = c.is_moe() ? TensorSpec{{L, c.n_experts + 1}, DType::I32}.bytes() : 0;
     const double classifier = forward_locals + stream /* d_normed */ +
-                              TensorSpec{{V, d}}.bytes() /* d_weight */ +
-                              std::max(chunk, offsets);
+                              TensorSpec{{V, d}}.bytes() /* d_weight */ + std::max(chunk, offsets);
     // backward(): d_normed and the scratch; the head's weight gradient is added and freed first.
     const double backward = stream + bytes_of(backward_scratch_specs(c, N));
     // A validation pass (forward_loss(), after the step freed its activations): one layer's
@@ -246,7 +246,8 @@ TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
                         bytes_of(activation_specs(c, N, false, t)) + normed +
                         TensorSpec{{rows, V}}.bytes();
     const double validation = with_validation ? m.validation_pass : 0;
-    const double peak = std::max({m.activations + classifier, m.activations + backward, validation});
+    const double peak =
+        std::max({m.activations + classifier, m.activations + backward, validation});
     m.step_scratch = peak - m.activations;
     return m;
 }
@@ -318,15 +319,21 @@ LayerWeights Model::bind_layer(const Tensor& flat, int64_t layer) const {
     return w;
 }
 
-Tensor Model::param(const std::string& name) const { return view(params_, name); }
+Tensor Model::param(const std::string& name) const {
+    return view(params_, name);
+}
 
 void Model::init_random(uint64_t seed) {
     std::vector<float> host(static_cast<size_t>(layout_.total));
     for (const auto& s : layout_.specs) {
         float* dst = host.data() + s.offset;
         switch (s.init) {
-            case ParamInit::Zeros: std::fill(dst, dst + s.numel(), 0.0f); break;
-            case ParamInit::Ones: std::fill(dst, dst + s.numel(), 1.0f); break;
+            case ParamInit::Zeros:
+                std::fill(dst, dst + s.numel(), 0.0f);
+                break;
+            case ParamInit::Ones:
+                std::fill(dst, dst + s.numel(), 1.0f);
+                break;
             case ParamInit::Normal: {
                 Rng rng(stream_seed(seed, s.name));
                 for (int64_t i = 0; i < s.numel(); ++i)
@@ -357,8 +364,8 @@ void Model::refresh_bf16_weights() {
         params_bf16_ = backend_.alloc({layout_.total}, DType::BF16);
         for (int64_t i = 0; i < config_.n_layers; ++i)
             layers_bf16_.push_back(bind_layer(params_bf16_, i));
-        lm_head_bf16_ = view(params_bf16_, config_.tie_embeddings ? "model.embed_tokens.weight"
-                                                                  : "lm_head.weight");
+        lm_head_bf16_ = view(
+            params_bf16_, config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     }
     backend_.convert(params_, params_bf16_);
     bf16_weights_current_ = true;
@@ -372,9 +379,13 @@ const Tensor& Model::grads() {
     return grads_;
 }
 
-void Model::zero_grads() { backend_.fill(grads(), 0.0f); }
+void Model::zero_grads() {
+    backend_.fill(grads(), 0.0f);
+}
 
-Tensor Model::grad(const std::string& name) { return view(grads(), name); }
+Tensor Model::grad(const std::string& name) {
+    return view(grads(), name);
+}
 
 LayerActivations Model::alloc_activations(int64_t N, bool for_backward, bool cached) const {
     return alloc_members(backend_,
@@ -386,7 +397,8 @@ LayerActivations Model::alloc_activations(int64_t N, bool for_backward, bool cac
 void Model::check_tokens(const std::vector<int32_t>& tokens) const {
     for (int32_t t : tokens)
         if (t < 0 || t >= config_.vocab_size)
-            throw Error("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
+            throw Error("token id " + std::to_string(t) +
+                        " is outside the model's vocabulary [0, " +
                         std::to_string(config_.vocab_size) + ")");
 }
 
@@ -397,8 +409,8 @@ Tensor Model::upload_tokens(const std::vector<int32_t>& tokens) const {
     return ids;
 }
 
-void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
-                          const Tensor& positions, int64_t B, int64_t T, const Tensor& aux_out,
+void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a, const Tensor& positions,
+                          int64_t B, int64_t T, const Tensor& aux_out,
                           const CachedAttention* cached) {
     const ModelConfig& c = config_;
     Backend& be = backend_;
@@ -459,8 +471,10 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a,
 }
 
 void Model::ffn_activation(const LayerActivations& a) const {
-    if (config_.ffn_type == FfnType::SwiGlu) backend_.swiglu(a.pre, a.up, a.act);
-    else backend_.activation(config_.activation, a.pre, a.act);
+    if (config_.ffn_type == FfnType::SwiGlu)
+        backend_.swiglu(a.pre, a.up, a.act);
+    else
+        backend_.activation(config_.activation, a.pre, a.act);
 }
 
 Tensor Model::final_norm(const Tensor& h) const {
@@ -622,8 +636,15 @@ ForwardResult Model::run_forward(const std::vector<int32_t>& tokens, int64_t B, 
             }
         }
         if (keep_activations)
-            saved_ = Saved{B, T, ids, positions, h, a_final, std::move(head),
-                           result.n_targets, std::move(kept)};
+            saved_ = Saved{B,
+                           T,
+                           ids,
+                           positions,
+                           h,
+                           a_final,
+                           std::move(head),
+                           result.n_targets,
+                           std::move(kept)};
     }
     return result;
 }
@@ -645,8 +666,8 @@ void Model::backward(float loss_scale) {
     // Head: logits = norm(h) lm_head^T. The forward pass computed its gradients for a loss
     // scale of 1 (in chunks, never holding all the logits): scale them now.
     Tensor d_a = saved_.head.d_normed;
-    Tensor d_lm_head = c.tie_embeddings ? view(g, "model.embed_tokens.weight")
-                                        : view(g, "lm_head.weight");
+    Tensor d_lm_head =
+        c.tie_embeddings ? view(g, "model.embed_tokens.weight") : view(g, "lm_head.weight");
     be.scale(d_a, loss_scale);
     be.scale(saved_.head.d_weight, loss_scale);
     be.add(d_lm_head, saved_.head.d_weight, d_lm_head);
@@ -676,8 +697,10 @@ void Model::backward(float loss_scale) {
         } else {
             be.linear_backward(a.act, m.w2, dh, d_act, gw.w2, gw.b2);
         }
-        if (swiglu) be.swiglu_backward(a.pre, a.up, d_act, d_pre, d_up);
-        else be.activation_backward(c.activation, a.pre, d_act, d_pre);
+        if (swiglu)
+            be.swiglu_backward(a.pre, a.up, d_act, d_pre, d_up);
+        else
+            be.activation_backward(c.activation, a.pre, d_act, d_pre);
         if (c.is_moe()) {
             be.grouped_matmul_backward(a.xs, m.w1, a.offsets, d_pre, d_xs, gw.w1, gw.b1);
             if (swiglu) be.grouped_matmul_backward(a.xs, m.w3, a.offsets, d_up, d_xs, gw.w3, gw.b3);

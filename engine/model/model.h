@@ -7,9 +7,9 @@
 //
 // In BF16 precision the model keeps a bf16 copy of that tensor, which the matmuls read, and
 // stores the activations that only matmuls read (the norms' outputs, attention's output, the
-// FFN activation, the expert-sorted inputs, and the classifier's d_logits) as BF16 tensors. The matmuls round their
-// operands to bf16 anyway (engine/compute/backend.h), so this gives the same results as fp32 storage
-// with half the memory and traffic, and no rounding copies per matmul.
+// FFN activation, the expert-sorted inputs, and the classifier's d_logits) as BF16 tensors. The
+// matmuls round their operands to bf16 anyway (engine/compute/backend.h), so this gives the same
+// results as fp32 storage with half the memory and traffic, and no rounding copies per matmul.
 #pragma once
 
 #include <cstdint>
@@ -63,33 +63,33 @@ struct LayerWeights {
 // What a training forward pass keeps for the backward pass, per layer. Under bf16 storage
 // (see the top) a1, a2, xs, act and (where attention runs in bf16) att are BF16.
 struct LayerActivations {
-    Tensor h_in, h_mid;           // residual stream entering the layer / after attention
-                                  // (kept for backward only)
-    Tensor a1, a2;                // outputs of the two norms
-    Tensor q, k, v, att;          // q and k after RoPE; att = attention output
-    Tensor qkv;                   // decoding one token: [1, q_dim + 2 kv_dim], q, k and v
-                                  // its slices (one matmul, one RoPE); else undefined
+    Tensor h_in, h_mid;   // residual stream entering the layer / after attention
+                          // (kept for backward only)
+    Tensor a1, a2;        // outputs of the two norms
+    Tensor q, k, v, att;  // q and k after RoPE; att = attention output
+    Tensor qkv;           // decoding one token: [1, q_dim + 2 kv_dim], q, k and v
+                          // its slices (one matmul, one RoPE); else undefined
     Tensor router_logits, top_idx, gates, offsets, slot_rows, slot_of;  // MoE routing
-    Tensor xs;                    // a2 gathered into expert-sorted slots (MoE)
-    Tensor pre, up, act;          // FFN: w1 output, w3 output (swiglu), activation output
-                                  // (in training one buffer for every layer: see backward())
-    Tensor ys;                    // expert outputs per slot (MoE)
+    Tensor xs;            // a2 gathered into expert-sorted slots (MoE)
+    Tensor pre, up, act;  // FFN: w1 output, w3 output (swiglu), activation output
+                          // (in training one buffer for every layer: see backward())
+    Tensor ys;            // expert outputs per slot (MoE)
 };
 
 struct ForwardResult {
     // [B*T, V], on the device; undefined after a training forward (keep_activations), whose
     // classifier runs in chunks of rows and never holds every logit at once.
     Tensor logits;
-    double loss = 0.0;        // mean cross-entropy over the targets given (>= 0), without aux
-    int64_t n_targets = 0;    // number of targets that were scored
-    double aux = 0.0;         // load-balancing loss, mean over layers (0 for dense models)
+    double loss = 0.0;      // mean cross-entropy over the targets given (>= 0), without aux
+    int64_t n_targets = 0;  // number of targets that were scored
+    double aux = 0.0;       // load-balancing loss, mean over layers (0 for dense models)
     // With kept activations, for MoE models: per layer, how many (token, choice) slots each
     // expert received.
     std::vector<std::vector<int64_t>> expert_slots;
 };
 
 class Model {
-public:
+  public:
     // Allocates the parameters on `backend` (uninitialised).
     Model(const ModelConfig& config, Backend& backend);
 
@@ -149,7 +149,7 @@ public:
     // and as much for their gradient); it takes classifier_chunk_rows() rows at a time.
     void set_classifier_chunk_values(int64_t values) { classifier_chunk_values_ = values; }
 
-private:
+  private:
     // Views of one layer's tensors inside a flat tensor laid out like the parameters.
     LayerWeights bind_layer(const Tensor& flat, int64_t layer) const;
     Tensor view(const Tensor& flat, const std::string& name) const;
@@ -180,9 +180,8 @@ private:
     // One transformer layer on the residual stream h [B*T, d], in place. Activations go to
     // `a` (h_in/h_mid too when allocated); aux_out [1] receives the layer's load-balancing
     // loss when defined.
-    void layer_forward(int64_t layer, const Tensor& h, LayerActivations& a,
-                       const Tensor& positions, int64_t B, int64_t T, const Tensor& aux_out,
-                       const CachedAttention* cached);
+    void layer_forward(int64_t layer, const Tensor& h, LayerActivations& a, const Tensor& positions,
+                       int64_t B, int64_t T, const Tensor& aux_out, const CachedAttention* cached);
     // a.act = the FFN activation of a.pre (and a.up: swiglu).
     void ffn_activation(const LayerActivations& a) const;
     // forward_cached for one token per sequence (validated), on tensors kept with the cache
@@ -208,8 +207,8 @@ private:
         Tensor d_normed;  // [N, d]: gradient of the final norm's output
         Tensor d_weight;  // like lm_head: gradient of the LM head's weight
     };
-    Classifier classifier_chunks(const Tensor& normed, const Tensor& targets,
-                                 const Tensor& losses, bool with_gradients, int64_t n_targets);
+    Classifier classifier_chunks(const Tensor& normed, const Tensor& targets, const Tensor& losses,
+                                 bool with_gradients, int64_t n_targets);
 
     ModelConfig config_;
     Backend& backend_;

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/core/checked_math.h"
 #include "engine/core/errors.h"
@@ -15,10 +14,14 @@ namespace tmx {
 
 const char* to_string(StorageType t) {
     switch (t) {
-        case StorageType::F32: return "F32";
-        case StorageType::BF16: return "BF16";
-        case StorageType::F16: return "F16";
-        case StorageType::F64: return "F64";
+        case StorageType::F32:
+            return "F32";
+        case StorageType::BF16:
+            return "BF16";
+        case StorageType::F16:
+            return "F16";
+        case StorageType::F64:
+            return "F64";
     }
     return "?";
 }
@@ -75,9 +78,12 @@ using nlohmann::json;
 
 size_t storage_size(StorageType t) {
     switch (t) {
-        case StorageType::F32: return 4;
-        case StorageType::F64: return 8;
-        default: return 2;
+        case StorageType::F32:
+            return 4;
+        case StorageType::F64:
+            return 8;
+        default:
+            return 2;
     }
 }
 
@@ -251,7 +257,8 @@ void SafetensorsFile::read_f32(const std::string& name, float* out) const {
 
 std::string encode_safetensors(const std::vector<HostTensorRef>& tensors, StorageType dtype) {
     if (dtype != StorageType::F32 && dtype != StorageType::BF16)
-        throw UsageError(std::string("writing ") + to_string(dtype) + " safetensors is not supported");
+        throw UsageError(std::string("writing ") + to_string(dtype) +
+                         " safetensors is not supported");
     std::vector<const HostTensorRef*> sorted;
     for (const auto& t : tensors) sorted.push_back(&t);
     std::sort(sorted.begin(), sorted.end(),
@@ -262,8 +269,8 @@ std::string encode_safetensors(const std::vector<HostTensorRef>& tensors, Storag
     const size_t es = storage_size(dtype);
     for (const auto* t : sorted) {
         uint64_t n = static_cast<uint64_t>(shape_numel(t->shape)) * es;
-        header[t->name] = {{"dtype", to_string(dtype)}, {"shape", t->shape},
-                           {"data_offsets", {off, off + n}}};
+        header[t->name] = {
+            {"dtype", to_string(dtype)}, {"shape", t->shape}, {"data_offsets", {off, off + n}}};
         off += n;
     }
     std::string h = header.dump();

@@ -22,14 +22,14 @@ struct SafetensorsEntry {
 // A parsed file: the header is validated at open (offsets inside the file, sizes that match
 // shapes and dtypes); tensors are converted to fp32 on request.
 class SafetensorsFile {
-public:
+  public:
     explicit SafetensorsFile(const std::string& path);
     const std::string& path() const { return path_; }
     const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
     // Converts the named tensor to fp32 into `out` (numel floats).
     void read_f32(const std::string& name, float* out) const;
 
-private:
+  private:
     std::string path_;
     std::string bytes_;
     size_t data_start_ = 0;

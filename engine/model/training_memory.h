@@ -8,8 +8,8 @@
 #include <string>
 
 #include "engine/compute/backend.h"
-#include "engine/model/config.h"
 #include "engine/compute/precision.h"
+#include "engine/model/config.h"
 
 namespace tmx {
 

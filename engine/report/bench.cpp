@@ -41,12 +41,15 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     auto cpu = o.open_backend("cpu");
     // Each backend measures in options.precision, else in its default; a backend without the
     // precision asked for is refused before anything is measured.
-    auto precision_of = [&](const Backend& be) { return o.precision.value_or(be.default_precision()); };
+    auto precision_of = [&](const Backend& be) {
+        return o.precision.value_or(be.default_precision());
+    };
     for (const std::unique_ptr<Backend>& other : others) {
         const Backend& be = other ? *other : *cpu;
         if (!be.supports_precision(precision_of(be)))
             throw UsageError("--precision " + std::string(to_string(precision_of(be))) + ": the " +
-                             be.name() + " backend has none; leave --precision out to run each "
+                             be.name() +
+                             " backend has none; leave --precision out to run each "
                              "backend in its default");
     }
     // A training batch that cannot fit (on a backend that trains, or on the CPU, which takes the

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "engine/compute/backend.h"
-#include "engine/model/config.h"
 #include "engine/compute/precision.h"
+#include "engine/model/config.h"
 
 namespace tmx {
 
@@ -38,7 +38,7 @@ struct BenchOptions {
     // Also profile the batch-1 and batch-N decode steps on the backends that can_profile():
     // device time per kind of command (Backend::begin_profile).
     bool profile = false;
-    uint64_t seed = 0;            // inputs and, with no weights given, the model's init
+    uint64_t seed = 0;  // inputs and, with no weights given, the model's init
     // Opens a backend by name (the front end passes make_backend from backends/registry.h;
     // the engine knows no backend). "cpu" must open the CPU backend, the reference.
     std::function<std::unique_ptr<Backend>(const std::string&)> open_backend;
@@ -48,10 +48,10 @@ struct BenchOptions {
 
 struct OpBench {
     std::string op, shape;
-    double ms = 0;          // median time
-    double gflops = 0;      // 0 when the op is not about arithmetic
+    double ms = 0;            // median time
+    double gflops = 0;        // 0 when the op is not about arithmetic
     double gbytes_per_s = 0;  // main memory traffic the op cannot avoid, per second
-    double max_error = 0;   // max |out - cpu| / max(1, max |cpu|)
+    double max_error = 0;     // max |out - cpu| / max(1, max |cpu|)
     // Non-empty: the op could not run on this backend at this shape (e.g. an operand past what
     // a Vulkan device can bind), and this is why; the other fields are then unset. The rest of
     // the bench goes on.
@@ -68,36 +68,36 @@ struct DecodeProfile {
 
 struct ModelBench {
     double prefill_tokens_per_s = 0, decode_tokens_per_s = 0, batch_decode_tokens_per_s = 0;
-    double logits_error = 0;        // prefill's last logits and every decode step's, vs CPU
-    int64_t greedy_matching = 0;    // greedy batch-1 decode steps that chose the CPU's token,
-    int64_t greedy_steps = 0;       // out of this many (counted up to the first difference)
+    double logits_error = 0;              // prefill's last logits and every decode step's, vs CPU
+    int64_t greedy_matching = 0;          // greedy batch-1 decode steps that chose the CPU's token,
+    int64_t greedy_steps = 0;             // out of this many (counted up to the first difference)
     std::vector<DecodeProfile> profiles;  // --profile: batch 1, then batch N
 };
 
 // One training step: forward with kept activations, backward, the global gradient norm, and
 // an AdamW update of every parameter.
 struct TrainBench {
-    bool measured = false;          // false: the backend does not train, or not asked
+    bool measured = false;  // false: the backend does not train, or not asked
     double tokens_per_s = 0;
-    double model_tflops = 0;        // training FLOPs of the model (3x forward) per second
-    double mfu = 0;                 // model_tflops / peak_tflops (0 without a peak)
+    double model_tflops = 0;  // training FLOPs of the model (3x forward) per second
+    double mfu = 0;           // model_tflops / peak_tflops (0 without a peak)
     // The peak MFU is against: BenchOptions::peak_tflops, else the backend's
     // spec_peak_tflops() in the step's precision (peak_from_spec); 0 when neither is known.
     double peak_tflops = 0;
     bool peak_from_spec = false;
     Precision precision = Precision::F32;  // of the step's matmuls
-    size_t peak_bytes = 0;          // the backend's peak allocation during the step
+    size_t peak_bytes = 0;                 // the backend's peak allocation during the step
     // training_memory() of the step (no validation pass): its engine tensors. peak_bytes adds
     // the backend's scratch inside ops, and whatever else the backend holds (the CPU: the
     // bench's reference model).
     double engine_bytes = 0;
-    double loss = 0;                // the step's cross-entropy, and the CPU's on the same batch
+    double loss = 0;  // the step's cross-entropy, and the CPU's on the same batch
     double cpu_loss = 0;
 };
 
 struct BackendBench {
     std::string backend;
-    std::string description;  // Backend::description(): the device and its precision
+    std::string description;               // Backend::description(): the device and its precision
     Precision precision = Precision::F32;  // of every measurement's matmuls (BenchOptions)
     std::vector<OpBench> ops;
     ModelBench model;

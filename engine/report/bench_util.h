@@ -32,7 +32,7 @@ std::string dims(std::initializer_list<int64_t> d);
 
 // Sets a backend's matmul precision for a scope and restores the one before, however it ends.
 class PrecisionScope {
-public:
+  public:
     PrecisionScope(Backend& be, Precision p) : be_(be), before_(be.matmul_precision()) {
         be.set_matmul_precision(p);
     }
@@ -40,7 +40,7 @@ public:
     PrecisionScope(const PrecisionScope&) = delete;
     PrecisionScope& operator=(const PrecisionScope&) = delete;
 
-private:
+  private:
     Backend& be_;
     Precision before_;
 };

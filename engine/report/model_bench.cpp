@@ -19,7 +19,7 @@ int32_t argmax(const float* x, int64_t n) {
 }
 
 class ModelRunner {
-public:
+  public:
     ModelRunner(Model& model, const BenchOptions& o, int64_t prompt_tokens)
         : m_(model), be_(model.backend()), o_(o), c_(model.config()), P_(prompt_tokens) {
         Rng rng(o.seed ^ 0xbe7c4);
@@ -74,7 +74,8 @@ public:
             be_, [&] { run.prefill_logits = prefill(cache, prompt_); }, o_.warmup, o_.repeats);
         r.prefill_tokens_per_s = static_cast<double>(P_) / t_prefill;
 
-        if (o_.progress) o_.progress(be_.name() + ": batch-1 decode of " + std::to_string(D) + " tokens");
+        if (o_.progress)
+            o_.progress(be_.name() + ": batch-1 decode of " + std::to_string(D) + " tokens");
         const int32_t first = argmax(run.prefill_logits.data(), c_.vocab_size);
         auto reset = [&] { prefill(cache, prompt_); };
         const double t_decode = median_seconds(
@@ -117,7 +118,7 @@ public:
         return r;
     }
 
-private:
+  private:
     DecodeProfile profile_decode(const KvCache& cache, const std::vector<int32_t>& firsts,
                                  const std::vector<int32_t>& starts) {
         DecodeProfile p;
@@ -172,7 +173,11 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
         model.backward();
         be.sum_squares(model.grads(), norm);
         adamw_step(model, m, v,
-                   {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                   {.lr = 1e-4f,
+                    .beta1 = 0.9f,
+                    .beta2 = 0.95f,
+                    .eps = 1e-8f,
+                    .weight_decay = 0.1f,
                     .step = ++step});
         model.params_changed();
     };
@@ -194,15 +199,16 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
     return r;
 }
 
-ModelBench measure_model(Model& model, const BenchOptions& o, int64_t prompt_tokens, ModelRun& run) {
+ModelBench measure_model(Model& model, const BenchOptions& o, int64_t prompt_tokens,
+                         ModelRun& run) {
     return ModelRunner(model, o, prompt_tokens).measure(run);
 }
 
 void compare_with_cpu(ModelBench& mb, const ModelRun& run, const ModelRun& cpu_run) {
     mb.logits_error = max_error(run.prefill_logits, cpu_run.prefill_logits);
     for (size_t s = 0; s < run.greedy.size() && s < cpu_run.greedy.size(); ++s) {
-        mb.logits_error = std::max(mb.logits_error,
-                                   max_error(run.step_logits[s], cpu_run.step_logits[s]));
+        mb.logits_error =
+            std::max(mb.logits_error, max_error(run.step_logits[s], cpu_run.step_logits[s]));
         ++mb.greedy_steps;
         if (run.greedy[s] != cpu_run.greedy[s]) break;  // inputs differ from here on
         ++mb.greedy_matching;

@@ -11,7 +11,7 @@ namespace tmx::bench_detail {
 namespace {
 
 class InputMaker {
-public:
+  public:
     explicit InputMaker(uint64_t seed) : rng_(seed) {}
     std::vector<float> normal(int64_t n, double scale = 1.0) {
         std::vector<float> v(static_cast<size_t>(n));
@@ -24,14 +24,18 @@ public:
         return v;
     }
 
-private:
+  private:
     Rng rng_;
 };
 
 // out = a b^T (a linear layer), M rows.
 OpCase linear_case(const std::string& name, int64_t M, int64_t N, int64_t K, InputMaker& in) {
-    OpCase c{name, dims({M, N, K}), 2.0 * M * N * K, 4.0 * (M * K + N * K + M * N),
-             double(M * K + N * K), {}};
+    OpCase c{name,
+             dims({M, N, K}),
+             2.0 * M * N * K,
+             4.0 * (M * K + N * K + M * N),
+             double(M * K + N * K),
+             {}};
     auto a = in.normal(M * K), b = in.normal(N * K, 0.05);
     c.prepare = [=](Backend& be) {
         Tensor at = upload_operand(be, a, {M, K}), bt = upload_operand(be, b, {N, K});
@@ -43,8 +47,7 @@ OpCase linear_case(const std::string& name, int64_t M, int64_t N, int64_t K, Inp
 
 // The expert FFN's first matmul over `tokens` tokens routed to random experts (a dense FFN's
 // w1 for dense configs).
-OpCase experts_case(const std::string& name, const ModelConfig& c, int64_t tokens,
-                    InputMaker& in) {
+OpCase experts_case(const std::string& name, const ModelConfig& c, int64_t tokens, InputMaker& in) {
     if (!c.is_moe()) return linear_case(name, tokens, c.d_ff, c.d_model, in);
     const int64_t S = tokens * c.top_k, K = c.d_model, N = c.d_ff, E = c.n_experts;
     std::vector<int32_t> per_expert = in.ints(S, E);
@@ -54,8 +57,12 @@ OpCase experts_case(const std::string& name, const ModelConfig& c, int64_t token
     for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
     int64_t used = 0;
     for (int64_t e = 0; e < E; ++e) used += offsets[e + 1] > offsets[e];
-    OpCase op{name, dims({S, N, K}) + " (" + std::to_string(E) + " experts)", 2.0 * S * N * K,
-              4.0 * (S * K + used * N * K + S * N), double(S * K + used * N * K), {}};
+    OpCase op{name,
+              dims({S, N, K}) + " (" + std::to_string(E) + " experts)",
+              2.0 * S * N * K,
+              4.0 * (S * K + used * N * K + S * N),
+              double(S * K + used * N * K),
+              {}};
     auto x = in.normal(S * K), w = in.normal(E * N * K, 0.05), bias = in.normal(E * N, 0.1);
     op.prepare = [=, has_bias = c.ffn_bias](Backend& be) {
         Tensor xt = upload_operand(be, x, {S, K}), wt = upload_operand(be, w, {E, N, K});
@@ -97,10 +104,8 @@ std::vector<OpCase> op_cases(const ModelConfig& c, int64_t P, uint64_t seed, int
         op.prepare = [=, type = c.norm_type, eps = float(c.norm_eps)](Backend& be) {
             Tensor xt = upload(be, x, {P, d}), wt = upload(be, w, {d}), out = be.alloc({P, d});
             Tensor bt = type == NormType::LayerNorm ? upload(be, b, {d}) : Tensor{};
-            return OpCase::Prepared{[&be, type, eps, xt, wt, bt, out] {
-                                        be.norm(type, xt, wt, bt, eps, out);
-                                    },
-                                    out};
+            return OpCase::Prepared{
+                [&be, type, eps, xt, wt, bt, out] { be.norm(type, xt, wt, bt, eps, out); }, out};
         };
         ops.push_back(op);
     }
@@ -120,23 +125,27 @@ std::vector<OpCase> op_cases(const ModelConfig& c, int64_t P, uint64_t seed, int
     {  // attention over the prompt, with the sliding-window mask
         double pairs = 0;
         for (int64_t i = 0; i < P; ++i) pairs += c.sliding_window > 0 ? std::min(i + 1, W) : i + 1;
-        OpCase op{"attention (prefill)", dims({P, H, hd}) + " window " + std::to_string(c.sliding_window),
-                  4.0 * pairs * H * hd, 4.0 * (2 * P * H * hd + 2 * P * Hkv * hd), {}};
+        OpCase op{"attention (prefill)",
+                  dims({P, H, hd}) + " window " + std::to_string(c.sliding_window),
+                  4.0 * pairs * H * hd,
+                  4.0 * (2 * P * H * hd + 2 * P * Hkv * hd),
+                  {}};
         auto q = in.normal(P * H * hd), k = in.normal(P * Hkv * hd), v = in.normal(P * Hkv * hd);
         op.prepare = [=, window = c.sliding_window](Backend& be) {
             Tensor qt = upload(be, q, {1, P, H, hd}), kt = upload(be, k, {1, P, Hkv, hd});
             Tensor vt = upload(be, v, {1, P, Hkv, hd}), out = be.alloc({1, P, H, hd});
-            return OpCase::Prepared{[&be, qt, kt, vt, out, window] {
-                                        be.attention(qt, kt, vt, out, window);
-                                    },
-                                    out};
+            return OpCase::Prepared{
+                [&be, qt, kt, vt, out, window] { be.attention(qt, kt, vt, out, window); }, out};
         };
         ops.push_back(op);
     }
     {  // one decode step's attention over a full (wrapped) cache
         const int32_t start = static_cast<int32_t>(c.sliding_window > 0 ? 3 * W + 5 : W - 1);
-        OpCase op{"attention (decode)", dims({1, H, hd}) + " cache " + std::to_string(W),
-                  4.0 * W * H * hd, 4.0 * 2 * W * Hkv * hd, {}};
+        OpCase op{"attention (decode)",
+                  dims({1, H, hd}) + " cache " + std::to_string(W),
+                  4.0 * W * H * hd,
+                  4.0 * 2 * W * Hkv * hd,
+                  {}};
         auto q = in.normal(H * hd), k = in.normal(Hkv * hd), v = in.normal(Hkv * hd);
         auto kc = in.normal(W * Hkv * hd), vc = in.normal(W * Hkv * hd);
         op.prepare = [=, window = c.sliding_window](Backend& be) {
@@ -153,8 +162,11 @@ std::vector<OpCase> op_cases(const ModelConfig& c, int64_t P, uint64_t seed, int
     }
     if (c.is_moe()) {  // routing: top-k with gate softmax
         const int64_t E = c.n_experts, k = c.top_k;
-        OpCase op{"router top-k (prefill)", dims({P, E}) + " top " + std::to_string(k), 0,
-                  4.0 * P * (E + 2 * k), {}};
+        OpCase op{"router top-k (prefill)",
+                  dims({P, E}) + " top " + std::to_string(k),
+                  0,
+                  4.0 * P * (E + 2 * k),
+                  {}};
         auto logits = in.normal(P * E);
         op.prepare = [=](Backend& be) {
             Tensor lt = upload(be, logits, {P, E}), idx = be.alloc({P, k}, DType::I32);

@@ -188,9 +188,8 @@ ParamReport build_param_report(const json& cfg, const std::string& src, const Re
     check_memory_bounds(r);
     if (r.has_activations)
         if (const std::optional<ModelConfig> engine = engine_config_for(cfg, src))
-            r.engine_training = {
-                training_memory(*engine, r.act_batch, r.act_seq, Precision::F32),
-                training_memory(*engine, r.act_batch, r.act_seq, Precision::BF16)};
+            r.engine_training = {training_memory(*engine, r.act_batch, r.act_seq, Precision::F32),
+                                 training_memory(*engine, r.act_batch, r.act_seq, Precision::BF16)};
     return r;
 }
 

@@ -275,8 +275,8 @@ std::string format_param_report(const ParamReport& r) {
                               b16.weights + b16.gradients + b16.optimizer),
                           row("bf16 weight copy, 2 B/param", f32.bf16_weights, b16.bf16_weights),
                           row("activations kept for backward", f32.activations, b16.activations),
-                          row("step scratch (classifier, backward, validation)",
-                              f32.step_scratch, b16.step_scratch),
+                          row("step scratch (classifier, backward, validation)", f32.step_scratch,
+                              b16.step_scratch),
                           row("total", f32.total(), b16.total())});
     }
 

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/core/errors.h"
 
@@ -28,10 +27,14 @@ std::string fmt(const char* f, double v) {
 std::string escape(const std::string& s) {
     std::string out;
     for (char c : s) {
-        if (c == '<') out += "&lt;";
-        else if (c == '>') out += "&gt;";
-        else if (c == '&') out += "&amp;";
-        else out += c;
+        if (c == '<')
+            out += "&lt;";
+        else if (c == '>')
+            out += "&gt;";
+        else if (c == '&')
+            out += "&amp;";
+        else
+            out += c;
     }
     return out;
 }
@@ -46,7 +49,8 @@ void line_chart(std::ostringstream& svg, double x, double y, double w, double h,
         for (auto [px, py] : s.points) {
             if (log_y && py <= 0) continue;
             const double v = log_y ? std::log10(py) : py;
-            x0 = std::min(x0, px), x1 = std::max(x1, px), y0 = std::min(y0, v), y1 = std::max(y1, v);
+            x0 = std::min(x0, px), x1 = std::max(x1, px), y0 = std::min(y0, v),
+            y1 = std::max(y1, v);
         }
     for (double step : nonfinite) x0 = std::min(x0, step), x1 = std::max(x1, step);
     if (!(y0 <= y1)) y0 = 0, y1 = 1;  // only non-finite values: an empty scale
@@ -64,14 +68,15 @@ void line_chart(std::ostringstream& svg, double x, double y, double w, double h,
     for (int i = 0; i <= 4; ++i) {
         const double xv = x0 + (x1 - x0) * i / 4, yv = y0 + (y1 - y0) * i / 4;
         const double yr = log_y ? std::pow(10.0, yv) : yv;
-        svg << "<text x='" << X(xv) << "' y='" << y + h + 14 << "' font-size='10' text-anchor='middle'>"
-            << fmt("%.0f", xv) << "</text>\n";
+        svg << "<text x='" << X(xv) << "' y='" << y + h + 14
+            << "' font-size='10' text-anchor='middle'>" << fmt("%.0f", xv) << "</text>\n";
         svg << "<line x1='" << x << "' x2='" << x + w << "' y1='" << Y(yr) << "' y2='" << Y(yr)
             << "' stroke='#eee'/>\n";
         svg << "<text x='" << x - 4 << "' y='" << Y(yr) + 3 << "' font-size='10' text-anchor='end'>"
             << fmt(log_y ? "%.1e" : "%.3g", yr) << "</text>\n";
     }
-    svg << "<text x='" << x + w / 2 << "' y='" << y + h + 28 << "' font-size='11' text-anchor='middle'>step</text>\n";
+    svg << "<text x='" << x + w / 2 << "' y='" << y + h + 28
+        << "' font-size='11' text-anchor='middle'>step</text>\n";
     double ly = y + 14;
     for (double step : nonfinite)
         svg << "<line x1='" << X(step) << "' x2='" << X(step) << "' y1='" << y << "' y2='" << y + h
@@ -88,9 +93,11 @@ void line_chart(std::ostringstream& svg, double x, double y, double w, double h,
         svg << "'/>\n";
         if (s.points.size() < 30)
             for (auto [px, py] : s.points)
-                svg << "<circle cx='" << X(px) << "' cy='" << Y(py) << "' r='2.5' fill='" << s.color << "'/>\n";
-        svg << "<text x='" << x + w - 6 << "' y='" << ly << "' font-size='11' text-anchor='end' fill='"
-            << s.color << "'>" << escape(s.name) << "</text>\n";
+                svg << "<circle cx='" << X(px) << "' cy='" << Y(py) << "' r='2.5' fill='" << s.color
+                    << "'/>\n";
+        svg << "<text x='" << x + w - 6 << "' y='" << ly
+            << "' font-size='11' text-anchor='end' fill='" << s.color << "'>" << escape(s.name)
+            << "</text>\n";
         ly += 14;
     }
 }
@@ -192,9 +199,9 @@ std::string render_metrics_svg(const std::string& metrics_jsonl, const std::stri
     line_chart(svg, 550, 70, 380, chart_h, "learning rate", {lr}, true);
     if (layers) {
         const double top = 70 + chart_h + 70;
-        svg << "<text x='70' y='" << top - 8 << "' font-size='14' font-weight='bold'>expert load at step "
-            << last_load_step << " (share of routed slots; even = " << fmt("%.0f", 100.0 / experts)
-            << "%)</text>\n";
+        svg << "<text x='70' y='" << top - 8
+            << "' font-size='14' font-weight='bold'>expert load at step " << last_load_step
+            << " (share of routed slots; even = " << fmt("%.0f", 100.0 / experts) << "%)</text>\n";
         for (int l = 0; l < layers; ++l) {
             svg << "<text x='64' y='" << top + l * cell + cell / 2 + 4
                 << "' font-size='11' text-anchor='end'>layer " << l << "</text>\n";
@@ -208,13 +215,15 @@ std::string render_metrics_svg(const std::string& metrics_jsonl, const std::stri
                 const double cx = 70 + e * cell * 1.6, cy = top + l * cell;
                 svg << "<rect x='" << cx << "' y='" << cy << "' width='" << cell * 1.6 - 2
                     << "' height='" << cell - 2 << "' fill='rgb(" << r << "," << g << "," << b
-                    << ")' stroke='#ccc'/>\n<text x='" << cx + cell * 0.8 << "' y='" << cy + cell / 2 + 4
-                    << "' font-size='11' text-anchor='middle'>" << fmt("%.1f%%", 100 * share) << "</text>\n";
+                    << ")' stroke='#ccc'/>\n<text x='" << cx + cell * 0.8 << "' y='"
+                    << cy + cell / 2 + 4 << "' font-size='11' text-anchor='middle'>"
+                    << fmt("%.1f%%", 100 * share) << "</text>\n";
             }
         }
         for (int e = 0; e < experts; ++e)
-            svg << "<text x='" << 70 + e * cell * 1.6 + cell * 0.8 << "' y='" << top + layers * cell + 14
-                << "' font-size='11' text-anchor='middle'>expert " << e << "</text>\n";
+            svg << "<text x='" << 70 + e * cell * 1.6 + cell * 0.8 << "' y='"
+                << top + layers * cell + 14 << "' font-size='11' text-anchor='middle'>expert " << e
+                << "</text>\n";
     }
     svg << "</svg>\n";
     return svg.str();

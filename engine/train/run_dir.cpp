@@ -74,8 +74,7 @@ fs::path parent_or_dot(const fs::path& p) {
 RunDirLock::RunDirLock(const fs::path& run_dir) {
     const std::string path = (run_dir / kLockFile).string();
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-        throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno));
+    if (fd_ < 0) throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
         if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS)
@@ -99,15 +98,18 @@ RunDirLock::RunDirLock(const fs::path& run_dir) {
     if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, holder.data(), holder.size(), 0);
 }
 
-RunDirLock::~RunDirLock() { ::close(fd_); }
+RunDirLock::~RunDirLock() {
+    ::close(fd_);
+}
 
 std::string resolve_run_checkpoint(const std::string& path) {
     return filesystem_errors_as_errors([&] {
         const fs::path p = normalized(path);
         if (is_leftover_name(p.filename().string()))
-            throw Error(path + ": an unfinished checkpoint left by an interrupted write (resume "
-                        "the run directory " + parent_or_dot(p).string() +
-                        ", whose next run removes it)");
+            throw Error(path +
+                        ": an unfinished checkpoint left by an interrupted write (resume "
+                        "the run directory " +
+                        parent_or_dot(p).string() + ", whose next run removes it)");
         if (fs::exists(p / kStateFile)) return p.string();
         if (!fs::is_directory(p)) throw Error(path + ": no such run directory or checkpoint");
         fs::path latest;

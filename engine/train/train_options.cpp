@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/core/checked_math.h"
@@ -24,7 +23,8 @@ const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "e
                                           "log_every",    "skip_nonfinite"};
 
 void check_positive(int64_t v, const char* flag) {
-    if (v <= 0) throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
+    if (v <= 0)
+        throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
 }
 
 void check_not_negative(int64_t v, const char* flag) {

@@ -3,9 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 #include "engine/compute/precision.h"
 #include "engine/model/config.h"
@@ -13,26 +12,26 @@
 namespace tmx {
 
 struct TrainOptions {
-    std::string data_dir;       // token dataset (tmx prepare): its train split
-    std::string val_dir;        // dataset whose val split evaluates; default data_dir
-    int64_t batch_size = 8;     // sequences per micro-batch
-    int64_t seq_len = 0;        // tokens per sequence; 0 = the config's max_seq_len
-    int64_t grad_accum = 1;     // micro-batches per optimizer step
-    int64_t max_steps = 0;      // budget in optimizer steps ...
-    int64_t max_tokens = 0;     // ... or in training tokens (one of the two)
-    double lr = 1e-3;           // peak learning rate
-    double min_lr = 1e-4;       // floor of the cosine decay
-    int64_t warmup_steps = 100; // linear warmup from lr/warmup_steps
+    std::string data_dir;        // token dataset (tmx prepare): its train split
+    std::string val_dir;         // dataset whose val split evaluates; default data_dir
+    int64_t batch_size = 8;      // sequences per micro-batch
+    int64_t seq_len = 0;         // tokens per sequence; 0 = the config's max_seq_len
+    int64_t grad_accum = 1;      // micro-batches per optimizer step
+    int64_t max_steps = 0;       // budget in optimizer steps ...
+    int64_t max_tokens = 0;      // ... or in training tokens (one of the two)
+    double lr = 1e-3;            // peak learning rate
+    double min_lr = 1e-4;        // floor of the cosine decay
+    int64_t warmup_steps = 100;  // linear warmup from lr/warmup_steps
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-    double grad_clip = 1.0;     // global-norm clipping; 0 = off
-    int64_t eval_every = 100;   // steps between evaluations (and at the end); 0 = only at the end
-    int64_t eval_batches = 8;   // batches of validation windows per evaluation
+    double grad_clip = 1.0;    // global-norm clipping; 0 = off
+    int64_t eval_every = 100;  // steps between evaluations (and at the end); 0 = only at the end
+    int64_t eval_batches = 8;  // batches of validation windows per evaluation
     int64_t checkpoint_every = 500;  // steps between checkpoints (and at the end)
-    int64_t keep_last = 2;      // step checkpoints kept (best/ is kept besides)
-    int64_t log_every = 10;     // steps between progress reports and metrics lines
-    uint64_t seed = 0;          // data order
-    int64_t skip_nonfinite = 0;  // steps with a non-finite loss or gradient norm the run may
-                                 // skip (not apply) before it stops
+    int64_t keep_last = 2;           // step checkpoints kept (best/ is kept besides)
+    int64_t log_every = 10;          // steps between progress reports and metrics lines
+    uint64_t seed = 0;               // data order
+    int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm the run may
+                                     // skip (not apply) before it stops
     Precision precision = Precision::F32;  // of the matmuls (Backend::set_matmul_precision)
 
     int64_t tokens_per_step(int64_t seq) const { return batch_size * grad_accum * seq; }

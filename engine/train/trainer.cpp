@@ -11,18 +11,17 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/core/checked_math.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/format.h"
 #include "engine/core/json_fields.h"
-#include "engine/train/metrics_plot.h"
 #include "engine/core/rng.h"
+#include "engine/model/checkpoint.h"
 #include "engine/model/safetensors.h"
+#include "engine/train/metrics_plot.h"
 
 namespace tmx {
 namespace fs = std::filesystem;
@@ -37,9 +36,9 @@ class MetricsWriteError : public Error {
 };
 
 void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
-    check_training_memory(c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision,
-                          backend,
-                          {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
+    check_training_memory(
+        c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision, backend,
+        {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
 }
 
 void add_slots(std::vector<std::vector<int64_t>>& total,
@@ -73,10 +72,13 @@ double Trainer::learning_rate(const TrainOptions& o, int64_t step, int64_t max_s
 
 Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string run_dir,
                  Backend& backend)
-    : model_(std::move(model)), options_(std::move(options)), run_dir_(std::move(run_dir)),
+    : model_(std::move(model)),
+      options_(std::move(options)),
+      run_dir_(std::move(run_dir)),
       backend_(backend) {
     if (!backend_.supports_training())
-        throw Error("the " + backend_.name() + " backend runs inference only (it has no "
+        throw Error("the " + backend_.name() +
+                    " backend runs inference only (it has no "
                     "backward ops)");
     backend_.set_matmul_precision(options_.precision);
     const ModelConfig& c = model_->config();
@@ -98,13 +100,14 @@ Trainer::~Trainer() = default;
 void Trainer::open_data() {
     const ModelConfig& c = model_->config();
     train_data_ = open_dataset(options_.data_dir, Split::Train);
-    val_data_ = open_dataset(options_.val_dir.empty() ? options_.data_dir : options_.val_dir,
-                             Split::Val);
+    val_data_ =
+        open_dataset(options_.val_dir.empty() ? options_.data_dir : options_.val_dir, Split::Val);
     for (const TokenDataset* d : {&*train_data_, &*val_data_}) {
         if (static_cast<int64_t>(d->vocab_size()) != c.vocab_size)
             throw Error(d->dir() + ": its tokens use a vocabulary of " +
                         std::to_string(d->vocab_size()) + " but the model's vocab_size is " +
-                        std::to_string(c.vocab_size) + " (prepare the data with the model's tokenizer)");
+                        std::to_string(c.vocab_size) +
+                        " (prepare the data with the model's tokenizer)");
         if (static_cast<int64_t>(d->size()) <= seq_len_)
             throw Error(d->dir() + ": the " + to_string(d->split()) + " split has " +
                         std::to_string(d->size()) + " tokens, fewer than one sequence of " +
@@ -121,9 +124,9 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
     validate_train_options(options, config);
     check_run_memory(config, options, backend);
     return filesystem_errors_as_errors([&] {
-        const std::string refusal =
-            run_dir + ": exists and is not empty (continue a run with --resume " + run_dir +
-            ", or choose another --out)";
+        const std::string refusal = run_dir +
+                                    ": exists and is not empty (continue a run with --resume " +
+                                    run_dir + ", or choose another --out)";
         // A lock file alone is what a start that failed after creating the directory leaves.
         const auto holds_more_than_a_lock = [&] {
             for (const auto& entry : fs::directory_iterator(run_dir))
@@ -173,7 +176,8 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
             if (!resume_may_override(key))
                 throw UsageError(option_flag(key) +
                                  " cannot change when resuming (it would change the run's math); "
-                                 "the run uses " + current.dump());
+                                 "the run uses " +
+                                 current.dump());
             options_json[key] = value;
         }
         if (overrides.contains("max_steps")) options_json["max_tokens"] = 0;
@@ -236,9 +240,9 @@ void Trainer::restore_state(const json& state, const std::string& source) {
         const char* expected = "an array (per layer) of arrays of integers >= 0";
         const json& slots = w.at("expert_slots", expected);
         auto wrong = [&] {
-            json_fields::fail(w.source(), "expert_slots",
-                              std::string("expected ") + expected + ", got " +
-                                  json_fields::describe(slots));
+            json_fields::fail(
+                w.source(), "expert_slots",
+                std::string("expected ") + expected + ", got " + json_fields::describe(slots));
         };
         if (!slots.is_array()) wrong();
         for (const json& layer : slots) {
@@ -322,15 +326,15 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
     const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
     const double lr = learning_rate(options_, step_, max_steps_);
-    adamw_step(m, adam_m_, adam_v_,
-               {.lr = static_cast<float>(lr),
-                    .beta1 = static_cast<float>(options_.beta1),
-                    .beta2 = static_cast<float>(options_.beta2),
-                    .eps = static_cast<float>(options_.eps),
-                    .weight_decay = static_cast<float>(options_.weight_decay),
-                    .step = step_ + 1,
-                    .grad_scale = clip ? static_cast<float>(options_.grad_clip / (grad_norm + 1e-6))
-                                       : 1.0f});
+    adamw_step(
+        m, adam_m_, adam_v_,
+        {.lr = static_cast<float>(lr),
+         .beta1 = static_cast<float>(options_.beta1),
+         .beta2 = static_cast<float>(options_.beta2),
+         .eps = static_cast<float>(options_.eps),
+         .weight_decay = static_cast<float>(options_.weight_decay),
+         .step = step_ + 1,
+         .grad_scale = clip ? static_cast<float>(options_.grad_clip / (grad_norm + 1e-6)) : 1.0f});
     m.params_changed();
     ++step_;
     unsaved_ = true;
@@ -392,7 +396,8 @@ double Trainer::evaluate() {
 std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) {
     // Consecutive windows from the start of the validation stream: the same every time.
     const int64_t B = options_.batch_size, T = seq_len_;
-    const int64_t available = static_cast<int64_t>((val_data_->size() - 1) / static_cast<uint64_t>(T));
+    const int64_t available =
+        static_cast<int64_t>((val_data_->size() - 1) / static_cast<uint64_t>(T));
     const int64_t windows = std::min(options_.eval_batches * B, available);
     double total = 0.0;
     int64_t count = 0;
@@ -403,7 +408,8 @@ std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) 
         inputs.resize(static_cast<size_t>(rows * T));
         targets.resize(static_cast<size_t>(rows * T));
         for (int64_t r = 0; r < rows; ++r) {
-            val_data_->copy_range(static_cast<uint64_t>((w0 + r) * T), window.size(), window.data());
+            val_data_->copy_range(static_cast<uint64_t>((w0 + r) * T), window.size(),
+                                  window.data());
             std::copy(window.begin(), window.end() - 1, inputs.begin() + r * T);
             std::copy(window.begin() + 1, window.end(), targets.begin() + r * T);
         }

@@ -20,18 +20,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
+#include "engine/compute/precision.h"
 #include "engine/core/errors.h"
+#include "engine/data/dataset.h"
 #include "engine/model/adamw.h"
 #include "engine/model/model.h"
 #include "engine/model/training_memory.h"
-#include "engine/compute/precision.h"
-#include "engine/data/dataset.h"
 #include "engine/train/run_dir.h"
 #include "engine/train/train_options.h"
 
@@ -40,18 +39,17 @@ namespace tmx {
 // One progress report (every log_every steps, after evaluations and at the end).
 struct TrainReport {
     int64_t step = 0, max_steps = 0;
-    int64_t tokens = 0;               // training tokens consumed so far
-    double loss = 0.0, aux = 0.0;     // mean over the steps since the last report
-    std::optional<double> val_loss;   // when this step evaluated
+    int64_t tokens = 0;              // training tokens consumed so far
+    double loss = 0.0, aux = 0.0;    // mean over the steps since the last report
+    std::optional<double> val_loss;  // when this step evaluated
     double lr = 0.0, grad_norm = 0.0;
     double tokens_per_s = 0.0, eta_s = 0.0, elapsed_s = 0.0;
     // Per layer, the share of routed (token, choice) slots each expert received since the last
     // report (MoE models).
     std::vector<std::vector<double>> expert_load;
-    int64_t skipped = 0;              // non-finite steps skipped since the last report
-    std::string checkpoint;           // a checkpoint written at this step, if any
+    int64_t skipped = 0;     // non-finite steps skipped since the last report
+    std::string checkpoint;  // a checkpoint written at this step, if any
 };
-
 
 // Polled before every micro-batch and every evaluation batch: true stops the run.
 using StopPredicate = std::function<bool()>;
@@ -59,7 +57,7 @@ using StopPredicate = std::function<bool()>;
 class RunDirLock;
 
 class Trainer {
-public:
+  public:
     // A new run: fresh weights from init_seed, written into run_dir (created; an existing run
     // there is refused).
     static std::unique_ptr<Trainer> start(const ModelConfig& config, const TrainOptions& options,
@@ -97,7 +95,7 @@ public:
     // Mean cross-entropy over the validation windows.
     double evaluate();
 
-private:
+  private:
     // The steps since the last progress report: what its averages are made of. Saved in
     // checkpoints, so that the first report after a resume averages the same steps as in the
     // uninterrupted run.
@@ -123,8 +121,7 @@ private:
     // The work after step_: evaluation (and best/), report, checkpoint. False when
     // should_stop interrupted the evaluation (finish_pending_ stays set).
     bool finish_step(const StopPredicate& should_stop,
-                     const std::function<void(const TrainReport&)>& on_report,
-                     TrainReport& report);
+                     const std::function<void(const TrainReport&)>& on_report, TrainReport& report);
     // Mean validation loss, or nullopt when should_stop interrupted it.
     std::optional<double> evaluate_until(const StopPredicate& should_stop);
     std::string save(bool is_best_copy_too);
@@ -154,13 +151,12 @@ private:
     bool has_best_ = false;
     int64_t nonfinite_skipped_ = 0;  // over the whole run
     ReportWindow window_;
-    bool finish_pending_ = false;    // step_'s evaluation, report or checkpoint not yet done
-    bool unsaved_ = false;           // the state has changed since the last step checkpoint
+    bool finish_pending_ = false;  // step_'s evaluation, report or checkpoint not yet done
+    bool unsaved_ = false;         // the state has changed since the last step checkpoint
     std::string last_checkpoint_;
     // Timing of the current run() call, for the reports' throughput and ETA.
     std::chrono::steady_clock::time_point run_start_, last_report_time_;
     int64_t run_start_step_ = 0, last_report_step_ = 0;
 };
-
 
 }  // namespace tmx

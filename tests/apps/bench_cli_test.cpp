@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "engine/compute/backend.h"
 #include "tests/test_util.h"
@@ -14,9 +14,10 @@ namespace {
 
 TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
     const std::string config = test::source_dir() + "/assets/configs/test-tiny.json";
-    auto r = test::run_tmx("bench --config " + config +
-                           " --prompt 20 --decode 6 --batch 3 --gemm 37 --repeats 2 --profile --json"
-                           " --threads 2");
+    auto r =
+        test::run_tmx("bench --config " + config +
+                      " --prompt 20 --decode 6 --batch 3 --gemm 37 --repeats 2 --profile --json"
+                      " --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const nlohmann::json j = nlohmann::json::parse(r.out);
     ASSERT_GE(j["backends"].size(), 1u);
@@ -50,8 +51,10 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
         EXPECT_LT(b["logits_max_error_vs_cpu"].get<double>(), tol);
         // Steps are counted up to the first token that differs from the CPU's; in bf16 a
         // near-tie between the top two logits may end the count early.
-        if (bf16) EXPECT_GE(b["greedy_steps"].get<int64_t>(), 1);
-        else EXPECT_EQ(b["greedy_steps"], 6);
+        if (bf16)
+            EXPECT_GE(b["greedy_steps"].get<int64_t>(), 1);
+        else
+            EXPECT_EQ(b["greedy_steps"], 6);
         // --profile: on the backends that time their commands (Vulkan), batch 1 and batch 3,
         // six steps each; each kind of command once, its device time within the wall time.
         if (name == "cpu") {
@@ -87,8 +90,9 @@ TEST(BenchCli, ATrainingBatchThatCannotFitIsRefusedFirst) {
     const std::string config = test::source_dir() + "/assets/configs/test-tiny.json";
     for (const char* batch : {"1000000000000", "4611686018427387904"}) {
         SCOPED_TRACE(batch);
-        auto r = test::run_tmx("bench --config " + config + " --backends cpu --prompt 4 --decode 1" +
-                               " --train-seq 16 --json --train-batch " + batch);
+        auto r =
+            test::run_tmx("bench --config " + config + " --backends cpu --prompt 4 --decode 1" +
+                          " --train-seq 16 --json --train-batch " + batch);
         EXPECT_EQ(r.exit_code, 2) << r.err;
         EXPECT_NE(r.err.find("--train-batch"), std::string::npos) << r.err;
         EXPECT_NE(r.err.find("--train-seq"), std::string::npos) << r.err;
@@ -104,7 +108,8 @@ TEST(BenchCli, APrecisionABackendLacksIsAUsageError) {
     for (const char* absent : {"unavailable", "not compiled", "no Vulkan"})
         if (r.err.find(absent) != std::string::npos) TMX_SKIP_UNAVAILABLE("vulkan", r.err);
     EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_NE(r.err.find("--precision bf16: the vulkan backend has none"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--precision bf16: the vulkan backend has none"), std::string::npos)
+        << r.err;
     EXPECT_EQ(r.out, "");
 }
 

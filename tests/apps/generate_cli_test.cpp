@@ -11,7 +11,9 @@
 namespace tmx {
 namespace {
 
-std::string demo() { return test::source_dir() + "/assets/demo"; }
+std::string demo() {
+    return test::source_dir() + "/assets/demo";
+}
 
 std::vector<nlohmann::json> json_lines(const std::string& out) {
     std::vector<nlohmann::json> lines;
@@ -22,7 +24,8 @@ std::vector<nlohmann::json> json_lines(const std::string& out) {
 
 nlohmann::json generate_one(const std::string& args) {
     // On the CPU: auto would take a GPU (in bf16, on CUDA) where one is.
-    auto r = test::run_tmx("generate --model " + demo() + " --backend cpu --json --threads 2 " + args);
+    auto r =
+        test::run_tmx("generate --model " + demo() + " --backend cpu --json --threads 2 " + args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     auto lines = json_lines(r.out);
     EXPECT_EQ(lines.size(), 1u) << r.out;
@@ -31,7 +34,8 @@ nlohmann::json generate_one(const std::string& args) {
 
 TEST(GenerateCli, JsonLineHasTheDocumentedFields) {
     const Tokenizer tok = Tokenizer::load(demo() + "/tokenizer.model");
-    const nlohmann::json j = generate_one("--prompt 'Once upon a time' --max-new-tokens 20 --seed 4");
+    const nlohmann::json j =
+        generate_one("--prompt 'Once upon a time' --max-new-tokens 20 --seed 4");
     EXPECT_EQ(j["prompt"], "Once upon a time");
     std::vector<int32_t> want_prompt = {tok.bos_id()};
     for (int32_t id : tok.encode("Once upon a time")) want_prompt.push_back(id);
@@ -40,8 +44,10 @@ TEST(GenerateCli, JsonLineHasTheDocumentedFields) {
     ASSERT_FALSE(ids.empty());
     EXPECT_LE(ids.size(), 20u);
     const std::string reason = j["stop_reason"];
-    if (reason == "length") EXPECT_EQ(ids.size(), 20u);
-    else EXPECT_EQ(reason, "eos");
+    if (reason == "length")
+        EXPECT_EQ(ids.size(), 20u);
+    else
+        EXPECT_EQ(reason, "eos");
     // The text is the continuation: decoding prompt + continuation gives prompt text + text.
     std::vector<int32_t> all = want_prompt;
     all.insert(all.end(), ids.begin(), ids.end());
@@ -58,13 +64,15 @@ TEST(GenerateCli, EmptyPromptStartsFromBosAlone) {
 
 TEST(GenerateCli, BatchGivesWhatEachPromptGivesAlone) {
     test::TempDir tmp;
-    const std::vector<std::string> prompts = {"The cat", "Once upon a time, in a big forest, there lived",
+    const std::vector<std::string> prompts = {"The cat",
+                                              "Once upon a time, in a big forest, there lived",
                                               "Tom and Sue went to the park. They"};
     std::string file;
     for (const auto& p : prompts) file += p + "\n\n";  // blank lines are skipped
     test::write_text(tmp / "prompts.txt", file);
     const std::string sampling = " --max-new-tokens 24 --seed 9 --temperature 0.9 --top-k 0";
-    auto r = test::run_tmx("generate --model " + demo() + " --backend cpu --json --threads 2 --prompts-file " +
+    auto r = test::run_tmx("generate --model " + demo() +
+                           " --backend cpu --json --threads 2 --prompts-file " +
                            (tmp / "prompts.txt") + sampling);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto batch = json_lines(r.out);

@@ -5,14 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/file_io.h"
+#include "engine/model/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace tmx {
 namespace {
 
-std::string tiny_config() { return test::source_dir() + "/assets/configs/test-tiny.json"; }
+std::string tiny_config() {
+    return test::source_dir() + "/assets/configs/test-tiny.json";
+}
 
 TEST(InitEvalCli, InitThenEvalMatchesTheEngine) {
     test::TempDir tmp;
@@ -30,7 +32,8 @@ TEST(InitEvalCli, InitThenEvalMatchesTheEngine) {
 
     const std::vector<int32_t> tokens = {1, 50, 3, 77, 12, 96, 0, 41};
     // On the CPU, as the in-process score below (auto would take a GPU in bf16 where one is).
-    r = test::run_tmx("eval --model " + dir + " --backend cpu --tokens 1,50,3,77,12,96,0,41 --json");
+    r = test::run_tmx("eval --model " + dir +
+                      " --backend cpu --tokens 1,50,3,77,12,96,0,41 --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);
     TokenScore s = score_tokens(*loaded, tokens, loaded->config().max_seq_len);
@@ -57,9 +60,9 @@ TEST(InitEvalCli, RefusesToOverwriteWithoutForce) {
     auto r = test::run_tmx("init --config " + tiny_config() + " --out " + dir + " --seed 9");
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
-    EXPECT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + dir + " --force")
-                  .exit_code,
-              0);
+    EXPECT_EQ(
+        test::run_tmx("init --config " + tiny_config() + " --out " + dir + " --force").exit_code,
+        0);
 }
 
 TEST(InitEvalCli, BadInputsGiveClearErrorsAndExitCodes) {
@@ -173,11 +176,12 @@ TEST(InitEvalCli, NonFiniteWeightsAreRefusedByEveryCommand) {
 
 TEST(InitEvalCli, Bf16CheckpointIsHalfTheSize) {
     test::TempDir tmp;
-    ASSERT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + (tmp / "f32")).exit_code, 0);
-    ASSERT_EQ(
-        test::run_tmx("init --config " + tiny_config() + " --out " + (tmp / "bf16") + " --dtype bf16")
-            .exit_code,
-        0);
+    ASSERT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + (tmp / "f32")).exit_code,
+              0);
+    ASSERT_EQ(test::run_tmx("init --config " + tiny_config() + " --out " + (tmp / "bf16") +
+                            " --dtype bf16")
+                  .exit_code,
+              0);
     auto f32 = std::filesystem::file_size(tmp / "f32/model.safetensors");
     auto bf16 = std::filesystem::file_size(tmp / "bf16/model.safetensors");
     EXPECT_NEAR(static_cast<double>(bf16) / static_cast<double>(f32), 0.5, 0.05);

@@ -89,8 +89,7 @@ TEST(IntegerFlagsCli, EveryIntegerFlagStatesItsRangeAndRefusesValuesOutsideIt) {
             ASSERT_LE(low, high);
             for (const __int128 outside : {low - 1, high + 1}) {
                 const std::string value = to_decimal(outside);
-                const test::CommandResult r =
-                    test::run_tmx(command + " " + f.name + " " + value);
+                const test::CommandResult r = test::run_tmx(command + " " + f.name + " " + value);
                 EXPECT_EQ(r.exit_code, 2) << r.err;
                 EXPECT_NE(r.err.find("tmx: " + f.name + ": expected an integer from " + f.low +
                                      " to " + f.high + ", got " + value),

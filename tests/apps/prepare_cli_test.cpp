@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "engine/data/corpus.h"
 #include "engine/core/file_io.h"
 #include "engine/core/rng.h"
+#include "engine/core/sha256.h"
+#include "engine/data/corpus.h"
 #include "engine/data/dataset.h"
 #include "engine/data/prepare.h"
 #include "engine/data/tokenizer.h"
 #include "tests/test_util.h"
-#include "engine/core/sha256.h"
 
 namespace tmx {
 namespace {
@@ -306,8 +306,9 @@ TEST_F(PrepareCli, ALongDocumentStaysUnderTheStatedMemoryBound) {
                           out / "ds", "--val-fraction", "0", "--threads", std::to_string(threads)});
     ASSERT_EQ(run.exit_code, 0);
     const uint64_t bound = kPrepareMemoryBytes + threads * kPrepareMemoryPerThreadBytes;
-    const uint64_t added =
-        run.peak_rss_bytes > start_up.peak_rss_bytes ? run.peak_rss_bytes - start_up.peak_rss_bytes : 0;
+    const uint64_t added = run.peak_rss_bytes > start_up.peak_rss_bytes
+                               ? run.peak_rss_bytes - start_up.peak_rss_bytes
+                               : 0;
     RecordProperty("start_up_rss_mib", std::to_string(start_up.peak_rss_bytes >> 20));
     RecordProperty("peak_rss_mib", std::to_string(run.peak_rss_bytes >> 20));
     if (!kAddressSanitizer) {

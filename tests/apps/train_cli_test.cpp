@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/model/checkpoint.h"
 #include "engine/core/file_io.h"
 #include "engine/data/prepare.h"
+#include "engine/model/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -27,12 +27,15 @@ void write_dataset(const std::string& dir, int32_t vocab = 97) {
     w.commit({{"bos_id", 1}, {"eos_id", 2}});
 }
 
-std::string tiny() { return test::source_dir() + "/assets/configs/test-tiny.json"; }
+std::string tiny() {
+    return test::source_dir() + "/assets/configs/test-tiny.json";
+}
 
 TEST(TrainCli, SigintCheckpointsAndResumeFinishesTheRun) {
     test::TempDir tmp;
     write_dataset(tmp / "data");
-    const std::string common = " --data " + (tmp / "data") + " --batch-size 2 --seq-len 16 --log-every 1";
+    const std::string common =
+        " --data " + (tmp / "data") + " --batch-size 2 --seq-len 16 --log-every 1";
     // A long budget, stopped by SIGINT after 2 s.
     auto r = test::run_tmx("train --config " + tiny() + " --out " + (tmp / "run") + common +
                            " --max-steps 1000000 --eval-every 0 --checkpoint-every 0 2>" +
@@ -59,8 +62,9 @@ TEST(TrainCli, SigintCheckpointsAndResumeFinishesTheRun) {
     r = test::run_tmx("train --resume " + (tmp / "run") + " --max-steps " + std::to_string(at + 3));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("resuming"), std::string::npos) << r.err;
-    EXPECT_TRUE(fs::exists(tmp / ("run/step_" + std::string(8 - std::to_string(at + 3).size(), '0') +
-                                  std::to_string(at + 3))));
+    EXPECT_TRUE(
+        fs::exists(tmp / ("run/step_" + std::string(8 - std::to_string(at + 3).size(), '0') +
+                          std::to_string(at + 3))));
     EXPECT_EQ(test::run_tmx("train --resume " + (tmp / "nowhere")).exit_code, 1);
 
     r = test::run_tmx("plot " + (tmp / "run"));
@@ -88,7 +92,8 @@ TEST(TrainCli, BadFlagsAndVocabularyMismatchAreClearErrors) {
     r = test::run_tmx(base + " --data " + (tmp / "data300") + " --max-steps 5");
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("vocabulary of 300"), std::string::npos) << r.err;
-    r = test::run_tmx("train --out " + (tmp / "run") + " --data " + (tmp / "data") + " --max-steps 5");
+    r = test::run_tmx("train --out " + (tmp / "run") + " --data " + (tmp / "data") +
+                      " --max-steps 5");
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--config"), std::string::npos) << r.err;
     r = test::run_tmx("plot " + (tmp / "data"));
@@ -150,8 +155,8 @@ test::CommandResult signal_training(const std::string& train_args, const std::st
         if (next == std::string::npos) next = signals.size();
         const std::string token = signals.substr(at, next - at);
         send += token == "pause" ? "sleep 0.6; "
-                                 : "echo 'test: sending SIG" + token + "' >>" + log +
-                                       "; kill -" + token + " $pid; ";
+                                 : "echo 'test: sending SIG" + token + "' >>" + log + "; kill -" +
+                                       token + " $pid; ";
     }
     return test::run_tmx(train_args + " 2>>" + log + " & pid=$!; " +
                          "for i in $(seq 400); do grep -q '^training ' " + log +
@@ -185,7 +190,8 @@ TEST(TrainCli, ASignalStopsALongStepWithinAMicroBatchAndASecondExitsAtOnce) {
     const size_t second_sent = log.find("test: sending SIGINT");
     for (const char* end_of_step : {"step 1/", "stopped by", "done:"})
         ASSERT_GT(log.find(end_of_step), second_sent)
-            << "the micro-batch ended before the second signal was sent; make it longer\n" << log;
+            << "the micro-batch ended before the second signal was sent; make it longer\n"
+            << log;
     EXPECT_EQ(r.exit_code, 130) << "(137: it did not exit on the second signal)\n" << log;
     EXPECT_NE(log.find("second signal: exiting without a checkpoint"), std::string::npos) << log;
     EXPECT_EQ(log.find("stopped by"), std::string::npos) << log;
@@ -196,7 +202,8 @@ TEST(TrainCli, ASignalStopsALongStepWithinAMicroBatchAndASecondExitsAtOnce) {
     r = signal_training(train + (tmp / "run3"), "TERM INT", tmp / "log3");
     log = read_file(tmp / "log3");
     EXPECT_TRUE(r.exit_code == 130 || r.exit_code == 143)
-        << "exit code " << r.exit_code << " (137: it did not stop)\n" << log;
+        << "exit code " << r.exit_code << " (137: it did not stop)\n"
+        << log;
     EXPECT_EQ(log.find("second signal"), std::string::npos) << log;
     EXPECT_NE(log.find("before the first step"), std::string::npos) << log;
 }
@@ -301,13 +308,17 @@ TEST(EvalCli, TextFileReportsBitsPerByteAndDataScoresASplit) {
     test::TempDir tmp;
     // A tiny model with the 32k tokenizer is too big; train a 512-piece tokenizer instead.
     const std::string text = shared + "/data/tinystories/valid.txt";
-    auto r = test::run_tmx("tokenizer train --input " + text + " --vocab-size 512 --out " + (tmp / "tok.model"));
+    auto r = test::run_tmx("tokenizer train --input " + text + " --vocab-size 512 --out " +
+                           (tmp / "tok.model"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    test::write_text(tmp / "cfg.json", R"({"vocab_size": 512, "d_model": 32, "n_layers": 1, "n_heads": 2,
+    test::write_text(tmp / "cfg.json",
+                     R"({"vocab_size": 512, "d_model": 32, "n_layers": 1, "n_heads": 2,
         "n_kv_heads": 1, "head_dim": 16, "d_ff": 32, "n_experts": 2, "top_k": 1, "max_seq_len": 64,
         "sliding_window": 16})");
     ASSERT_EQ(test::run_tmx("init --config " + (tmp / "cfg.json") + " --out " + (tmp / "m") +
-                            " --tokenizer " + (tmp / "tok.model")).exit_code, 0);
+                            " --tokenizer " + (tmp / "tok.model"))
+                  .exit_code,
+              0);
     r = test::run_tmx("eval --model " + (tmp / "m") + " --text-file " + text + " --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);
@@ -316,16 +327,21 @@ TEST(EvalCli, TextFileReportsBitsPerByteAndDataScoresASplit) {
     EXPECT_NEAR(j["loss"].get<double>(), std::log(512.0), 0.2);
     EXPECT_NEAR(j["bits_per_byte"].get<double>(),
                 j["loss"].get<double>() / std::log(2.0) * j["tokens"].get<double>() /
-                    j["bytes"].get<double>(), 1e-9);
+                    j["bytes"].get<double>(),
+                1e-9);
 
     ASSERT_EQ(test::run_tmx("prepare --input " + text + " --tokenizer " + (tmp / "tok.model") +
-                            " --out " + (tmp / "data") + " --val-fraction 0.1 --quiet").exit_code, 0);
+                            " --out " + (tmp / "data") + " --val-fraction 0.1 --quiet")
+                  .exit_code,
+              0);
     r = test::run_tmx("eval --model " + (tmp / "m") + " --data " + (tmp / "data") + " --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_GT(nlohmann::json::parse(r.out)["tokens"].get<int64_t>(), 100);
 
     // A model without a tokenizer cannot score text.
-    ASSERT_EQ(test::run_tmx("init --config " + (tmp / "cfg.json") + " --out " + (tmp / "bare")).exit_code, 0);
+    ASSERT_EQ(
+        test::run_tmx("init --config " + (tmp / "cfg.json") + " --out " + (tmp / "bare")).exit_code,
+        0);
     r = test::run_tmx("eval --model " + (tmp / "bare") + " --text-file " + text);
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("tokenizer"), std::string::npos) << r.err;

@@ -5,14 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
-#include "engine/model/checkpoint.h"
 #include "engine/data/tokenizer.h"
+#include "engine/model/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace tmx {
 namespace {
 
-std::string demo_dir() { return test::source_dir() + "/assets/demo"; }
+std::string demo_dir() {
+    return test::source_dir() + "/assets/demo";
+}
 
 TEST(DemoModel, LoadsWithAMatchingTokenizerWithinTheSizeBudget) {
     auto be = make_backend("cpu");

@@ -617,9 +617,9 @@ TEST_P(BackwardOps, AdamW) {
                         const auto part = [&](const Tensor& x) {
                             return x.slice(begin, {end - begin});
                         };
-                        b.adamw(part(tp), part(tg), part(tm), part(tv),
-                                {c.lr, c.beta1, c.beta2, c.eps, decay ? c.weight_decay : 0.0f,
-                                 t + 1});
+                        b.adamw(
+                            part(tp), part(tg), part(tm), part(tv),
+                            {c.lr, c.beta1, c.beta2, c.eps, decay ? c.weight_decay : 0.0f, t + 1});
                     }
                     const std::string at = " after step " + std::to_string(t + 1);
                     out.push_back({"params" + at, down(b, tp), kElementwiseTol, 0.0});

@@ -1,6 +1,6 @@
 // attention() and attention_backward() in bf16 precision (Backend::set_matmul_precision, and the
-// contract in engine/compute/backend.h), on every backend that has it: the CPU (which CI runs) and CUDA
-// (on a GPU). Each backend is compared with a double-precision reference of the contract
+// contract in engine/compute/backend.h), on every backend that has it: the CPU (which CI runs) and
+// CUDA (on a GPU). Each backend is compared with a double-precision reference of the contract
 // (ref::attention, ref::attention_backward with Precision::BF16), so meeting it on CUDA is also
 // agreeing with the CPU. Also: the rounding really happens (bf16 lands far from the same
 // backend's fp32), the weights, P and dS are rounded (nearer the contract than to unrounded ones,

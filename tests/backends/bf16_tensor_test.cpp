@@ -1,5 +1,5 @@
-// BF16 tensors (engine/compute/backend.h, "bf16 tensors") on every backend that has them: the CPU (which
-// CI runs) and CUDA (on a GPU); a backend without them refuses to allocate one.
+// BF16 tensors (engine/compute/backend.h, "bf16 tensors") on every backend that has them: the CPU
+// (which CI runs) and CUDA (on a GPU); a backend without them refuses to allocate one.
 // - convert() rounds to nearest even exactly as round_to_bf16 does (ties, subnormals,
 //   overflow, infinities, NaN), widens exactly, and works on views at any element offset.
 // - An op with a BF16 out stores exactly the rounding of what it stores in an F32 out, on the
@@ -23,9 +23,9 @@
 
 #include "backends/registry.h"
 #include "engine/compute/backend.h"
+#include "engine/compute/precision.h"
 #include "engine/model/kv_cache.h"
 #include "engine/model/model.h"
-#include "engine/compute/precision.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/model_scenarios.h"
 
@@ -38,7 +38,9 @@ float from_bits(uint32_t u) {
     return f;
 }
 
-bool is_bf16_nan(uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
+bool is_bf16_nan(uint16_t b) {
+    return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0;
+}
 
 // The same bf16 patterns, where NaN matches any NaN (a GPU may give its canonical NaN).
 ::testing::AssertionResult SameBf16(const std::vector<uint16_t>& got,
@@ -52,9 +54,9 @@ bool is_bf16_nan(uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) 
     }
     if (differing == 0) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
-           << differing << " of " << got.size() << " elements differ; the first, element "
-           << first << ": 0x" << std::hex << got[first] << " vs 0x" << want[first]
-           << " (the rounding of " << from_bf16_bits(want[first]) << ")";
+           << differing << " of " << got.size() << " elements differ; the first, element " << first
+           << ": 0x" << std::hex << got[first] << " vs 0x" << want[first] << " (the rounding of "
+           << from_bf16_bits(want[first]) << ")";
 }
 
 std::vector<uint16_t> bf16_of(const std::vector<float>& v) {
@@ -100,25 +102,32 @@ class Bf16Tensors : public BackendPairTest {
     // got against want: bit for bit on the CPU, within tol of the scale elsewhere.
     void expect_same_result(const std::vector<float>& got, const std::vector<float>& want,
                             double tol, const std::string& what) {
-        if (backend_name() == "cpu") EXPECT_TRUE(BitwiseEqual(got, want)) << what << "; " << trace();
-        else EXPECT_TRUE(Close(got, want, tol)) << what << "; " << trace();
+        if (backend_name() == "cpu")
+            EXPECT_TRUE(BitwiseEqual(got, want)) << what << "; " << trace();
+        else
+            EXPECT_TRUE(Close(got, want, tol)) << what << "; " << trace();
     }
 };
 
 TEST_P(Bf16Tensors, ConvertRoundsToNearestEvenAndWidensExactly) {
     std::vector<float> host = {
-        1.0f, -1.0f, 0.0f, -0.0f,
-        from_bits(0x3f808000u),  // 1 + 2^-8: a tie, to the even 1
-        from_bits(0x3f818000u),  // 1 + 3 * 2^-8: a tie, to the even 1 + 2^-6
-        from_bits(0x3f808001u),  // just above the tie: up
-        from_bits(0x3f807fffu),  // just below: down
-        from_bits(0x00000001u),  // the smallest subnormal: to 0
-        from_bits(0x00018000u),  // a subnormal tie
-        from_bits(0x807fffffu),  // the largest negative subnormal: to -2^-126
+        1.0f,
+        -1.0f,
+        0.0f,
+        -0.0f,
+        from_bits(0x3f808000u),             // 1 + 2^-8: a tie, to the even 1
+        from_bits(0x3f818000u),             // 1 + 3 * 2^-8: a tie, to the even 1 + 2^-6
+        from_bits(0x3f808001u),             // just above the tie: up
+        from_bits(0x3f807fffu),             // just below: down
+        from_bits(0x00000001u),             // the smallest subnormal: to 0
+        from_bits(0x00018000u),             // a subnormal tie
+        from_bits(0x807fffffu),             // the largest negative subnormal: to -2^-126
         std::numeric_limits<float>::max(),  // overflows to infinity
         from_bits(0x7f7f7fffu),             // the largest that stays finite
-        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-        std::numeric_limits<float>::quiet_NaN(), from_bits(0xff800001u),  // a signalling NaN
+        std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN(),
+        from_bits(0xff800001u),  // a signalling NaN
     };
     for (double scale : {1e-30, 1e-3, 1.0, 1e5, 1e30})
         for (float x : normal(200, scale)) host.push_back(x);
@@ -154,8 +163,8 @@ TEST_P(Bf16Tensors, ConvertRoundsToNearestEvenAndWidensExactly) {
         Tensor wide = poisoned(be(), {len});
         be().convert(bf.slice(offset, {len}), wide);
         const std::vector<float> w = down(be(), wide);
-        EXPECT_TRUE(BitwiseEqual(w, values_of({bits.begin() + offset,
-                                               bits.begin() + offset + len})))
+        EXPECT_TRUE(
+            BitwiseEqual(w, values_of({bits.begin() + offset, bits.begin() + offset + len})))
             << "widening at offset " << offset << "; " << trace();
     }
 }
@@ -186,28 +195,28 @@ TEST_P(Bf16Tensors, OpsWithABf16OutStoreTheRoundingOfTheirF32Result) {
         expect_rounded("layernorm", {N, d}, [&](const Tensor& out) {
             be().norm(NormType::LayerNorm, x, w, b, 1e-5f, out);
         });
-        for (Activation act : {Activation::Gelu, Activation::Silu, Activation::Relu,
-                               Activation::Relu2})
+        for (Activation act :
+             {Activation::Gelu, Activation::Silu, Activation::Relu, Activation::Relu2})
             expect_rounded("activation " + std::to_string(static_cast<int>(act)), {N, d},
                            [&](const Tensor& out) { be().activation(act, x, out); });
         expect_rounded("swiglu", {N, d}, [&](const Tensor& out) { be().swiglu(x, y, out); });
         std::vector<int32_t> targets = ints(N, 0, static_cast<int32_t>(d));
         targets[0] = -1;  // an unscored row: zeros
         Tensor tgt = up_ids(be(), targets, {N});
-        expect_rounded("cross_entropy_backward", {N, d}, [&](const Tensor& out) {
-            be().cross_entropy_backward(x, tgt, 0.37f, out);
-        });
+        expect_rounded("cross_entropy_backward", {N, d},
+                       [&](const Tensor& out) { be().cross_entropy_backward(x, tgt, 0.37f, out); });
     }
     // Attention where it runs in bf16 (head dims up to 128), windows shorter and longer than T.
     struct AttentionCase {
         int64_t B, T, H, Hkv, hd, window;
     };
-    for (const AttentionCase& c : {AttentionCase{1, 1, 2, 1, 64, 0}, {2, 37, 4, 2, 40, 0},
-                                   {1, 70, 8, 2, 128, 16}, {2, 45, 4, 4, 16, 7}}) {
+    for (const AttentionCase& c : {AttentionCase{1, 1, 2, 1, 64, 0},
+                                   {2, 37, 4, 2, 40, 0},
+                                   {1, 70, 8, 2, 128, 16},
+                                   {2, 45, 4, 4, 16, 7}}) {
         SCOPED_TRACE("attention B,T,H,Hkv,hd,window " + std::to_string(c.B) + "," +
-                     std::to_string(c.T) + "," + std::to_string(c.H) + "," +
-                     std::to_string(c.Hkv) + "," + std::to_string(c.hd) + "," +
-                     std::to_string(c.window));
+                     std::to_string(c.T) + "," + std::to_string(c.H) + "," + std::to_string(c.Hkv) +
+                     "," + std::to_string(c.hd) + "," + std::to_string(c.window));
         const Shape qs{c.B, c.T, c.H, c.hd}, ks{c.B, c.T, c.Hkv, c.hd};
         Tensor q = up(be(), normal(shape_numel(qs), 1.5), qs);
         Tensor k = up(be(), normal(shape_numel(ks), 1.5), ks);
@@ -249,9 +258,8 @@ TEST_P(Bf16Tensors, Bf16OperandsGiveTheResultOfTheirValues) {
                 return down(be(), out);
             };
             const std::vector<float> want = run(a32, b32);
-            const std::string what = "matmul M,N,K " + std::to_string(M) + "," +
-                                     std::to_string(N) + "," + std::to_string(K) + " form " +
-                                     std::to_string(form);
+            const std::string what = "matmul M,N,K " + std::to_string(M) + "," + std::to_string(N) +
+                                     "," + std::to_string(K) + " form " + std::to_string(form);
             expect_same_result(run(a16, b32), want, reduction_tol(K), what + ", a bf16");
             expect_same_result(run(a32, b16), want, reduction_tol(K), what + ", b bf16");
             expect_same_result(run(a16, b16), want, reduction_tol(K), what + ", both bf16");
@@ -293,9 +301,11 @@ TEST_P(Bf16Tensors, Bf16OperandsGiveTheResultOfTheirValues) {
         const std::string what = "grouped S,Nout,K " + std::to_string(S) + "," +
                                  std::to_string(Nout) + "," + std::to_string(K);
         for (int form = 1; form < 4; ++form) {
-            const Result got = run(form & 1 ? up_bf16(x, {S, K}) : x32,
-                                   form & 2 ? up_bf16(w, {E, Nout, K}) : w32);
-            const std::string f = what + (form == 1 ? ", x bf16" : form == 2 ? ", w bf16" : ", both bf16");
+            const Result got =
+                run(form & 1 ? up_bf16(x, {S, K}) : x32, form & 2 ? up_bf16(w, {E, Nout, K}) : w32);
+            const std::string f = what + (form == 1   ? ", x bf16"
+                                          : form == 2 ? ", w bf16"
+                                                      : ", both bf16");
             expect_same_result(got.out, want.out, reduction_tol(K), f + ": out");
             expect_same_result(got.dx, want.dx, reduction_tol(Nout), f + ": d_x");
             expect_same_result(got.dw, want.dw, reduction_tol(S), f + ": d_w");
@@ -361,8 +371,12 @@ TEST_P(Bf16Tensors, ModelsStoringBf16GiveTheResultsOfFp32Storage) {
         Tensor m = be().alloc({bf16_storage.num_params()}), v = be().alloc(m.shape());
         for (const Tensor* t : {&m, &v}) be().fill(*t, 0.0f);
         be().adamw(bf16_storage.params(), bf16_storage.grads(), m, v,
-                   {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                    .weight_decay = 0.1f, .step = 1});
+                   {.lr = 1e-2f,
+                    .beta1 = 0.9f,
+                    .beta2 = 0.95f,
+                    .eps = 1e-8f,
+                    .weight_decay = 0.1f,
+                    .step = 1});
         bf16_storage.params_changed();
         Model fresh(config, be());
         fresh.params_from_host(bf16_storage.params_to_host());
@@ -411,7 +425,11 @@ TEST_P(Bf16Tensors, RecordedDecodeStepsReadTheWeightsOfTheLastOptimizerStep) {
     Tensor m = be().alloc({P}), v = be().alloc({P});
     for (const Tensor* t : {&m, &v}) be().fill(*t, 0.0f);
     be().adamw(bf16_copy.params(), bf16_copy.grads(), m, v,
-               {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+               {.lr = 1e-2f,
+                .beta1 = 0.9f,
+                .beta2 = 0.95f,
+                .eps = 1e-8f,
+                .weight_decay = 0.1f,
                 .step = 1});
     bf16_copy.params_changed();
     updated.params_from_host(bf16_copy.params_to_host());
@@ -491,7 +509,10 @@ TEST_P(Bf16Tensors, OpsOffTheContractRefuseABf16Input) {
         {"norm_backward",
          [&] { be().norm_backward(NormType::RmsNorm, h, row, b, 1e-5f, out, d_row, Tensor{}); }},
         {"bias_backward", [&] { be().bias_backward(h, d_row); }},
-        {"rope", [&] { be().rope(h.reshape({4, 2, 4}), positions, 10000.0); }},
+        {"rope",
+         [&] {
+             be().rope(h.reshape({4, 2, 4}), positions, 10000.0);
+         }},
     };
     for (const auto& [op, call] : refused) {
         try {

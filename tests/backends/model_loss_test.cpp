@@ -23,9 +23,8 @@ TEST_P(ModelLoss, ChunkedEvaluationLossIsTheLossOfTheWholeLogits) {
         const int64_t V = c.vocab_size;
         for (const int64_t chunk_rows : {int64_t{1}, int64_t{3}, int64_t{1} << 20}) {
             const int64_t B = 1 + ints(1, 0, 3)[0], T = 5 + ints(1, 0, 40)[0];
-            SCOPED_TRACE(std::string(name) + " B " + std::to_string(B) + " T " +
-                         std::to_string(T) + ", chunks of " + std::to_string(chunk_rows) +
-                         " rows");
+            SCOPED_TRACE(std::string(name) + " B " + std::to_string(B) + " T " + std::to_string(T) +
+                         ", chunks of " + std::to_string(chunk_rows) + " rows");
             auto model = spread_model(c, be(), seed_);
             model->set_classifier_chunk_values(chunk_rows * V);
             const std::vector<int32_t> tokens = ints(B * T, 0, static_cast<int32_t>(V));

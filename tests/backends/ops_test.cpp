@@ -92,7 +92,7 @@ std::string dims(std::initializer_list<int64_t> d) {
 }
 
 class OpTest : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     OpTest() : seed_(test::fresh_seed()), rng_(seed_) {}
 
     // A backend compiled in but without a device on this machine (Vulkan with no driver)
@@ -117,12 +117,16 @@ protected:
                " (replay with TMX_TEST_SEED=" + std::to_string(seed_) + ")";
     }
 
-    Backend& be() { return *backend_; }
+    Backend& be() {
+        return *backend_;
+    }
 
     std::vector<float> normal(size_t n, double scale = 1.0) {
         return test::random_normal(rng_, n, scale);
     }
-    Ids ints(size_t n, int32_t lo, int32_t hi) { return test::random_ints(rng_, n, lo, hi); }
+    Ids ints(size_t n, int32_t lo, int32_t hi) {
+        return test::random_ints(rng_, n, lo, hi);
+    }
 
     Tensor up(const std::vector<float>& host, Shape shape) {
         Tensor t = be().alloc(std::move(shape));
@@ -342,15 +346,16 @@ TEST_P(OpTest, Linear) {
                 auto x = normal(N * in_f), w = normal(out_f * in_f), b = normal(out_f + 1);
                 auto init = normal(N * out_f);
                 Tensor y = acc ? up(init, {N, out_f}) : poisoned({N, out_f});
-                const Tensor b_t = bias == Bias::Fresh     ? up(std::vector<float>(b.begin() + 1, b.end()), {out_f})
+                const Tensor b_t = bias == Bias::Fresh
+                                       ? up(std::vector<float>(b.begin() + 1, b.end()), {out_f})
                                    : bias == Bias::OddView ? up(b, {out_f + 1}).slice(1, {out_f})
                                                            : Tensor{};
                 b.erase(b.begin());  // the bias's values, either way
                 be().linear(up(x, {N, in_f}), up(w, {out_f, in_f}), b_t, y, acc);
                 Vec b_d = ref::to_double(b), init_d = ref::to_double(init);
-                auto want = ref::matmul(ref::to_double(x), ref::to_double(w), N, out_f, in_f,
-                                        false, true, bias != Bias::None ? &b_d : nullptr,
-                                        acc ? &init_d : nullptr);
+                auto want =
+                    ref::matmul(ref::to_double(x), ref::to_double(w), N, out_f, in_f, false, true,
+                                bias != Bias::None ? &b_d : nullptr, acc ? &init_d : nullptr);
                 EXPECT_TRUE(Close(down(y), want, reduction_tol(in_f)));
             }
     }

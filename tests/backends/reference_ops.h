@@ -1,7 +1,7 @@
 // Reference implementations of the Backend interface's forward ops, for the op tests: plain
 // double-precision loops on host vectors, written straight from the contracts in
-// engine/compute/backend.h (and DESIGN.md section 2), not from any backend's code. They favour being
-// obviously right over being fast: every backend (the CPU one included) is compared to these.
+// engine/compute/backend.h (and DESIGN.md section 2), not from any backend's code. They favour
+// being obviously right over being fast: every backend (the CPU one included) is compared to these.
 //
 // Layouts are those of engine/compute/backend.h: row-major, dimensions passed explicitly.
 #pragma once
@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/model/config.h"
 #include "engine/compute/precision.h"
+#include "engine/model/config.h"
 
 namespace tmx::ref {
 

@@ -70,8 +70,8 @@ TEST(RequireBackends, AnUnavailableRequiredBackendFailsItsTests) {
     }
     if (absent.empty()) GTEST_SKIP() << "every compiled-in backend opens on this machine";
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    const std::string run = self + " --gtest_filter=Backends/OpTest.Embedding/" + absent +
-                            " > /dev/null 2>&1";
+    const std::string run =
+        self + " --gtest_filter=Backends/OpTest.Embedding/" + absent + " > /dev/null 2>&1";
     {
         ScopedEnv env("TMX_REQUIRE_BACKENDS", nullptr);
         EXPECT_EQ(std::system(run.c_str()), 0) << absent << ": a skip is no failure";

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
-#include "engine/model/config.h"
 #include "engine/core/errors.h"
+#include "engine/model/config.h"
 #include "engine/report/param_report.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/data/corpus.h"
 #include "engine/core/errors.h"
+#include "engine/data/corpus.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -1,5 +1,5 @@
-// libFuzzer target: the safetensors reader (engine/model/safetensors.h) on arbitrary file bytes: the
-// file is opened and every tensor it lists is read. Anything wrong must be a tmx::Error.
+// libFuzzer target: the safetensors reader (engine/model/safetensors.h) on arbitrary file bytes:
+// the file is opened and every tensor it lists is read. Anything wrong must be a tmx::Error.
 #include <cstdint>
 #include <vector>
 

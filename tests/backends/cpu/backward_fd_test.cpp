@@ -61,7 +61,9 @@ Vec numeric_grad(Vec x, Fn&& L, double h = kFdStep) {
 }
 
 // Exact for values that came from floats (the upstream gradients are drawn as floats).
-std::vector<float> to_float(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
+std::vector<float> to_float(const Vec& v) {
+    return std::vector<float>(v.begin(), v.end());
+}
 
 double dot(const Vec& a, const Vec& b) {
     double s = 0.0;
@@ -72,8 +74,8 @@ double dot(const Vec& a, const Vec& b) {
 // analytic against numeric, relative to max|numeric|, or to `floor` when that is larger (for
 // gradients that can be vanishingly small next to the op's natural scale), or absolute when the
 // gradient is all zero.
-::testing::AssertionResult GradClose(const Vec& analytic, const Vec& numeric,
-                                     double tol = kGradTol, double floor = 0.0) {
+::testing::AssertionResult GradClose(const Vec& analytic, const Vec& numeric, double tol = kGradTol,
+                                     double floor = 0.0) {
     if (analytic.size() != numeric.size())
         return ::testing::AssertionFailure()
                << "size " << analytic.size() << " vs numeric " << numeric.size();
@@ -85,8 +87,7 @@ double dot(const Vec& a, const Vec& b) {
     for (size_t i = 0; i < analytic.size(); ++i) {
         if (!std::isfinite(analytic[i]))
             return ::testing::AssertionFailure()
-                   << "element " << i << " is " << analytic[i] << " (numeric " << numeric[i]
-                   << ")";
+                   << "element " << i << " is " << analytic[i] << " (numeric " << numeric[i] << ")";
         const double err = std::abs(analytic[i] - numeric[i]);
         if (err > worst) {
             worst = err;
@@ -97,8 +98,8 @@ double dot(const Vec& a, const Vec& b) {
     if (rel <= tol) return ::testing::AssertionSuccess();
     std::ostringstream os;
     os << std::setprecision(9) << "relative error " << rel << " > " << tol << "; worst element "
-       << at << ": analytic " << analytic[at] << ", numeric " << numeric[at] << " (scale "
-       << scale << ")";
+       << at << ": analytic " << analytic[at] << ", numeric " << numeric[at] << " (scale " << scale
+       << ")";
     return ::testing::AssertionFailure() << os.str();
 }
 
@@ -137,13 +138,12 @@ std::string dims(std::initializer_list<int64_t> d) {
 }
 
 class BackwardFiniteDiff : public ::testing::Test {
-protected:
-    BackwardFiniteDiff()
-        : seed_(test::fresh_seed()), rng_(seed_), backend_(make_backend("cpu")) {}
+  protected:
+    BackwardFiniteDiff() : seed_(test::fresh_seed()), rng_(seed_), backend_(make_backend("cpu")) {}
 
     std::string trace() const {
-        return "seed " + std::to_string(seed_) + " (replay with TMX_TEST_SEED=" +
-               std::to_string(seed_) + ")";
+        return "seed " + std::to_string(seed_) +
+               " (replay with TMX_TEST_SEED=" + std::to_string(seed_) + ")";
     }
 
     Backend& be() { return *backend_; }
@@ -205,7 +205,9 @@ protected:
 
 using ref::to_double;
 
-const char* mode_name(bool prefill) { return prefill ? "accumulate onto random" : "zero-init"; }
+const char* mode_name(bool prefill) {
+    return prefill ? "accumulate onto random" : "zero-init";
+}
 
 // ---------------------------------------------------------------- embedding, gather_rows
 
@@ -222,9 +224,8 @@ TEST_F(BackwardFiniteDiff, EmbeddingBackward) {
         const Vec G = to_double(normal(N * d));
         Grad d_table = grad({V, d}, prefill);
         be().embedding_backward(up_ids(ids, {N}), up(to_float(G), {N, d}), d_table.t);
-        const Vec num = numeric_grad(to_double(table), [&](const Vec& t) {
-            return dot(G, ref::embedding(t, V, d, ids));
-        });
+        const Vec num = numeric_grad(
+            to_double(table), [&](const Vec& t) { return dot(G, ref::embedding(t, V, d, ids)); });
         EXPECT_TRUE(GradClose(analytic(d_table), num));
     }
 }
@@ -241,9 +242,8 @@ TEST_F(BackwardFiniteDiff, GatherRowsBackward) {
         const Vec G = to_double(normal(S * d));
         Grad d_x = grad({N, d}, prefill);
         be().gather_rows_backward(up_ids(rows, {S}), up(to_float(G), {S, d}), d_x.t);
-        const Vec num = numeric_grad(to_double(x), [&](const Vec& xv) {
-            return dot(G, ref::gather_rows(xv, N, d, rows));
-        });
+        const Vec num = numeric_grad(
+            to_double(x), [&](const Vec& xv) { return dot(G, ref::gather_rows(xv, N, d, rows)); });
         EXPECT_TRUE(GradClose(analytic(d_x), num));
     }
 }
@@ -272,17 +272,20 @@ TEST_F(BackwardFiniteDiff, LayerNormBackward) {
                                up(to_float(G), {N, d}), eps, d_x.t, d_w.t, d_b.t);
             const Vec X = to_double(x), W = to_double(w), Bv = to_double(b);
             const double e = eps;
-            EXPECT_TRUE(GradClose(analytic(d_x), numeric_grad(X, [&](const Vec& v) {
-                                      return dot(G, ref::layernorm(v, N, d, W, Bv, e));
-                                  })))
+            EXPECT_TRUE(GradClose(
+                analytic(d_x),
+                numeric_grad(
+                    X, [&](const Vec& v) { return dot(G, ref::layernorm(v, N, d, W, Bv, e)); })))
                 << "d_x";
-            EXPECT_TRUE(GradClose(analytic(d_w), numeric_grad(W, [&](const Vec& v) {
-                                      return dot(G, ref::layernorm(X, N, d, v, Bv, e));
-                                  })))
+            EXPECT_TRUE(GradClose(
+                analytic(d_w),
+                numeric_grad(
+                    W, [&](const Vec& v) { return dot(G, ref::layernorm(X, N, d, v, Bv, e)); })))
                 << "d_weight";
-            EXPECT_TRUE(GradClose(analytic(d_b), numeric_grad(Bv, [&](const Vec& v) {
-                                      return dot(G, ref::layernorm(X, N, d, W, v, e));
-                                  })))
+            EXPECT_TRUE(GradClose(
+                analytic(d_b),
+                numeric_grad(
+                    Bv, [&](const Vec& v) { return dot(G, ref::layernorm(X, N, d, W, v, e)); })))
                 << "d_bias";
         }
     }
@@ -307,13 +310,13 @@ TEST_F(BackwardFiniteDiff, RmsNormBackward) {
                                up(to_float(G), {N, d}), eps, d_x.t, d_w.t, Tensor{});
             const Vec X = to_double(x), W = to_double(w);
             const double e = eps;
-            EXPECT_TRUE(GradClose(analytic(d_x), numeric_grad(X, [&](const Vec& v) {
-                                      return dot(G, ref::rmsnorm(v, N, d, W, e));
-                                  })))
+            EXPECT_TRUE(GradClose(
+                analytic(d_x),
+                numeric_grad(X, [&](const Vec& v) { return dot(G, ref::rmsnorm(v, N, d, W, e)); })))
                 << "d_x";
-            EXPECT_TRUE(GradClose(analytic(d_w), numeric_grad(W, [&](const Vec& v) {
-                                      return dot(G, ref::rmsnorm(X, N, d, v, e));
-                                  })))
+            EXPECT_TRUE(GradClose(
+                analytic(d_w),
+                numeric_grad(W, [&](const Vec& v) { return dot(G, ref::rmsnorm(X, N, d, v, e)); })))
                 << "d_weight";
         }
     }
@@ -356,8 +359,7 @@ TEST_F(BackwardFiniteDiff, MatmulLinearBackward) {
             auto x = normal(M * K), w = normal(N * K), b = normal(N);
             const Vec G = to_double(normal(M * N));
             Tensor tx = up(x, {M, K}), tw = up(w, {N, K}), tg = up(to_float(G), {M, N});
-            Grad d_x = grad({M, K}, prefill), d_w = grad({N, K}, prefill),
-                 d_b = grad({N}, prefill);
+            Grad d_x = grad({M, K}, prefill), d_w = grad({N, K}, prefill), d_b = grad({N}, prefill);
             be().matmul(tg, tw, d_x.t, {.accumulate = true});
             be().matmul(tg, tx, d_w.t, {.trans_a = true, .accumulate = true});
             be().bias_backward(tg, d_b.t);
@@ -387,8 +389,7 @@ TEST_F(BackwardFiniteDiff, RopeInverseIsBackward) {
         double theta;
     };
     for (Case c : {Case{7, 2, 6, 10000.0}, Case{5, 3, 8, 100.0}, Case{1, 1, 2, 10000.0}}) {
-        SCOPED_TRACE("N,H,hd = " + dims({c.N, c.H, c.hd}) + ", theta " +
-                     std::to_string(c.theta));
+        SCOPED_TRACE("N,H,hd = " + dims({c.N, c.H, c.hd}) + ", theta " + std::to_string(c.theta));
         const int64_t N = c.N, H = c.H, hd = c.hd;
         auto x = normal(N * H * hd);
         Ids pos = ints(N, 0, 600);
@@ -419,16 +420,16 @@ TEST_F(BackwardFiniteDiff, AttentionBackward) {
     struct Case {
         int64_t B, T, H, Hkv, hd, window;
     };
-    for (Case c : {Case{1, 6, 2, 2, 4, 0},    // full causal
-                   Case{1, 6, 2, 2, 4, 3},    // window < T
-                   Case{1, 5, 4, 2, 3, 0},    // GQA group 2
-                   Case{2, 5, 4, 2, 4, 2},    // B = 2, GQA, window
-                   Case{2, 4, 2, 1, 4, 9},    // window > T: same as unlimited
-                   Case{2, 1, 2, 1, 4, 0},    // T = 1: out = v
+    for (Case c : {Case{1, 6, 2, 2, 4, 0},     // full causal
+                   Case{1, 6, 2, 2, 4, 3},     // window < T
+                   Case{1, 5, 4, 2, 3, 0},     // GQA group 2
+                   Case{2, 5, 4, 2, 4, 2},     // B = 2, GQA, window
+                   Case{2, 4, 2, 1, 4, 9},     // window > T: same as unlimited
+                   Case{2, 1, 2, 1, 4, 0},     // T = 1: out = v
                    Case{1, 6, 2, 1, 4, 1}}) {  // window 1: each query sees itself only
         for (bool prefill : {false, true}) {
-            SCOPED_TRACE("B,T,H,Hkv,hd,window = " +
-                         dims({c.B, c.T, c.H, c.Hkv, c.hd, c.window}) + ", " + mode_name(prefill));
+            SCOPED_TRACE("B,T,H,Hkv,hd,window = " + dims({c.B, c.T, c.H, c.Hkv, c.hd, c.window}) +
+                         ", " + mode_name(prefill));
             const int64_t B = c.B, T = c.T, H = c.H, Hkv = c.Hkv, hd = c.hd, W = c.window;
             auto q = normal(B * T * H * hd), k = normal(B * T * Hkv * hd),
                  v = normal(B * T * Hkv * hd);
@@ -436,23 +437,20 @@ TEST_F(BackwardFiniteDiff, AttentionBackward) {
             Grad d_q = grad({B, T, H, hd}, prefill), d_k = grad({B, T, Hkv, hd}, prefill),
                  d_v = grad({B, T, Hkv, hd}, prefill);
             be().attention_backward(up(q, {B, T, H, hd}), up(k, {B, T, Hkv, hd}),
-                                    up(v, {B, T, Hkv, hd}), up(to_float(G), {B, T, H, hd}),
-                                    d_q.t, d_k.t, d_v.t, W);
+                                    up(v, {B, T, Hkv, hd}), up(to_float(G), {B, T, H, hd}), d_q.t,
+                                    d_k.t, d_v.t, W);
             const Vec Q = to_double(q), K = to_double(k), Vv = to_double(v);
             auto f = [&](const Vec& qv, const Vec& kv, const Vec& vv) {
                 return dot(G, ref::attention(qv, kv, vv, B, T, H, Hkv, hd, W));
             };
-            EXPECT_TRUE(GradClose(analytic(d_q), numeric_grad(Q, [&](const Vec& x) {
-                                      return f(x, K, Vv);
-                                  })))
+            EXPECT_TRUE(GradClose(analytic(d_q),
+                                  numeric_grad(Q, [&](const Vec& x) { return f(x, K, Vv); })))
                 << "d_q";
-            EXPECT_TRUE(GradClose(analytic(d_k), numeric_grad(K, [&](const Vec& x) {
-                                      return f(Q, x, Vv);
-                                  })))
+            EXPECT_TRUE(GradClose(analytic(d_k),
+                                  numeric_grad(K, [&](const Vec& x) { return f(Q, x, Vv); })))
                 << "d_k";
-            EXPECT_TRUE(GradClose(analytic(d_v), numeric_grad(Vv, [&](const Vec& x) {
-                                      return f(Q, K, x);
-                                  })))
+            EXPECT_TRUE(GradClose(analytic(d_v),
+                                  numeric_grad(Vv, [&](const Vec& x) { return f(Q, K, x); })))
                 << "d_v";
         }
     }
@@ -499,12 +497,12 @@ TEST_F(BackwardFiniteDiff, RouterBackward) {
         float aux_weight;
         bool zero_d_gates;  // isolates the aux path
     };
-    for (Case c : {Case{6, 5, 2, 0.0f, false},  // gate softmax only
-                   Case{6, 5, 2, 0.25f, false}, // both paths
-                   Case{7, 4, 2, 0.1f, true},   // aux path only
-                   Case{7, 4, 1, 0.0f, false},  // k = 1: gates are 1, no gradient
-                   Case{7, 4, 1, 0.3f, false},  // k = 1 with aux
-                   Case{3, 4, 4, 0.2f, false},  // k = E
+    for (Case c : {Case{6, 5, 2, 0.0f, false},   // gate softmax only
+                   Case{6, 5, 2, 0.25f, false},  // both paths
+                   Case{7, 4, 2, 0.1f, true},    // aux path only
+                   Case{7, 4, 1, 0.0f, false},   // k = 1: gates are 1, no gradient
+                   Case{7, 4, 1, 0.3f, false},   // k = 1 with aux
+                   Case{3, 4, 4, 0.2f, false},   // k = E
                    Case{1, 3, 2, 0.5f, false}}) {
         for (bool prefill : {false, true}) {
             SCOPED_TRACE("N,E,k = " + dims({c.N, c.E, c.k}) + ", aux_weight " +
@@ -523,8 +521,8 @@ TEST_F(BackwardFiniteDiff, RouterBackward) {
             ASSERT_NEAR(aux_fixed_f(L0, N, E, idx, k), ref::router_aux_loss(L0, N, E, idx, k),
                         1e-12);
 
-            const Vec dG = c.zero_d_gates ? Vec(static_cast<size_t>(N * k), 0.0)
-                                          : to_double(normal(N * k));
+            const Vec dG =
+                c.zero_d_gates ? Vec(static_cast<size_t>(N * k), 0.0) : to_double(normal(N * k));
             Grad d_logits = grad({N, E}, prefill);
             be().router_backward(tl, tidx, tgates, up(to_float(dG), {N, k}), c.aux_weight,
                                  d_logits.t);
@@ -550,8 +548,8 @@ TEST_F(BackwardFiniteDiff, GroupedMatmulBackward) {
         bool with_bias;
     };
     // Experts 1 and 4 have no rows (a middle one and the last): their gradients stay zero.
-    for (const Case& c : {Case{{2, 0, 3, 2, 0}, true}, Case{{0, 4, 1}, false},
-                          Case{{1, 1, 1, 1}, true}}) {
+    for (const Case& c :
+         {Case{{2, 0, 3, 2, 0}, true}, Case{{0, 4, 1}, false}, Case{{1, 1, 1, 1}, true}}) {
         for (bool prefill : {false, true}) {
             const int64_t E = static_cast<int64_t>(c.counts.size()), K = 5, Nout = 3;
             Ids offsets(static_cast<size_t>(E + 1), 0);
@@ -575,14 +573,12 @@ TEST_F(BackwardFiniteDiff, GroupedMatmulBackward) {
                                   numeric_grad(X, [&](const Vec& v) { return f(v, Wv, Bv); })))
                 << "d_x";
             const Vec gw = analytic(d_w);
-            EXPECT_TRUE(GradClose(gw,
-                                  numeric_grad(Wv, [&](const Vec& v) { return f(X, v, Bv); })))
+            EXPECT_TRUE(GradClose(gw, numeric_grad(Wv, [&](const Vec& v) { return f(X, v, Bv); })))
                 << "d_w";
             const Vec gb = analytic(d_b);
             if (c.with_bias) {
-                EXPECT_TRUE(GradClose(gb, numeric_grad(Bv, [&](const Vec& v) {
-                                          return f(X, Wv, v);
-                                      })))
+                EXPECT_TRUE(
+                    GradClose(gb, numeric_grad(Bv, [&](const Vec& v) { return f(X, Wv, v); })))
                     << "d_bias";
             }
             // An expert without rows gets exactly zero gradient (its slice is left untouched).
@@ -606,8 +602,7 @@ TEST_F(BackwardFiniteDiff, MoeCombineBackward) {
         for (bool prefill : {false, true}) {
             SCOPED_TRACE("N,E,k,d = " + dims({c.N, c.E, c.k, c.d}) + ", " + mode_name(prefill));
             const int64_t N = c.N, E = c.E, k = c.k, d = c.d;
-            const Ids indices =
-                ref::router_topk(to_double(normal(N * E)), N, E, k).indices;
+            const Ids indices = ref::router_topk(to_double(normal(N * E)), N, E, k).indices;
             const Ids slot_of = ref::moe_group(indices, N, k, E).slot_of;
             auto y = normal(N * k * d), g = normal(N * k);
             const Vec G = to_double(normal(N * d));
@@ -618,11 +613,11 @@ TEST_F(BackwardFiniteDiff, MoeCombineBackward) {
             auto f = [&](const Vec& yv, const Vec& gv) {
                 return dot(G, ref::moe_combine(yv, slot_of, gv, N, k, d, zeros));
             };
-            EXPECT_TRUE(GradClose(analytic(d_y),
-                                  numeric_grad(Y, [&](const Vec& v) { return f(v, Gt); })))
+            EXPECT_TRUE(
+                GradClose(analytic(d_y), numeric_grad(Y, [&](const Vec& v) { return f(v, Gt); })))
                 << "d_expert_out";
-            EXPECT_TRUE(GradClose(analytic(d_g),
-                                  numeric_grad(Gt, [&](const Vec& v) { return f(Y, v); })))
+            EXPECT_TRUE(
+                GradClose(analytic(d_g), numeric_grad(Gt, [&](const Vec& v) { return f(Y, v); })))
                 << "d_gates";
         }
     }
@@ -650,9 +645,8 @@ TEST_F(BackwardFiniteDiff, ActivationBackward) {
             const Vec G = to_double(normal(n));
             Grad d_x = grad({n}, prefill);
             be().activation_backward(a.act, up(x, {n}), up(to_float(G), {n}), d_x.t);
-            const Vec num = numeric_grad(to_double(x), [&](const Vec& xv) {
-                return dot(G, ref::activation(a.act, xv));
-            });
+            const Vec num = numeric_grad(
+                to_double(x), [&](const Vec& xv) { return dot(G, ref::activation(a.act, xv)); });
             EXPECT_TRUE(GradClose(analytic(d_x), num));
         }
     }
@@ -668,16 +662,15 @@ TEST_F(BackwardFiniteDiff, SwigluBackward) {
         gate[1] = -8.0f;
         const Vec G = to_double(normal(n));
         Grad d_gate = grad({n}, prefill), d_up = grad({n}, prefill);
-        be().swiglu_backward(up(gate, {n}), up(upv, {n}), up(to_float(G), {n}), d_gate.t,
-                             d_up.t);
+        be().swiglu_backward(up(gate, {n}), up(upv, {n}), up(to_float(G), {n}), d_gate.t, d_up.t);
         const Vec Gt = to_double(gate), U = to_double(upv);
-        EXPECT_TRUE(GradClose(analytic(d_gate), numeric_grad(Gt, [&](const Vec& v) {
-                                  return dot(G, ref::swiglu(v, U));
-                              })))
+        EXPECT_TRUE(
+            GradClose(analytic(d_gate),
+                      numeric_grad(Gt, [&](const Vec& v) { return dot(G, ref::swiglu(v, U)); })))
             << "d_gate";
-        EXPECT_TRUE(GradClose(analytic(d_up), numeric_grad(U, [&](const Vec& v) {
-                                  return dot(G, ref::swiglu(Gt, v));
-                              })))
+        EXPECT_TRUE(
+            GradClose(analytic(d_up),
+                      numeric_grad(U, [&](const Vec& v) { return dot(G, ref::swiglu(Gt, v)); })))
             << "d_up";
     }
 }
@@ -817,7 +810,8 @@ TEST_F(BackwardFiniteDiff, AdamWMatchesPyTorchFormula) {
             const Backend::AdamWParams hp{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, t};
             Backend::AdamWParams no_decay = hp;
             no_decay.weight_decay = 0.0f;
-            for (const auto& [begin, end, params] : {std::tuple{int64_t{0}, k, hp}, {k, n, no_decay}})
+            for (const auto& [begin, end, params] :
+                 {std::tuple{int64_t{0}, k, hp}, {k, n, no_decay}})
                 be().adamw(part(tp, begin, end), part(tg, begin, end), part(tm, begin, end),
                            part(tv, begin, end), params);
             want.step(to_double(g), mask, hp);

@@ -1,6 +1,5 @@
 // The CPU backend's memory capacity: physical memory, lowered to a container's cgroup limit.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include "backends/cpu/cpu_backend.h"

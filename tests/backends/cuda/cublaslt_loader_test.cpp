@@ -2,8 +2,10 @@
 // (backends/cuda/cublaslt_loader.cpp). No GPU needed.
 #ifdef TMX_HAS_CUDA
 
-#include <gtest/gtest.h>
+#include "backends/cuda/cublaslt_loader.h"
+
 #include <cublasLt.h>
+#include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/cublaslt_loader.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {

@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
-#include "engine/model/checkpoint.h"
-#include "engine/infer/generator.h"
-#include "engine/model/kv_cache.h"
-#include "engine/model/model.h"
 #include "engine/data/token_shards.h"
 #include "engine/data/tokenizer.h"
+#include "engine/infer/generator.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
 #include "engine/train/trainer.h"
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/model_scenarios.h"

@@ -77,8 +77,10 @@ class VulkanFp16 : public VulkanTest {
         const MatmulOptions o{.trans_a = ta, .trans_b = tb, .accumulate = true};
         auto run = [&](Backend& be, const std::vector<float>& w) {
             Tensor out = up(be, init, {M, N});
-            if (linear) be.linear(up(be, a, sa), up(be, w, sb), up(be, bias, {N}), out, true);
-            else be.matmul(up(be, a, sa), up(be, w, sb), out, o, up(be, bias, {N}));
+            if (linear)
+                be.linear(up(be, a, sa), up(be, w, sb), up(be, bias, {N}), out, true);
+            else
+                be.matmul(up(be, a, sa), up(be, w, sb), out, o, up(be, bias, {N}));
             return down(be, out);
         };
         return {run(vk(), b), run(cpu(), b), run(cpu(), rounded(b))};
@@ -116,8 +118,8 @@ TEST_F(VulkanFp16, ConversionRoundsToNearestEvenAndClamps) {
     for (int64_t M : {1, 5}) {
         SCOPED_TRACE("M " + std::to_string(M));
         Tensor out = vk().alloc({M, N});
-        vk().linear(up(vk(), std::vector<float>(M, 1.0f), {M, 1}), up(vk(), w, {N, 1}),
-                    Tensor{}, out);
+        vk().linear(up(vk(), std::vector<float>(M, 1.0f), {M, 1}), up(vk(), w, {N, 1}), Tensor{},
+                    out);
         const auto got = down(vk(), out);
         for (int64_t m = 0; m < M; ++m)
             for (int64_t n = 0; n < N; ++n) {
@@ -143,8 +145,9 @@ TEST_F(VulkanFp16, MatmulDecodeAndTiledShapes) {
             const bool linear = form == 4, ta = (form & 1) != 0, tb = (form & 2) != 0;
             SCOPED_TRACE("M,N,K " + std::to_string(c.M) + "," + std::to_string(c.N) + "," +
                          std::to_string(c.K) +
-                         (linear ? " linear" : " matmul ta " + std::to_string(ta) + " tb " +
-                                                   std::to_string(tb)));
+                         (linear
+                              ? " linear"
+                              : " matmul ta " + std::to_string(ta) + " tb " + std::to_string(tb)));
             const Results r = matmul_all(c.M, c.N, c.K, ta, tb, linear);
             if (linear) {  // a linear layer: fp16 weights
                 EXPECT_TRUE(Close(r.vk, r.cpu_rounded, reduction_tol(c.K)));
@@ -199,9 +202,11 @@ TEST_F(VulkanFp16, GroupedMatmulDecodeAndTiled) {
 TEST_F(VulkanFp16, ModelForwardAndCachedDecodingMatchCpu) {
     for (const char* name : {"test-tiny", "test-tiny-swiglu", "test-tiny-dense"})
         for (bool fp16_valued : {true, false}) {
-            SCOPED_TRACE(std::string(name) + (fp16_valued ? ", fp16-valued weights" : ", fp32 weights"));
+            SCOPED_TRACE(std::string(name) +
+                         (fp16_valued ? ", fp16-valued weights" : ", fp32 weights"));
             const double tol = fp16_valued ? 1e-4 : 10 * kU;
-            const ModelConfig config = load_config(source_dir() + "/assets/configs/" + name + ".json");
+            const ModelConfig config =
+                load_config(source_dir() + "/assets/configs/" + name + ".json");
             Model on_cpu(config, cpu()), on_vk(config, vk());
             on_cpu.init_random(7);
             std::vector<float> params = on_cpu.params_to_host();
@@ -303,8 +308,7 @@ TEST_F(VulkanFp16, AWeightAndItsPartsShareOneCopy) {
             const std::vector<float> part(weights.begin() + first_row * K,
                                           weights.begin() + (first_row + rows) * K);
             Tensor want = cpu().alloc({M, rows});
-            cpu().linear(up(cpu(), a, {M, K}), up(cpu(), rounded(part), {rows, K}), Tensor{},
-                         want);
+            cpu().linear(up(cpu(), a, {M, K}), up(cpu(), rounded(part), {rows, K}), Tensor{}, want);
             EXPECT_TRUE(Close(down(vk(), out), down(cpu(), want), reduction_tol(K)))
                 << "rows " << first_row << " .. " << first_row + rows;
             return took;

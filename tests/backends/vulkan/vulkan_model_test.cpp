@@ -5,12 +5,12 @@
 // fp32 summation orders, are the same run to run.
 #ifdef TMX_HAS_VULKAN
 
-#include "engine/model/checkpoint.h"
-#include "engine/infer/generator.h"
-#include "engine/model/kv_cache.h"
-#include "engine/model/model.h"
 #include "engine/core/threads.h"
 #include "engine/data/tokenizer.h"
+#include "engine/infer/generator.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
 #include "tests/backends/vulkan/vulkan_fixture.h"
 #include "tests/model_scenarios.h"
 

@@ -54,8 +54,7 @@ TEST_F(VulkanOps, MatrixVectorPathsAtEveryAlignment) {
             for (int64_t a_off : {0, 1, 2, 4})
                 for (int64_t b_off : {0, 3, 4}) {
                     SCOPED_TRACE("K " + std::to_string(K) + " M " + std::to_string(M) +
-                                 " offsets " + std::to_string(a_off) + "," +
-                                 std::to_string(b_off));
+                                 " offsets " + std::to_string(a_off) + "," + std::to_string(b_off));
                     const int64_t N = 37;
                     auto a = normal(a_off + M * K), b = normal(b_off + N * K);
                     std::vector<float> results[2];
@@ -102,12 +101,12 @@ TEST_F(VulkanOps, GroupedMatmulDecodeAndSkewedRouting) {
         std::vector<int32_t> counts;
     };
     const Case cases[] = {
-        {64, 130, {0, 1, 0, 0, 0, 1, 0, 0}},  // one token, top-2
-        {33, 17, {0, 0, 1}},                  // one token, top-1, last expert
-        {65, 33, {8, 0, 0, 0}},               // matrix-vector path, one expert has all
-        {64, 33, {2, 3, 1, 2, 0, 4, 2, 2}},   // eight tokens, top-2: matrix-vector
-        {65, 33, {0, 0, 32, 0}},              // matrix-vector path, 32 slots in one expert
-        {65, 33, {0, 0, 33, 0}},              // tiled path, one expert has all
+        {64, 130, {0, 1, 0, 0, 0, 1, 0, 0}},      // one token, top-2
+        {33, 17, {0, 0, 1}},                      // one token, top-1, last expert
+        {65, 33, {8, 0, 0, 0}},                   // matrix-vector path, one expert has all
+        {64, 33, {2, 3, 1, 2, 0, 4, 2, 2}},       // eight tokens, top-2: matrix-vector
+        {65, 33, {0, 0, 32, 0}},                  // matrix-vector path, 32 slots in one expert
+        {65, 33, {0, 0, 33, 0}},                  // tiled path, one expert has all
         {129, 70, {0, 100, 3, 0, 64, 65, 0, 1}},  // skinny tiles (few slots per expert)
         {40, 70, {150, 0, 131, 20}},              // 64-row tiles
     };

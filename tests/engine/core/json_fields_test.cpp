@@ -1,14 +1,14 @@
 // The one JSON field reader: each getter takes what its type allows and nothing else, and every
 // error names the source, the field, what was expected and what was found.
+#include "engine/core/json_fields.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "engine/core/errors.h"
-#include "engine/core/json_fields.h"
 #include "engine/core/rng.h"
 #include "tests/test_util.h"
 

@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "engine/core/errors.h"
-#include "engine/data/dataset.h"
-#include "engine/data/prepare.h"
 #include "engine/core/file_io.h"
 #include "engine/core/rng.h"
-#include "tests/test_util.h"
 #include "engine/core/sha256.h"
+#include "engine/data/dataset.h"
+#include "engine/data/prepare.h"
+#include "tests/test_util.h"
 
 namespace tmx {
 namespace {

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/data/corpus.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/rng.h"
+#include "engine/data/corpus.h"
 #include "tests/test_util.h"
 
 namespace tmx {

@@ -1,13 +1,12 @@
 // Generation: cached decoding against recomputing the whole sequence, batches against single
 // prompts, and the cache's fixed memory (DESIGN.md section 4).
-#include "engine/infer/generator.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "backends/registry.h"
+#include "engine/infer/generator.h"
 #include "engine/model/kv_cache.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"
@@ -85,8 +84,7 @@ void expect_batch_matches_alone(const GenerationOptions& o, uint64_t seed) {
         const std::vector<int32_t>& want = alone.results[0].ids;
         const size_t common = std::min(got.size(), want.size());
         for (size_t i = 0; i < common; ++i) {
-            ASSERT_LT(relative_error(batch.logits[b][i], alone.logits[0][i]), 2e-5)
-                << "step " << i;
+            ASSERT_LT(relative_error(batch.logits[b][i], alone.logits[0][i]), 2e-5) << "step " << i;
             if (got[i] != want[i]) {
                 // Only a near-tie may flip a choice; after it the sequences differ.
                 EXPECT_TRUE(near_tie(alone.logits[0][i], 1e-4)) << "step " << i;
@@ -115,8 +113,8 @@ TEST(BatchedGeneration, SamplingWithASeedGivesWhatEachPromptGivesAlone) {
     GenerationOptions o;
     o.max_new_tokens = 30;
     o.seed = seed;
-    o.sampling = {.repetition_penalty = 1.3, .temperature = 1.0, .top_k = 0, .top_p = 0.9,
-                  .min_p = 0.02};
+    o.sampling = {
+        .repetition_penalty = 1.3, .temperature = 1.0, .top_k = 0, .top_p = 0.9, .min_p = 0.02};
     o.prefill_chunk = 3;
     expect_batch_matches_alone(o, seed);
 }

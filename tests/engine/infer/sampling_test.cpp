@@ -50,7 +50,8 @@ std::vector<double> reference_distribution(const std::vector<float>& logits,
     for (double cum = 0.0; n < V && (n == 0 || cum < o.top_p); ++n) cum += p[order[n]];
     keep_first(n);
     const double threshold = o.min_p * p[order[0]];
-    keep_first(std::count_if(p.begin(), p.end(), [&](double x) { return x > 0 && x >= threshold; }));
+    keep_first(
+        std::count_if(p.begin(), p.end(), [&](double x) { return x > 0 && x >= threshold; }));
     return p;
 }
 
@@ -60,12 +61,18 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"temperature", {.repetition_penalty = 1.0, .temperature = 0.7, .top_k = 0, .top_p = 1.0, .min_p = 0.0}},
-    {"top_k", {.repetition_penalty = 1.0, .temperature = 1.0, .top_k = 5, .top_p = 1.0, .min_p = 0.0}},
-    {"top_p", {.repetition_penalty = 1.0, .temperature = 1.3, .top_k = 0, .top_p = 0.6, .min_p = 0.0}},
-    {"min_p", {.repetition_penalty = 1.0, .temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.2}},
-    {"penalty", {.repetition_penalty = 1.8, .temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0}},
-    {"all", {.repetition_penalty = 1.4, .temperature = 0.8, .top_k = 8, .top_p = 0.85, .min_p = 0.05}},
+    {"temperature",
+     {.repetition_penalty = 1.0, .temperature = 0.7, .top_k = 0, .top_p = 1.0, .min_p = 0.0}},
+    {"top_k",
+     {.repetition_penalty = 1.0, .temperature = 1.0, .top_k = 5, .top_p = 1.0, .min_p = 0.0}},
+    {"top_p",
+     {.repetition_penalty = 1.0, .temperature = 1.3, .top_k = 0, .top_p = 0.6, .min_p = 0.0}},
+    {"min_p",
+     {.repetition_penalty = 1.0, .temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.2}},
+    {"penalty",
+     {.repetition_penalty = 1.8, .temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0}},
+    {"all",
+     {.repetition_penalty = 1.4, .temperature = 0.8, .top_k = 8, .top_p = 0.85, .min_p = 0.05}},
 };
 
 // Over many draws, each token's frequency is within 5 standard errors of its probability
@@ -129,8 +136,8 @@ TEST(Sampling, TruncationsKeepWhatTheyShould) {
 
 TEST(Sampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
     const std::vector<float> logits = {2.0f, -1.0f, 0.5f};
-    SamplingOptions o{.repetition_penalty = 2.0, .temperature = 1.0, .top_k = 0, .top_p = 1.0,
-                      .min_p = 0.0};
+    SamplingOptions o{
+        .repetition_penalty = 2.0, .temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0};
     const std::vector<double> p = sampling_distribution(logits.data(), 3, o, {0, 1, 1});
     const double z = std::exp(1.0) + std::exp(-2.0) + std::exp(0.5);
     EXPECT_NEAR(p[0], std::exp(1.0) / z, 1e-12);
@@ -178,9 +185,10 @@ TEST(Sampling, DegenerateSettingsBehave) {
     extreme[3] = 3e38f;
     extreme[4] = -3e38f;
     extreme[5] = 3e38f;  // tie with 3
-    for (SamplingOptions s : {SamplingOptions{.temperature = 1e30, .top_k = 0, .top_p = 1.0, .min_p = 0.0},
-                              SamplingOptions{.temperature = 1e-3, .top_k = 0, .top_p = 0.5, .min_p = 0.1},
-                              SamplingOptions{.repetition_penalty = 1e10, .temperature = 2.0}}) {
+    for (SamplingOptions s :
+         {SamplingOptions{.temperature = 1e30, .top_k = 0, .top_p = 1.0, .min_p = 0.0},
+          SamplingOptions{.temperature = 1e-3, .top_k = 0, .top_p = 0.5, .min_p = 0.1},
+          SamplingOptions{.repetition_penalty = 1e10, .temperature = 2.0}}) {
         const std::vector<double> p = sampling_distribution(extreme.data(), V, s, {3, 4});
         double sum = 0.0;
         for (double x : p) {

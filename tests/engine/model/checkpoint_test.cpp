@@ -53,13 +53,14 @@ void rewrite_tensors(const std::string& dir,
     auto m = load_model(dir, *be);
     std::vector<float> host = m->params_to_host();
     std::vector<HostTensorRef> refs;
-    for (const auto& s : m->layout().specs) refs.push_back({s.name, s.shape, host.data() + s.offset});
+    for (const auto& s : m->layout().specs)
+        refs.push_back({s.name, s.shape, host.data() + s.offset});
     edit(refs);
     write_file_atomic(dir + "/model.safetensors", encode_safetensors(refs, StorageType::F32));
 }
 
 class CheckpointTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         seed = test::fresh_seed();
         dir = tmp / "ckpt";
@@ -113,7 +114,8 @@ TEST(Bf16, ConversionRoundsToNearestEven) {
 TEST_F(CheckpointTest, MissingTensorIsNamed) {
     save_random(*make_backend("cpu"), dir, seed);
     rewrite_tensors(dir, [](auto& refs) {
-        std::erase_if(refs, [](auto& r) { return r.name == "model.layers.1.self_attn.v_proj.weight"; });
+        std::erase_if(refs,
+                      [](auto& r) { return r.name == "model.layers.1.self_attn.v_proj.weight"; });
     });
     std::string e = load_error(dir);
     EXPECT_NE(e.find("missing tensor 'model.layers.1.self_attn.v_proj.weight'"), std::string::npos)
@@ -137,7 +139,8 @@ TEST_F(CheckpointTest, MisShapedTensorIsNamedWithBothShapes) {
     });
     std::string e = load_error(dir);
     EXPECT_NE(e.find("'model.layers.0.self_attn.q_proj.weight' has shape [16, 64]"),
-              std::string::npos) << e;
+              std::string::npos)
+        << e;
     EXPECT_NE(e.find("[32, 32]"), std::string::npos) << e;
 }
 

@@ -48,11 +48,20 @@ TEST(Config, EmptyObjectTakesTheDesignDefaults) {
 }
 
 TEST(Config, RoundTripsThroughJson) {
-    json j = {{"vocab_size", 300}, {"d_model", 48},       {"n_layers", 3},
-              {"n_heads", 6},      {"n_kv_heads", 3},     {"head_dim", 10},
-              {"ffn_type", "swiglu"}, {"activation", "relu2"}, {"norm_type", "rmsnorm"},
-              {"n_experts", 4},    {"top_k", 3},          {"sliding_window", 0},
-              {"tie_embeddings", true}, {"norm_eps", 1e-6}};
+    json j = {{"vocab_size", 300},
+              {"d_model", 48},
+              {"n_layers", 3},
+              {"n_heads", 6},
+              {"n_kv_heads", 3},
+              {"head_dim", 10},
+              {"ffn_type", "swiglu"},
+              {"activation", "relu2"},
+              {"norm_type", "rmsnorm"},
+              {"n_experts", 4},
+              {"top_k", 3},
+              {"sliding_window", 0},
+              {"tie_embeddings", true},
+              {"norm_eps", 1e-6}};
     ModelConfig c = config_from_json(j, "cfg.json");
     ModelConfig back = config_from_json(config_to_json(c), "again");
     EXPECT_EQ(config_to_json(back), config_to_json(c));

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/file_io.h"
+#include "engine/model/checkpoint.h"
 #include "engine/model/safetensors.h"
 #include "engine/train/trainer.h"
 #include "tests/test_util.h"
@@ -71,8 +71,10 @@ TEST_P(GradsVsTorch, EveryParameterGradientMatchesFp64) {
         SCOPED_TRACE(s.name);
         std::vector<float> want(static_cast<size_t>(s.numel()), 0.0f);
         // PyTorch leaves the gradient of an expert that received no token as None: zero here.
-        if (ref.entries().count(s.name)) ref.read_f32(s.name, want.data());
-        else EXPECT_NE(s.name.find(".experts."), std::string::npos) << "missing in the fixture";
+        if (ref.entries().count(s.name))
+            ref.read_f32(s.name, want.data());
+        else
+            EXPECT_NE(s.name.find(".experts."), std::string::npos) << "missing in the fixture";
         TensorError e = compare(grads.data() + s.offset, want);
         // fp32 against fp64: errors sit near 1e-7 of the largest gradient; allow 1e-4 of the
         // tensor's own scale plus 1e-5 of the model's, which any wrong term exceeds by far.
@@ -96,7 +98,11 @@ TEST(AdamWVsTorch, OneStepFromZeroStateMatchesFp64) {
     const std::vector<float> before = model->params_to_host();
     // The trainer's step: decay on the layout's decayed tensors only (PyTorch's param groups).
     adamw_step(*model, m, v,
-               {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+               {.lr = 1e-3f,
+                .beta1 = 0.9f,
+                .beta2 = 0.95f,
+                .eps = 1e-8f,
+                .weight_decay = 0.1f,
                 .step = 1});
     const std::vector<float> after = model->params_to_host();
     std::vector<float> grads(static_cast<size_t>(P));

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/file_io.h"
+#include "engine/model/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace tmx {

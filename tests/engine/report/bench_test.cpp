@@ -1,11 +1,13 @@
-// run_bench (engine/report/bench.h) with CPU backends standing in for GPUs, so that these run without
-// one:
+// run_bench (engine/report/bench.h) with CPU backends standing in for GPUs, so that these run
+// without one:
 // - precision: each backend measures in --precision, else in its own default (bf16 on CUDA),
 //   and is checked against the CPU's results in that same precision. A CPU backend whose default
 //   is bf16 stands in for CUDA: its results equal the CPU's in bf16 (the same code) and would
 //   miss the CPU's fp32 ones by bf16 rounding.
 // - an op a backend cannot run at its shape (a Vulkan device that cannot bind --gemm's
 //   operands) is reported as skipped, with the reason, and the rest of the bench goes on.
+#include "engine/report/bench.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/report/bench.h"
 #include "engine/core/errors.h"
 #include "tests/model_scenarios.h"
 
@@ -21,28 +22,31 @@ namespace tmx {
 namespace {
 
 class Bf16DefaultCpu : public CpuBackend {
-public:
+  public:
     std::string name() const override { return "cpu-bf16"; }
     Precision default_precision() const override { return Precision::BF16; }
     // A published peak, as CUDA gives for the GPUs it knows (a different one per precision).
-    double spec_peak_tflops(Precision p) const override { return p == Precision::BF16 ? 2e-3 : 1e-3; }
+    double spec_peak_tflops(Precision p) const override {
+        return p == Precision::BF16 ? 2e-3 : 1e-3;
+    }
 };
 
 // Refuses square matmuls of `refused` rows, as a device refuses operands it cannot bind.
 class CpuWithoutLargeMatmuls : public CpuBackend {
-public:
+  public:
     explicit CpuWithoutLargeMatmuls(int64_t refused) : refused_(refused) {}
     std::string name() const override { return "cpu-small"; }
 
-protected:
+  protected:
     void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                      const Tensor& bias) override {
         if (a.dim(0) == refused_ && a.dim(1) == refused_)
-            throw Error("matmul: operands of " + std::to_string(refused_) + " rows exceed this device");
+            throw Error("matmul: operands of " + std::to_string(refused_) +
+                        " rows exceed this device");
         CpuBackend::matmul_impl(a, b, out, opts, bias);
     }
 
-private:
+  private:
     int64_t refused_;
 };
 
@@ -135,8 +139,9 @@ TEST(BenchOps, AnOpABackendCannotRunIsSkippedWithItsReasonAndTheRestIsMeasured) 
     EXPECT_EQ(gemm.ms, 0.0);
     EXPECT_EQ(std::count_if(progress.begin(), progress.end(),
                             [](const std::string& p) {
-                                return p == "cpu-small: gemm (fp32) skipped: matmul: operands of "
-                                            "9 rows exceed this device";
+                                return p ==
+                                       "cpu-small: gemm (fp32) skipped: matmul: operands of "
+                                       "9 rows exceed this device";
                             }),
               1);
     for (size_t i = 0; i + 1 < small.ops.size(); ++i) {

@@ -1,7 +1,6 @@
 #include "engine/train/trainer.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -12,9 +11,9 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
-#include "engine/model/checkpoint.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/model/checkpoint.h"
 #include "engine/train/metrics_plot.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"
@@ -545,7 +544,6 @@ TEST(Trainer, AMissingOrMistypedTrainerStateFieldIsAnErrorNamingFileAndField) {
                   "arrays of integers >= 0, got 3");
 }
 
-
 // Resuming from optimizer moments that hold NaN or infinity would make every weight NaN at the
 // first step: an error naming the file and the tensor, as for weights. The same checkpoint,
 // restored, resumes.
@@ -648,8 +646,13 @@ TEST(AdamWStep, DecaysExactlyTheTensorsTheLayoutMarks) {
     std::vector<float> m0 = test::random_normal(rng, n, 0.1), v0 = test::random_normal(rng, n);
     for (float& x : v0) x *= x;
     be->upload(model.grads(), g.data());
-    const Backend::AdamWParams hp{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                  .weight_decay = 0.5f, .step = 3, .grad_scale = 0.7f};
+    const Backend::AdamWParams hp{.lr = 1e-2f,
+                                  .beta1 = 0.9f,
+                                  .beta2 = 0.95f,
+                                  .eps = 1e-8f,
+                                  .weight_decay = 0.5f,
+                                  .step = 3,
+                                  .grad_scale = 0.7f};
     // The update of each kind over every element: the reference.
     struct State {
         std::vector<float> p, m, v;
@@ -727,7 +730,9 @@ TEST(Trainer, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocated) {
     // The same model and sequence at a batch that fits trains.
     o.batch_size = 1 + static_cast<int64_t>(rng.below(4));
     auto be = make_backend("cpu");
-    EXPECT_EQ(Trainer::start(tiny_config(), o, tmp / "run", 9, *be)->run([](const TrainReport&) {}).step, 1);
+    EXPECT_EQ(
+        Trainer::start(tiny_config(), o, tmp / "run", 9, *be)->run([](const TrainReport&) {}).step,
+        1);
 }
 
 }  // namespace
