@@ -1,20 +1,11 @@
-// The shared helpers of the family counters declared in count_util.h: describe() and the
-// building blocks of a transformer block.
+// The shared helpers of the family counters declared in count_util.h: the building blocks of a
+// transformer block.
 #include "engine/report/count_util.h"
 
 #include <nlohmann/json.hpp>
 #include <string>
 
 namespace tmx::report_detail {
-
-// ------------------------------------------------------------------------------------------
-// Reading config fields
-
-std::string describe(const json& v) {
-    std::string s = v.dump();
-    if (s.size() > 40) s = s.substr(0, 37) + "...";
-    return s;
-}
 
 // ------------------------------------------------------------------------------------------
 // Building blocks shared by every family

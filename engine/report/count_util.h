@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/core/errors.h"
+#include "engine/core/json_fields.h"
 #include "engine/model/config.h"
 #include "engine/report/param_report.h"
 #include "engine/report/report_util.h"
@@ -23,7 +24,7 @@ using nlohmann::json;
 // ------------------------------------------------------------------------------------------
 // Reading config fields
 
-std::string describe(const json& v);
+using json_fields::describe;
 
 // Typed access to one config's fields; every error names the file and the field.
 class FieldReader {
@@ -32,7 +33,7 @@ class FieldReader {
         : j_(j), src_(src), what_(std::move(what)) {}
 
     [[noreturn]] void fail(const std::string& field, const std::string& msg) const {
-        throw Error(src_ + ": field '" + field + "': " + msg);
+        json_fields::fail(src_, field, msg);
     }
 
     // True when the key is present with a non-null value.
@@ -108,22 +109,13 @@ class FieldReader {
         return v;
     }
     double number(const char* key, double def) const {
-        if (!has(key)) return def;
-        const json& v = j_.at(key);
-        if (!v.is_number()) fail(key, "expected a number, got " + describe(v));
-        return v.get<double>();
+        return has(key) ? json_fields::as_number(j_.at(key), src_, key) : def;
     }
     bool boolean(const char* key, bool def) const {
-        if (!has(key)) return def;
-        const json& v = j_.at(key);
-        if (!v.is_boolean()) fail(key, "expected true or false, got " + describe(v));
-        return v.get<bool>();
+        return has(key) ? json_fields::as_bool(j_.at(key), src_, key) : def;
     }
     std::string string(const char* key, const std::string& def) const {
-        if (!has(key)) return def;
-        const json& v = j_.at(key);
-        if (!v.is_string()) fail(key, "expected a string, got " + describe(v));
-        return v.get<std::string>();
+        return has(key) ? json_fields::as_string(j_.at(key), src_, key) : def;
     }
     std::vector<int64_t> int_list(const char* key) const {
         std::vector<int64_t> out;
