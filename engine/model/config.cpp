@@ -9,6 +9,7 @@
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/json_fields.h"
+#include "engine/core/range_checks.h"
 
 namespace tmx {
 namespace {
@@ -49,39 +50,31 @@ const char* to_string(NormType n) {
 }
 
 void validate_config(const ModelConfig& c, const std::string& src) {
-    auto positive = [&](int64_t v, const char* field) {
-        if (v <= 0) fail(src, field, "must be positive, got " + std::to_string(v));
-    };
-    positive(c.vocab_size, "vocab_size");
-    positive(c.d_model, "d_model");
-    positive(c.n_layers, "n_layers");
-    positive(c.n_heads, "n_heads");
-    positive(c.n_kv_heads, "n_kv_heads");
-    positive(c.head_dim, "head_dim");
-    positive(c.d_ff, "d_ff");
-    positive(c.max_seq_len, "max_seq_len");
-    if (c.head_dim % 2 != 0)
-        fail(src, "head_dim", "must be even for RoPE, got " + std::to_string(c.head_dim));
-    if (c.n_heads % c.n_kv_heads != 0)
-        fail(src, "n_heads",
-             "must be a multiple of n_kv_heads (" + std::to_string(c.n_kv_heads) + "), got " +
-                 std::to_string(c.n_heads));
-    if (c.n_experts < 0)
-        fail(src, "n_experts",
-             "must be 0 (dense FFN) or positive, got " + std::to_string(c.n_experts));
-    if (c.is_moe() && (c.top_k < 1 || c.top_k > c.n_experts))
-        fail(src, "top_k",
-             "must be between 1 and n_experts (" + std::to_string(c.n_experts) + "), got " +
-                 std::to_string(c.top_k));
-    if (c.sliding_window < 0)
-        fail(src, "sliding_window",
-             "must be 0 (unlimited) or positive, got " + std::to_string(c.sliding_window));
-    if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
-        fail(src, "norm_eps", "must be a positive number");
-    if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
-        fail(src, "rope_theta", "must be a positive number");
-    if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef))
-        fail(src, "router_aux_loss_coef", "must be a non-negative number");
+    const RangeChecks check(
+        [&](const std::string& field, const std::string& problem) { fail(src, field, problem); });
+    check.positive(c.vocab_size, "vocab_size");
+    check.positive(c.d_model, "d_model");
+    check.positive(c.n_layers, "n_layers");
+    check.positive(c.n_heads, "n_heads");
+    check.positive(c.n_kv_heads, "n_kv_heads");
+    check.positive(c.head_dim, "head_dim");
+    check.positive(c.d_ff, "d_ff");
+    check.positive(c.max_seq_len, "max_seq_len");
+    check.require(c.head_dim % 2 == 0, "head_dim",
+                  "must be even for RoPE, got " + std::to_string(c.head_dim));
+    check.require(c.n_heads % c.n_kv_heads == 0, "n_heads",
+                  "must be a multiple of n_kv_heads (" + std::to_string(c.n_kv_heads) + "), got " +
+                      std::to_string(c.n_heads));
+    check.require(c.n_experts >= 0, "n_experts",
+                  "must be 0 (dense FFN) or positive, got " + std::to_string(c.n_experts));
+    check.require(!c.is_moe() || (c.top_k >= 1 && c.top_k <= c.n_experts), "top_k",
+                  "must be between 1 and n_experts (" + std::to_string(c.n_experts) + "), got " +
+                      std::to_string(c.top_k));
+    check.require(c.sliding_window >= 0, "sliding_window",
+                  "must be 0 (unlimited) or positive, got " + std::to_string(c.sliding_window));
+    check.real(c.norm_eps, c.norm_eps > 0, "norm_eps", "> 0");
+    check.real(c.rope_theta, c.rope_theta > 0, "rope_theta", "> 0");
+    check.real(c.router_aux_loss_coef, c.router_aux_loss_coef >= 0, "router_aux_loss_coef", ">= 0");
     // Token ids and positions travel as int32 on every backend.
     if (c.vocab_size > (int64_t{1} << 31) - 1) fail(src, "vocab_size", "must be below 2^31");
     if (c.max_seq_len > (int64_t{1} << 31) - 1) fail(src, "max_seq_len", "must be below 2^31");

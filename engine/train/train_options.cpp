@@ -9,6 +9,7 @@
 #include "engine/core/errors.h"
 #include "engine/core/format.h"
 #include "engine/core/json_fields.h"
+#include "engine/core/range_checks.h"
 
 namespace tmx {
 
@@ -22,24 +23,6 @@ const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "e
                                           "eval_batches", "checkpoint_every", "keep_last",
                                           "log_every",    "skip_nonfinite"};
 
-void check_positive(int64_t v, const char* flag) {
-    if (v <= 0)
-        throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
-}
-
-void check_not_negative(int64_t v, const char* flag) {
-    if (v < 0)
-        throw UsageError(std::string(flag) + ": must not be negative, got " + std::to_string(v));
-}
-
-// A real-valued option must be finite and in range. Finiteness is tested on its own: NaN fails
-// every comparison, so a range test written the wrong way round would let it through.
-void check_real(double v, bool in_range, const char* flag, const char* expected) {
-    if (!std::isfinite(v) || !in_range)
-        throw UsageError(std::string(flag) + ": must be a finite number " + expected + ", got " +
-                         format_real(v));
-}
-
 // Token counts are products of flags; one that overflows is a usage error naming them.
 int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::string& flags) {
     try {
@@ -52,30 +35,33 @@ int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::
 }  // namespace
 
 void validate_train_options(const TrainOptions& o, const ModelConfig& c) {
+    const RangeChecks check([](const std::string& flag, const std::string& problem) {
+        throw UsageError(flag + ": " + problem);
+    });
     if (o.data_dir.empty()) throw UsageError("--data: a token dataset directory is required");
-    check_positive(o.batch_size, "--batch-size");
-    check_positive(o.grad_accum, "--grad-accum");
-    if (o.seq_len < 0 || o.seq_len > c.max_seq_len)
-        throw UsageError("--seq-len: must be between 1 and the model's max_seq_len (" +
-                         std::to_string(c.max_seq_len) + "), got " + std::to_string(o.seq_len));
-    check_not_negative(o.max_steps, "--max-steps");
-    check_not_negative(o.max_tokens, "--max-tokens");
+    check.positive(o.batch_size, "--batch-size");
+    check.positive(o.grad_accum, "--grad-accum");
+    check.require(o.seq_len >= 0 && o.seq_len <= c.max_seq_len, "--seq-len",
+                  "must be between 1 and the model's max_seq_len (" +
+                      std::to_string(c.max_seq_len) + "), got " + std::to_string(o.seq_len));
+    check.not_negative(o.max_steps, "--max-steps");
+    check.not_negative(o.max_tokens, "--max-tokens");
     if ((o.max_steps > 0) == (o.max_tokens > 0))
         throw UsageError("give exactly one budget: --max-steps N or --max-tokens N");
-    check_real(o.lr, o.lr > 0, "--lr", "> 0");
-    check_real(o.min_lr, o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", "between 0 and --lr");
-    check_not_negative(o.warmup_steps, "--warmup-steps");
-    check_real(o.beta1, o.beta1 >= 0 && o.beta1 < 1, "--beta1", "in [0, 1)");
-    check_real(o.beta2, o.beta2 >= 0 && o.beta2 < 1, "--beta2", "in [0, 1)");
-    check_real(o.eps, o.eps > 0, "--eps", "> 0");
-    check_real(o.weight_decay, o.weight_decay >= 0, "--weight-decay", ">= 0");
-    check_real(o.grad_clip, o.grad_clip >= 0, "--grad-clip", ">= 0 (0 = off)");
-    check_not_negative(o.eval_every, "--eval-every");
-    check_positive(o.eval_batches, "--eval-batches");
-    check_not_negative(o.checkpoint_every, "--checkpoint-every");
-    check_positive(o.keep_last, "--keep-last");
-    check_positive(o.log_every, "--log-every");
-    check_not_negative(o.skip_nonfinite, "--skip-nonfinite");
+    check.real(o.lr, o.lr > 0, "--lr", "> 0");
+    check.real(o.min_lr, o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", "between 0 and --lr");
+    check.not_negative(o.warmup_steps, "--warmup-steps");
+    check.real(o.beta1, o.beta1 >= 0 && o.beta1 < 1, "--beta1", "in [0, 1)");
+    check.real(o.beta2, o.beta2 >= 0 && o.beta2 < 1, "--beta2", "in [0, 1)");
+    check.real(o.eps, o.eps > 0, "--eps", "> 0");
+    check.real(o.weight_decay, o.weight_decay >= 0, "--weight-decay", ">= 0");
+    check.real(o.grad_clip, o.grad_clip >= 0, "--grad-clip", ">= 0 (0 = off)");
+    check.not_negative(o.eval_every, "--eval-every");
+    check.positive(o.eval_batches, "--eval-batches");
+    check.not_negative(o.checkpoint_every, "--checkpoint-every");
+    check.positive(o.keep_last, "--keep-last");
+    check.positive(o.log_every, "--log-every");
+    check.not_negative(o.skip_nonfinite, "--skip-nonfinite");
     const int64_t seq = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
     const int64_t per_step = checked_flag_product({o.batch_size, o.grad_accum, seq},
                                                   "--batch-size x --grad-accum x --seq-len");
