@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/core/errors.h"
 
@@ -20,14 +21,21 @@ std::string describe(const nlohmann::json& v);
 [[noreturn]] void fail(const std::string& source, const std::string& field,
                        const std::string& what);
 
-// One value of the named field, of the type asked for. as_int takes integers that fit in
-// int64_t and are at least min_value; as_uint non-negative integers that fit in uint64_t.
+// One value of the named field, of the type asked for. as_int takes integers from min_value to
+// max_value; as_uint non-negative integers that fit in uint64_t.
 int64_t as_int(const nlohmann::json& v, const std::string& source, const std::string& field,
-               int64_t min_value = std::numeric_limits<int64_t>::min());
+               int64_t min_value = std::numeric_limits<int64_t>::min(),
+               int64_t max_value = std::numeric_limits<int64_t>::max());
+// as_int that also takes a number whose fraction is zero (4096.0), as configs written from
+// Python floats have; magnitudes from 9e15 up are refused (a double no longer holds each integer).
+int64_t as_whole_number(const nlohmann::json& v, const std::string& source,
+                        const std::string& field);
 uint64_t as_uint(const nlohmann::json& v, const std::string& source, const std::string& field);
 double as_number(const nlohmann::json& v, const std::string& source, const std::string& field);
 bool as_bool(const nlohmann::json& v, const std::string& source, const std::string& field);
 std::string as_string(const nlohmann::json& v, const std::string& source, const std::string& field);
+std::vector<std::string> as_string_list(const nlohmann::json& v, const std::string& source,
+                                        const std::string& field);
 
 // A string naming one of `choices`.
 template <typename E>
@@ -46,23 +54,28 @@ E as_enum(const nlohmann::json& v, const std::string& source, const std::string&
 // The fields of one JSON object, required: a missing one is an error saying what was expected.
 class Fields {
   public:
-    // Throws when `object` is not a JSON object.
-    Fields(const nlohmann::json& object, std::string source);
+    // Throws when `object` is not a JSON object. `path` prefixes the field names in messages
+    // when the object is nested ("splits.train.").
+    Fields(const nlohmann::json& object, std::string source, std::string path = "");
 
     bool has(const std::string& field) const { return object_.contains(field); }
     const nlohmann::json& at(const std::string& field, const char* expected) const;
 
     int64_t integer(const std::string& field,
-                    int64_t min_value = std::numeric_limits<int64_t>::min()) const;
+                    int64_t min_value = std::numeric_limits<int64_t>::min(),
+                    int64_t max_value = std::numeric_limits<int64_t>::max()) const;
     uint64_t uinteger(const std::string& field) const;
     double number(const std::string& field) const;
     bool boolean(const std::string& field) const;
     std::string string(const std::string& field) const;
+    std::vector<std::string> string_list(const std::string& field) const;
     const std::string& source() const { return source_; }
 
   private:
+    std::string name(const std::string& field) const { return path_ + field; }
+
     const nlohmann::json& object_;
-    std::string source_;
+    std::string source_, path_;
 };
 
 }  // namespace tmx::json_fields

@@ -3,14 +3,15 @@
 #include "engine/data/dataset.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <type_traits>
 #include <utility>
 
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/core/json_fields.h"
 
 namespace tmx {
 namespace fs = std::filesystem;
@@ -24,40 +25,14 @@ const char* to_string(Split split) {
 
 namespace {
 
-template <class T>
-T meta_field(const nlohmann::json& j, const char* key, const std::string& file) {
-    auto it = j.find(key);
-    if (it == j.end()) throw Error(file + ": field '" + key + "' is missing");
-    if constexpr (std::is_integral_v<T>) {
-        // nlohmann converts any number to any integer type, wrapping or truncating silently.
-        const bool fits = it->is_number_unsigned()  ? std::in_range<T>(it->get<uint64_t>())
-                          : it->is_number_integer() ? std::in_range<T>(it->get<int64_t>())
-                                                    : false;
-        if (!fits)
-            throw Error(file + ": field '" + key + "' must be an integer in [" +
-                        std::to_string(std::numeric_limits<T>::min()) + ", " +
-                        std::to_string(std::numeric_limits<T>::max()) + "], got " + it->dump());
-        return it->get<T>();
-    } else {
-        try {
-            return it->get<T>();
-        } catch (const nlohmann::json::exception&) {
-            throw Error(file + ": field '" + key + "' has the wrong type");
-        }
-    }
-}
-
-DatasetSplitInfo split_from_json(const nlohmann::json& splits, const char* name,
-                                 const std::string& file) {
+DatasetSplitInfo split_from_json(const json_fields::Fields& splits, const char* name) {
     DatasetSplitInfo info;
-    auto it = splits.find(name);
-    if (it == splits.end()) return info;
-    if (!it->is_object()) throw Error(file + ": field 'splits." + name + "' is not an object");
-    info.documents = meta_field<int64_t>(*it, "documents", file);
-    if (info.documents < 0)
-        throw Error(file + ": field 'splits." + name + ".documents' must not be negative");
-    info.tokens = meta_field<uint64_t>(*it, "tokens", file);
-    info.shards = meta_field<std::vector<std::string>>(*it, "shards", file);
+    if (!splits.has(name)) return info;
+    const json_fields::Fields f(splits.at(name, "an object"), splits.source(),
+                                std::string("splits.") + name + ".");
+    info.documents = f.integer("documents", 0);
+    info.tokens = f.uinteger("tokens");
+    info.shards = f.string_list("shards");
     return info;
 }
 
@@ -81,23 +56,25 @@ DatasetMeta read_dataset_meta(const std::string& dir) {
     if (format == j.end() || !format->is_string() || *format != kDatasetFormat)
         throw Error(file + ": not a tmx token dataset (field 'format' is not \"" + kDatasetFormat +
                     "\")");
-    const int version = meta_field<int>(j, "version", file);
+    const json_fields::Fields f(j, file);
+    const int64_t version = f.integer("version");
     if (version != kDatasetVersion)
         throw Error(file + ": unsupported dataset version " + std::to_string(version));
     DatasetMeta m;
-    m.vocab_size = meta_field<uint64_t>(j, "vocab_size", file);
-    m.bytes_per_token = meta_field<uint32_t>(j, "bytes_per_token", file);
-    m.bos_id = meta_field<int32_t>(j, "bos_id", file);
-    m.eos_id = meta_field<int32_t>(j, "eos_id", file);
+    m.vocab_size = f.uinteger("vocab_size");
+    m.bytes_per_token = static_cast<uint32_t>(f.integer("bytes_per_token", 0, UINT32_MAX));
+    m.bos_id = static_cast<int32_t>(f.integer("bos_id", INT32_MIN, INT32_MAX));
+    m.eos_id = static_cast<int32_t>(f.integer("eos_id", INT32_MIN, INT32_MAX));
     if (auto t = j.find("tokenizer"); t != j.end() && t->is_object()) {
-        if (t->contains("file")) m.tokenizer_file = meta_field<std::string>(*t, "file", file);
-        if (t->contains("sha256")) m.tokenizer_sha256 = meta_field<std::string>(*t, "sha256", file);
+        const json_fields::Fields tok(*t, file, "tokenizer.");
+        if (tok.has("file")) m.tokenizer_file = tok.string("file");
+        if (tok.has("sha256")) m.tokenizer_sha256 = tok.string("sha256");
     }
-    auto splits = j.find("splits");
-    if (splits == j.end() || !splits->is_object())
+    if (!f.has("splits") || !j.at("splits").is_object())
         throw Error(file + ": field 'splits' is missing or not an object");
-    m.train = split_from_json(*splits, "train", file);
-    m.val = split_from_json(*splits, "val", file);
+    const json_fields::Fields splits(j.at("splits"), file, "splits.");
+    m.train = split_from_json(splits, "train");
+    m.val = split_from_json(splits, "val");
     m.json = std::make_shared<const nlohmann::json>(std::move(j));
     return m;
 }

@@ -9,6 +9,7 @@
 #include "engine/core/checked_math.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/core/json_fields.h"
 
 namespace tmx {
 
@@ -96,21 +97,6 @@ StorageType parse_header_dtype(const std::string& dt, const std::string& where) 
                 " cannot be read by this engine (supported: F32, BF16, F16, F64)");
 }
 
-// A shape dimension or data offset: a JSON integer from 0 to 2^63 - 1. nlohmann stores an
-// integer beyond 2^64 as a double and converting that back would be undefined, so the type
-// is checked first.
-int64_t header_int(const json& v, const std::string& where, const char* what) {
-    if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX))
-        return static_cast<int64_t>(v.get<uint64_t>());
-    // nlohmann keeps non-negative integers as unsigned: a signed one is negative.
-    if (v.is_number_integer() && !v.is_number_unsigned())
-        throw Error(where + ": negative " + what + " " + v.dump());
-    if (v.is_number())
-        throw Error(where + ": " + what + " " + v.dump() +
-                    " is not an integer that fits in 64 bits");
-    throw Error(where + ": " + what + " must be an integer, got " + v.dump());
-}
-
 // Parses the JSON header, refusing a key that appears twice in one object (JSON parsers keep
 // one of the two silently; the safetensors format forbids it).
 json parse_header(const char* begin, const char* end, const std::string& path) {
@@ -140,23 +126,26 @@ json parse_header(const char* begin, const char* end, const std::string& path) {
 }
 
 SafetensorsEntry parse_entry(const json& info, const std::string& where) {
-    if (!info.is_object())
-        throw Error(where + ": expected an object with dtype, shape and data_offsets");
+    const json_fields::Fields f(info, where);
     SafetensorsEntry e;
-    const std::string dt = info.at("dtype").get<std::string>();
+    const std::string dt = f.string("dtype");
     e.dtype = parse_header_dtype(dt, where);
-    const json& shape = info.at("shape");
-    if (!shape.is_array()) throw Error(where + ": shape must be a list of integers");
+    const json& shape = f.at("shape", "a list of integers");
+    if (!shape.is_array())
+        json_fields::fail(where, "shape",
+                          "expected a list of integers, got " + json_fields::describe(shape));
     int64_t numel = 1;
-    for (const json& d : shape) {
-        e.shape.push_back(header_int(d, where, "dimension"));
+    for (size_t i = 0; i < shape.size(); ++i) {
+        e.shape.push_back(
+            json_fields::as_int(shape[i], where, "shape[" + std::to_string(i) + "]", 0));
         numel = checked_mul(numel, e.shape.back(), where + ": shape " + shape.dump());
     }
-    const json& offs = info.at("data_offsets");
+    const json& offs = f.at("data_offsets", "[begin, end]");
     if (!offs.is_array() || offs.size() != 2)
-        throw Error(where + ": data_offsets must be [begin, end]");
-    e.begin = static_cast<uint64_t>(header_int(offs[0], where, "data offset"));
-    e.end = static_cast<uint64_t>(header_int(offs[1], where, "data offset"));
+        json_fields::fail(where, "data_offsets",
+                          "expected [begin, end], got " + json_fields::describe(offs));
+    e.begin = static_cast<uint64_t>(json_fields::as_int(offs[0], where, "data_offsets[0]", 0));
+    e.end = static_cast<uint64_t>(json_fields::as_int(offs[1], where, "data_offsets[1]", 0));
     if (e.begin > e.end)
         throw Error(where + ": data_offsets [" + std::to_string(e.begin) + ", " +
                     std::to_string(e.end) + "] end before they begin");

@@ -13,6 +13,7 @@
 
 #include "engine/core/errors.h"
 #include "engine/core/json_fields.h"
+#include "engine/core/range_checks.h"
 #include "engine/model/config.h"
 #include "engine/report/param_report.h"
 #include "engine/report/report_util.h"
@@ -56,16 +57,7 @@ class FieldReader {
     }
 
     int64_t as_int(const json& v, const std::string& key) const {
-        // nlohmann keeps integers up to 2^64 - 1 as unsigned; beyond int64_t they would wrap.
-        if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-            fail(key, "expected an integer that fits in 64 bits, got " + describe(v));
-        if (v.is_number_integer()) return v.get<int64_t>();
-        if (v.is_number_float()) {
-            double d = v.get<double>();
-            if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15)
-                return static_cast<int64_t>(d);
-        }
-        fail(key, "expected an integer, got " + describe(v));
+        return json_fields::as_whole_number(v, src_, key);
     }
 
     // A size key: must be present; a missing one is an error, not a class default.
@@ -101,11 +93,11 @@ class FieldReader {
         return layers(key, required(keys));
     }
     int64_t positive(const std::string& key, int64_t v) const {
-        if (v <= 0) fail(key, "must be positive, got " + std::to_string(v));
+        checks().positive(v, key);
         return v;
     }
     int64_t non_negative(const std::string& key, int64_t v) const {
-        if (v < 0) fail(key, "must not be negative, got " + std::to_string(v));
+        checks().not_negative(v, key);
         return v;
     }
     double number(const char* key, double def) const {
@@ -148,10 +140,33 @@ class FieldReader {
     }
 
   private:
+    RangeChecks checks() const {
+        return RangeChecks(
+            [this](const std::string& field, const std::string& problem) { fail(field, problem); });
+    }
+
     const json& j_;
     const std::string& src_;
     std::string what_;
 };
+
+// The sizes every family's prologue reads: vocabulary, width, layers and query heads, each
+// required, under the family's key names (the first key of each list is the one errors name).
+struct CoreDims {
+    int64_t vocab = 0, d = 0, layers = 0, heads = 0;
+};
+CoreDims read_core_dims(const FieldReader& r,
+                        std::initializer_list<const char*> hidden_keys = {"hidden_size"},
+                        std::initializer_list<const char*> layer_keys = {"num_hidden_layers"},
+                        std::initializer_list<const char*> head_keys = {"num_attention_heads"});
+
+// A llama-style decoder's sizes: the core ones plus KV heads (num_key_value_heads, defaulting
+// to the class default, or to the query heads when there is none) and head_dim (the key, or
+// hidden_size / num_attention_heads).
+struct DecoderDims {
+    int64_t vocab = 0, d = 0, layers = 0, heads = 0, kv = 0, hd = 0;
+};
+DecoderDims read_decoder_dims(const FieldReader& r, std::optional<int64_t> kv_default);
 
 // ------------------------------------------------------------------------------------------
 // Building blocks shared by every family

@@ -73,4 +73,41 @@ TEST(JsonFields, LongValuesAreCutInMessagesAndEnumsListTheirChoices) {
 }
 
 }  // namespace
+TEST(JsonFields, BoundedIntegersWholeNumbersAndStringListsNameTheFieldAndPath) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    const int64_t id = static_cast<int64_t>(rng.below(1000)) + 1;
+    const json j = {{"id", id},
+                    {"wide", int64_t{1} << 31},
+                    {"pieces", {"a", "b"}},
+                    {"mixed", {"a", 3}},
+                    {"inner", {{"n", -id}}}};
+    const json_fields::Fields f(j, "d/meta.json");
+    EXPECT_EQ(f.integer("id", INT32_MIN, INT32_MAX), id);
+    EXPECT_EQ(error_of([&] { f.integer("wide", INT32_MIN, INT32_MAX); }),
+              "d/meta.json: field 'wide': expected an integer from -2147483648 to 2147483647, "
+              "got 2147483648");
+    EXPECT_EQ(f.string_list("pieces"), (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(error_of([&] { f.string_list("mixed"); }),
+              "d/meta.json: field 'mixed[1]': expected a string, got 3");
+    const json_fields::Fields inner(j.at("inner"), "d/meta.json", "inner.");
+    EXPECT_EQ(error_of([&] { inner.integer("n", 0); }),
+              "d/meta.json: field 'inner.n': expected an integer >= 0, got " + std::to_string(-id));
+    EXPECT_EQ(error_of([&] { inner.string("gone"); }),
+              "d/meta.json: field 'inner.gone': missing (expected a string)");
+
+    // Whole numbers: an integer, or a double whose fraction is zero; never 2.5 or 1e300.
+    const double whole = static_cast<double>(rng.below(1 << 20));
+    EXPECT_EQ(json_fields::as_whole_number(json(whole), "c.json", "hidden_size"),
+              static_cast<int64_t>(whole));
+    EXPECT_EQ(json_fields::as_whole_number(json(id), "c.json", "hidden_size"), id);
+    for (const json& bad : {json(whole + 0.5), json(1e300), json("4096")})
+        EXPECT_EQ(error_of([&] {
+                      json_fields::as_whole_number(bad, "c.json", "hidden_size");
+                  }).rfind("c.json: field 'hidden_size': expected an integer, got ", 0),
+                  0u)
+            << bad.dump();
+}
+
 }  // namespace tmx

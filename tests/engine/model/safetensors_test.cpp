@@ -85,18 +85,19 @@ TEST(Safetensors, MalformedHeadersAreErrorsNamingTheTensor) {
          "{" + entry("a", "[2305843009213693952, 2]", 0, 0) + "}", 0,
          "tensor 'a': byte size of shape [2305843009213693952,2]: size overflows"},
         {"a dimension beyond int64", "{" + entry("a", "[9223372036854775808]", 0, 0) + "}", 0,
-         "tensor 'a': dimension 9223372036854775808 is not an integer that fits in 64 bits"},
+         "tensor 'a': field 'shape[0]': expected an integer >= 0 that fits in 64 bits, got "
+         "9223372036854775808"},
         {"a dimension beyond 64 bits", "{" + entry("a", "[18446744073709551616]", 0, 0) + "}", 0,
-         "tensor 'a': dimension 1.8446744073709552e+19 is not an integer that fits in 64 bits"},
+         "tensor 'a': field 'shape[0]': expected an integer >= 0, got 1.8446744073709552e+19"},
         {"a negative offset",
          "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [-8, 0]}}", 8,
-         "tensor 'a': negative data offset -8"},
+         "tensor 'a': field 'data_offsets[0]': expected an integer >= 0, got -8"},
         {"an offset beyond 64 bits",
          "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], "
          "\"data_offsets\": [0, 18446744073709551624]}}",
-         8, "tensor 'a': data offset 1.8446744073709552e+19 is not an integer that fits"},
+         8, "tensor 'a': field 'data_offsets[1]': expected an integer >= 0, got 1.84467"},
         {"a fractional dimension", "{" + entry("a", "[2.5]", 0, 10) + "}", 10,
-         "tensor 'a': dimension 2.5 is not an integer"},
+         "tensor 'a': field 'shape[0]': expected an integer >= 0, got 2.5"},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE(c.what);
