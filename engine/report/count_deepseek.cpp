@@ -13,12 +13,7 @@ namespace tmx::report_detail {
 ModelCount count_deepseek(const json& j, const std::string& src) {
     FieldReader r(j, src, "deepseek");
     ModelCount m = make_model("huggingface", "deepseek");
-    const int64_t vocab = r.required({"vocab_size"});
-    const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required_layers({"num_hidden_layers"});
-    const int64_t heads = r.required({"num_attention_heads"});
-    const int64_t kv = r.kv_heads(heads, 32);
-    const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
+    const auto [vocab, d, layers, heads, kv, hd] = read_decoder_dims(r, 32);
     const int64_t inter = r.positive_int("intermediate_size", 11008);
     const int64_t moe_inter = r.positive_int("moe_intermediate_size", 1407);
     const std::optional<int64_t> routed = r.optional_int("n_routed_experts");

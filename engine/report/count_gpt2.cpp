@@ -12,10 +12,9 @@ namespace tmx::report_detail {
 ModelCount count_gpt2(const json& j, const std::string& src) {
     FieldReader r(j, src, "gpt2");
     ModelCount m = make_model("huggingface", "gpt2");
-    const int64_t vocab = r.required({"vocab_size"});
-    const int64_t d = r.required({"n_embd", "hidden_size"});
-    const int64_t layers = r.required_layers({"n_layer", "num_hidden_layers"});
-    const int64_t heads = r.required({"n_head", "num_attention_heads"});
+    const auto [vocab, d, layers, heads] =
+        read_core_dims(r, {"n_embd", "hidden_size"}, {"n_layer", "num_hidden_layers"},
+                       {"n_head", "num_attention_heads"});
     if (d % heads != 0)
         r.fail("n_embd", "must be a multiple of n_head (" + fmt(heads) + "), got " + fmt(d));
     const int64_t positions = r.positive_int("n_positions", 1024);

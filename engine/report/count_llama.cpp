@@ -13,12 +13,8 @@ ModelCount count_llama_family(const json& j, const std::string& src, const std::
     FieldReader r(j, src, type);
     const bool is_llama = type == "llama", is_mixtral = type == "mixtral";
     ModelCount m = make_model("huggingface", type);
-    const int64_t vocab = r.required({"vocab_size"});
-    const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required_layers({"num_hidden_layers"});
-    const int64_t heads = r.required({"num_attention_heads"});
-    const int64_t kv = r.kv_heads(heads, is_llama ? std::nullopt : std::optional<int64_t>(8));
-    const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
+    const auto [vocab, d, layers, heads, kv, hd] =
+        read_decoder_dims(r, is_llama ? std::nullopt : std::optional<int64_t>(8));
     const int64_t inter = r.positive_int("intermediate_size", is_llama ? 11008 : 14336);
     // Only LlamaForCausalLM has these switches; Mistral and Mixtral have no biases.
     bool attn_bias = false, mlp_bias = false;

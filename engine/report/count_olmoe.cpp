@@ -12,12 +12,7 @@ namespace tmx::report_detail {
 ModelCount count_olmoe(const json& j, const std::string& src) {
     FieldReader r(j, src, "olmoe");
     ModelCount m = make_model("huggingface", "olmoe");
-    const int64_t vocab = r.required({"vocab_size"});
-    const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required_layers({"num_hidden_layers"});
-    const int64_t heads = r.required({"num_attention_heads"});
-    const int64_t kv = r.kv_heads(heads, std::nullopt);
-    const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
+    const auto [vocab, d, layers, heads, kv, hd] = read_decoder_dims(r, std::nullopt);
     const int64_t inter = r.positive_int("intermediate_size", 2048);
     const int64_t experts =
         r.positive("num_experts", r.integer({"num_experts", "num_local_experts"}, 64));

@@ -14,12 +14,7 @@ namespace tmx::report_detail {
 ModelCount count_qwen2_moe(const json& j, const std::string& src) {
     FieldReader r(j, src, "qwen2_moe");
     ModelCount m = make_model("huggingface", "qwen2_moe");
-    const int64_t vocab = r.required({"vocab_size"});
-    const int64_t d = r.required({"hidden_size"});
-    const int64_t layers = r.required_layers({"num_hidden_layers"});
-    const int64_t heads = r.required({"num_attention_heads"});
-    const int64_t kv = r.kv_heads(heads, 16);
-    const int64_t hd = r.head_dim(d, heads, "hidden_size", "num_attention_heads");
+    const auto [vocab, d, layers, heads, kv, hd] = read_decoder_dims(r, 16);
     const int64_t inter = r.positive_int("intermediate_size", 5632);
     const int64_t experts = r.non_negative("num_experts", r.integer("num_experts", 60));
     const int64_t top_k = r.positive_int("num_experts_per_tok", 4);

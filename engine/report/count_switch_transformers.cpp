@@ -14,10 +14,10 @@ namespace tmx::report_detail {
 ModelCount count_switch(const json& j, const std::string& src) {
     FieldReader r(j, src, "switch_transformers");
     ModelCount m = make_model("huggingface", "switch_transformers");
-    const int64_t vocab = r.required({"vocab_size"});
-    const int64_t d = r.required({"d_model", "hidden_size"});
-    const int64_t enc_layers = r.required_layers({"num_layers", "num_hidden_layers"});
-    const int64_t heads = r.required({"num_heads", "num_attention_heads"});
+    const CoreDims dims =
+        read_core_dims(r, {"d_model", "hidden_size"}, {"num_layers", "num_hidden_layers"},
+                       {"num_heads", "num_attention_heads"});
+    const int64_t vocab = dims.vocab, d = dims.d, enc_layers = dims.layers, heads = dims.heads;
     const int64_t d_kv = r.positive_int("d_kv", 64);
     const int64_t d_ff = r.positive_int("d_ff", 2048);
     const std::optional<int64_t> dec_opt = r.optional_int("num_decoder_layers");

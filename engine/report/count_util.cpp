@@ -59,6 +59,25 @@ void add_shared_ffn(BlockCount& b, int64_t d, const FfnShape& f) {
     accumulate(b.activation_elems, f.activations());
 }
 
+CoreDims read_core_dims(const FieldReader& r, std::initializer_list<const char*> hidden_keys,
+                        std::initializer_list<const char*> layer_keys,
+                        std::initializer_list<const char*> head_keys) {
+    CoreDims c;
+    c.vocab = r.required({"vocab_size"});
+    c.d = r.required(hidden_keys);
+    c.layers = r.required_layers(layer_keys);
+    c.heads = r.required(head_keys);
+    return c;
+}
+
+DecoderDims read_decoder_dims(const FieldReader& r, std::optional<int64_t> kv_default) {
+    const CoreDims c = read_core_dims(r);
+    DecoderDims dims{c.vocab, c.d, c.layers, c.heads, 0, 0};
+    dims.kv = r.kv_heads(c.heads, kv_default);
+    dims.hd = r.head_dim(c.d, c.heads, "hidden_size", "num_attention_heads");
+    return dims;
+}
+
 BlockCount new_block(const std::string& stack) {
     BlockCount b;
     b.stack = stack;
