@@ -12,6 +12,23 @@
 
 namespace tmx::cli {
 
+void add_corpus_options(CLI::App& sub, CorpusOptions& corpus) {
+    sub.add_option("--input", corpus.inputs, "Corpus files (tinystories, paragraphs or jsonl)")
+        ->required()
+        ->expected(1, -1);
+    sub.add_option("--format", corpus.format, "Input format: auto, tinystories, paragraphs, jsonl")
+        ->check(CLI::IsMember({"auto", "tinystories", "paragraphs", "jsonl"}))
+        ->capture_default_str();
+}
+
+void add_checkpoint_out_options(CLI::App& sub, CheckpointOutOptions& o) {
+    sub.add_option("--out", o.out, "Checkpoint directory to write")->required();
+    sub.add_option("--dtype", o.dtype, "Weight storage: f32 or bf16")
+        ->check(CLI::IsMember({"f32", "bf16"}))
+        ->capture_default_str();
+    sub.add_flag("--force", o.force, "Replace an existing checkpoint in --out");
+}
+
 void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
     sub.add_option("--backend", choice.backend,
                    training ? "Backend: auto (CUDA when a GPU is present, else the CPU) or one "

@@ -10,28 +10,24 @@ namespace tmx::cli {
 
 void add_convert_command(CLI::App& app, CommonOptions& common) {
     struct Options {
-        std::string model, out, dtype = "bf16";
-        bool force = false;
+        std::string model;
+        CheckpointOutOptions dest{"", "bf16"};
     };
     auto o = std::make_shared<Options>();
     CLI::App* sub = app.add_subcommand(
         "convert", "Re-save a checkpoint's weights as f32 or bf16 (drops optimizer state)");
     sub->add_option("--model", o->model, "Checkpoint directory to read")->required();
-    sub->add_option("--out", o->out, "Checkpoint directory to write")->required();
-    sub->add_option("--dtype", o->dtype, "Weight storage: f32 or bf16")
-        ->check(CLI::IsMember({"f32", "bf16"}))
-        ->capture_default_str();
-    sub->add_flag("--force", o->force, "Replace an existing checkpoint in --out");
+    add_checkpoint_out_options(*sub, o->dest);
     add_common_options(*sub, common);
     sub->callback([o]() {
         auto backend = make_backend("cpu");
         auto model = load_model(o->model, *backend);
         CheckpointWriteOptions w;
-        w.dtype = parse_storage_type(o->dtype);
+        w.dtype = parse_storage_type(o->dest.dtype);
         w.tokenizer_path = checkpoint_tokenizer(o->model);
-        w.overwrite = o->force;
-        save_checkpoint(*model, o->out, w);
-        std::printf("wrote %s: %lld parameters, %s%s\n", o->out.c_str(),
+        w.overwrite = o->dest.force;
+        save_checkpoint(*model, o->dest.out, w);
+        std::printf("wrote %s: %lld parameters, %s%s\n", o->dest.out.c_str(),
                     static_cast<long long>(model->num_params()), to_string(w.dtype),
                     w.tokenizer_path.empty() ? "" : ", with tokenizer");
     });

@@ -61,8 +61,8 @@ std::string progress_line(const PrepareProgress& p) {
 
 void add_prepare_command(CLI::App& app, CommonOptions& common) {
     struct Options {
-        std::vector<std::string> inputs;
-        std::string tokenizer, out, format = "auto";
+        CorpusOptions corpus;
+        std::string tokenizer, out;
         double val_fraction = 0.01;
         uint64_t shard_tokens = kDefaultShardTokens;
         bool force = false, quiet = false;
@@ -70,9 +70,7 @@ void add_prepare_command(CLI::App& app, CommonOptions& common) {
     auto opts = std::make_shared<Options>();
     CLI::App* sub = app.add_subcommand(
         "prepare", "Tokenize text files into a token dataset (train/val shards + meta.json)");
-    sub->add_option("--input", opts->inputs, "Corpus files (tinystories, paragraphs or jsonl)")
-        ->required()
-        ->expected(1, -1);
+    add_corpus_options(*sub, opts->corpus);
     sub->add_option("--tokenizer", opts->tokenizer,
                     "SentencePiece .model file (or a checkpoint directory holding one)")
         ->required();
@@ -80,9 +78,6 @@ void add_prepare_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--val-fraction", opts->val_fraction,
                     "Share of documents put in the val split (every k-th document; 0: none)")
         ->check(CLI::Range(0.0, 1.0))
-        ->capture_default_str();
-    sub->add_option("--format", opts->format, "Input format: auto, tinystories, paragraphs, jsonl")
-        ->check(CLI::IsMember({"auto", "tinystories", "paragraphs", "jsonl"}))
         ->capture_default_str();
     sub->add_option("--shard-tokens", opts->shard_tokens, "Most tokens in one shard file")
         ->check(in_range<uint64_t>(1))
@@ -92,11 +87,11 @@ void add_prepare_command(CLI::App& app, CommonOptions& common) {
     add_common_options(*sub, common);
     sub->callback([opts]() {
         PrepareOptions o;
-        o.inputs = opts->inputs;
+        o.inputs = opts->corpus.inputs;
         o.tokenizer = opts->tokenizer;
         o.out_dir = opts->out;
         o.val_fraction = opts->val_fraction;
-        o.format = parse_corpus_format(opts->format);
+        o.format = parse_corpus_format(opts->corpus.format);
         o.overwrite = opts->force;
         o.max_shard_tokens = opts->shard_tokens;
 

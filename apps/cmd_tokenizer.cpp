@@ -31,9 +31,9 @@ std::string format_bytes(double b) {
 
 void add_train(CLI::App& parent, CommonOptions& common) {
     struct Options {
-        std::vector<std::string> inputs;
+        CorpusOptions corpus;
         int vocab_size = 0;
-        std::string out, format = "auto";
+        std::string out;
         int64_t max_sentences = 1'000'000;
         double character_coverage = 0.9995;
         bool force = false, verbose = false;
@@ -41,9 +41,7 @@ void add_train(CLI::App& parent, CommonOptions& common) {
     auto opts = std::make_shared<Options>();
     CLI::App* sub = parent.add_subcommand(
         "train", "Train a byte-fallback BPE SentencePiece tokenizer on text files");
-    sub->add_option("--input", opts->inputs, "Corpus files (tinystories, paragraphs or jsonl)")
-        ->required()
-        ->expected(1, -1);
+    add_corpus_options(*sub, opts->corpus);
     sub->add_option("--vocab-size", opts->vocab_size, "Number of pieces, e.g. 512 or 4096")
         ->required()
         ->check(in_range(1, INT32_MAX));
@@ -52,9 +50,6 @@ void add_train(CLI::App& parent, CommonOptions& common) {
     sub->add_option("--max-sentences", opts->max_sentences,
                     "Lines sampled from the whole corpus for training (bounds memory)")
         ->check(in_range<int64_t>(1))
-        ->capture_default_str();
-    sub->add_option("--format", opts->format, "Input format: auto, tinystories, paragraphs, jsonl")
-        ->check(CLI::IsMember({"auto", "tinystories", "paragraphs", "jsonl"}))
         ->capture_default_str();
     sub->add_option("--character-coverage", opts->character_coverage,
                     "Share of characters that get their own piece; the rest use byte fallback")
@@ -66,7 +61,7 @@ void add_train(CLI::App& parent, CommonOptions& common) {
     sub->callback([opts]() {
         TokenizerTrainOptions o;
         o.max_sentences = opts->max_sentences;
-        o.format = parse_corpus_format(opts->format);
+        o.format = parse_corpus_format(opts->corpus.format);
         o.character_coverage = opts->character_coverage;
         o.overwrite = opts->force;
         o.verbose = opts->verbose;
@@ -102,7 +97,7 @@ void add_train(CLI::App& parent, CommonOptions& common) {
         };
         TokenizerTrainReport r;
         try {
-            r = train_tokenizer(opts->inputs, opts->vocab_size, opts->out, o);
+            r = train_tokenizer(opts->corpus.inputs, opts->vocab_size, opts->out, o);
         } catch (const VocabSizeError& e) {
             if (e.largest > 0)
                 throw UsageError("--vocab-size " + std::to_string(e.requested) +

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "engine/compute/backend.h"
 
@@ -33,6 +34,22 @@ void add_convert_command(CLI::App& app, CommonOptions& common);
 void add_devices_command(CLI::App& app, CommonOptions& common);
 void add_generate_command(CLI::App& app, CommonOptions& common);
 void add_bench_command(CLI::App& app, CommonOptions& common);
+
+// --input FILE... and --format of the commands that read a text corpus (prepare, tokenizer
+// train).
+struct CorpusOptions {
+    std::vector<std::string> inputs;
+    std::string format = "auto";
+};
+void add_corpus_options(CLI::App& sub, CorpusOptions& corpus);
+
+// --out DIR, --dtype f32|bf16 and --force of the commands that write a checkpoint directory.
+struct CheckpointOutOptions {
+    std::string out;
+    std::string dtype;  // the command's default
+    bool force = false;
+};
+void add_checkpoint_out_options(CLI::App& sub, CheckpointOutOptions& o);
 
 // --backend NAME (auto: the best present) and --device N (a GPU, as `tmx devices` lists
 // them) of the commands that run a model; for training, only backends that train.
