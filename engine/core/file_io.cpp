@@ -77,33 +77,67 @@ nlohmann::json read_json_file(const std::string& path) {
     }
 }
 
-void write_file_atomic(const std::string& path, std::string_view data) {
-    std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
-    const char* p = data.data();
-    size_t left = data.size();
-    while (left > 0) {
-        ssize_t n = ::write(fd, p, left);
-        if (n < 0) {
+AtomicFileWriter::AtomicFileWriter(std::string path)
+    : path_(std::move(path)), tmp_(path_ + ".tmp." + std::to_string(::getpid())) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(tmp_ + ": cannot create: " + std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+    if (fd_ >= 0) {
+        ::close(fd_);
+        ::unlink(tmp_.c_str());
+    }
+}
+
+void AtomicFileWriter::write(const void* data, size_t n) {
+    if (fd_ < 0) throw Error(path_ + ": write after the file was committed");
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+        const ssize_t w = ::write(fd_, p, n);
+        if (w < 0) {
             if (errno == EINTR) continue;
-            int err = errno;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            throw Error(tmp + ": write failed: " + std::strerror(err));
+            throw Error(tmp_ + ": write failed: " + std::strerror(errno));
         }
-        p += n;
-        left -= static_cast<size_t>(n);
+        p += w;
+        n -= static_cast<size_t>(w);
+        written_ += static_cast<uint64_t>(w);
     }
+}
+
+void AtomicFileWriter::commit() {
+    const int fd = fd_;
+    fd_ = -1;
     if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        int err = errno;
-        ::unlink(tmp.c_str());
-        throw Error(tmp + ": cannot flush: " + std::strerror(err));
+        const int err = errno;
+        ::unlink(tmp_.c_str());
+        throw Error(tmp_ + ": cannot flush: " + std::strerror(err));
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        int err = errno;
-        ::unlink(tmp.c_str());
-        throw Error(path + ": cannot rename into place: " + std::strerror(err));
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(tmp_.c_str());
+        throw Error(path_ + ": cannot rename into place: " + std::strerror(err));
+    }
+}
+
+void write_file_atomic(const std::string& path, std::string_view data) {
+    AtomicFileWriter out(path);
+    out.write(data);
+    out.commit();
+}
+
+void read_exact_at(int fd, void* out, size_t n, uint64_t offset, const std::string& path) {
+    char* p = static_cast<char*>(out);
+    while (n > 0) {
+        const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            throw Error(path + ": read failed: " + std::strerror(errno));
+        }
+        if (r == 0) throw Error(path + ": truncated (the file ended while reading)");
+        p += r;
+        n -= static_cast<size_t>(r);
+        offset += static_cast<uint64_t>(r);
     }
 }
 

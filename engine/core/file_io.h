@@ -2,6 +2,8 @@
 // and of a whole directory, fsync.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
@@ -22,6 +24,31 @@ nlohmann::json read_json_file(const std::string& path);
 // Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename.
 // A reader sees either the old file or the new one, never a partial write.
 void write_file_atomic(const std::string& path, std::string_view data);
+
+// A file written in pieces and put in place atomically: the bytes go to a temporary sibling
+// (PATH.tmp.PID); commit() fsyncs it and renames it onto `path`. Destroyed without commit() (an
+// error, an interruption), it removes the temporary file, so no half file ever has the final name.
+class AtomicFileWriter {
+  public:
+    explicit AtomicFileWriter(std::string path);
+    ~AtomicFileWriter();
+    AtomicFileWriter(const AtomicFileWriter&) = delete;
+    AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+    void write(const void* data, size_t n);
+    void write(std::string_view data) { write(data.data(), data.size()); }
+    uint64_t bytes_written() const { return written_; }
+    void commit();
+    const std::string& path() const { return path_; }
+
+  private:
+    std::string path_, tmp_;
+    int fd_ = -1;
+    uint64_t written_ = 0;
+};
+
+// Reads exactly n bytes at `offset` of an open file; a short file is a tmx::Error naming `path`.
+void read_exact_at(int fd, void* out, size_t n, uint64_t offset, const std::string& path);
 
 // Flushes `path` (a file or a directory) to disk: open, fsync, close. Best effort: a path that
 // cannot be opened, or a filesystem that cannot fsync a directory, is no error.

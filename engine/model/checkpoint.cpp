@@ -50,8 +50,8 @@ void check_finite_tensor(const std::string& path, const std::string& name, const
                     " must be finite)");
 }
 
-void save_checkpoint(const Model& model, const std::string& dir_str,
-                     const CheckpointWriteOptions& options) {
+void write_checkpoint(const ModelConfig& config, const std::string& dir_str,
+                      const CheckpointWriteOptions& options, const TensorSource& weights) {
     fs::path dir = fs::absolute(dir_str).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // "ckpt/" names the same directory
     if (fs::exists(dir)) {
@@ -72,16 +72,24 @@ void save_checkpoint(const Model& model, const std::string& dir_str,
     fs::remove_all(tmp);
     fs::create_directory(tmp);
     try {
-        nlohmann::json cfg = config_to_json(model.config());
+        nlohmann::json cfg = config_to_json(config);
         cfg["format_version"] = kCheckpointFormatVersion;
         write_file_atomic((tmp / "config.json").string(), cfg.dump(2) + "\n");
 
-        const std::vector<float> host = model.params_to_host();
-        std::vector<HostTensorRef> refs;
-        for (const auto& s : model.layout().specs)
-            refs.push_back({s.name, s.shape, host.data() + s.offset});
-        write_file_atomic((tmp / "model.safetensors").string(),
-                          encode_safetensors(refs, options.dtype));
+        // Data in name order, as checkpoints have always been written.
+        std::vector<ParamSpec> specs = model_param_specs(config);
+        std::sort(specs.begin(), specs.end(),
+                  [](const ParamSpec& a, const ParamSpec& b) { return a.name < b.name; });
+        std::vector<SafetensorsEntryPlan> plan;
+        for (const auto& s : specs) plan.push_back({s.name, s.shape, options.dtype});
+        SafetensorsWriter writer((tmp / "model.safetensors").string(), plan);
+        std::vector<float> buffer;
+        for (const auto& s : specs) {
+            buffer.resize(static_cast<size_t>(shape_numel(s.shape)));
+            weights(s, buffer.data());
+            writer.write_next(buffer.data());
+        }
+        writer.finish();
         if (!options.tokenizer_path.empty())
             write_file_atomic((tmp / "tokenizer.model").string(), tokenizer_bytes);
         for (const auto& [name, bytes] : options.extra_files)
@@ -96,6 +104,16 @@ void save_checkpoint(const Model& model, const std::string& dir_str,
         fs::remove_all(tmp, ec);
         throw;
     }
+}
+
+void save_checkpoint(const Model& model, const std::string& dir,
+                     const CheckpointWriteOptions& options) {
+    const std::vector<float> host = model.params_to_host();
+    const ParamLayout& layout = model.layout();
+    write_checkpoint(model.config(), dir, options, [&](const ParamSpec& spec, float* out) {
+        const ParamSpec* s = layout.find(spec.name);
+        std::copy_n(host.data() + s->offset, shape_numel(s->shape), out);
+    });
 }
 
 ModelConfig load_checkpoint_config(const std::string& dir) {

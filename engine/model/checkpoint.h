@@ -4,6 +4,7 @@
 // swapped into place, so a reader never sees a half-written checkpoint.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,15 @@ struct CheckpointWriteOptions {
 
 void save_checkpoint(const Model& model, const std::string& dir,
                      const CheckpointWriteOptions& options = {});
+
+// Fills `out` (numel floats) with the named parameter's values.
+using TensorSource = std::function<void(const ParamSpec& spec, float* out)>;
+
+// Writes a checkpoint of `config` without a Model: `weights` is asked for each parameter in
+// turn (the import path: memory stays near one tensor). save_checkpoint is this with the
+// model's parameters.
+void write_checkpoint(const ModelConfig& config, const std::string& dir,
+                      const CheckpointWriteOptions& options, const TensorSource& weights);
 
 // The config stored in a checkpoint directory.
 ModelConfig load_checkpoint_config(const std::string& dir);

@@ -1,6 +1,10 @@
 #include "engine/model/safetensors.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -191,19 +195,28 @@ void check_ranges_tile_the_data(const std::map<std::string, SafetensorsEntry>& e
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(read_file(path)) {
-    if (bytes_.size() < 8)
-        throw Error(path + ": truncated: " + std::to_string(bytes_.size()) +
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : path_(path), fd_(open_regular_file(path)) {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw Error(path + ": cannot stat: " + std::strerror(errno));
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    if (file_size < 8)
+        throw Error(path + ": truncated: " + std::to_string(file_size) +
                     " bytes, too short for a safetensors header");
+    unsigned char len_bytes[8];
+    read_exact_at(fd_, len_bytes, 8, 0, path);
     uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes_[i]);
-    if (header_len > bytes_.size() - 8)
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+    if (header_len > file_size - 8)
         throw Error(path + ": corrupt or truncated header: it claims " +
                     std::to_string(header_len) + " bytes but the file has " +
-                    std::to_string(bytes_.size() - 8) + " after the length field");
+                    std::to_string(file_size - 8) + " after the length field");
     data_start_ = 8 + header_len;
-    const json header = parse_header(bytes_.data() + 8, bytes_.data() + data_start_, path);
-    const uint64_t data_size = bytes_.size() - data_start_;
+    std::string header_text(static_cast<size_t>(header_len), '\0');
+    read_exact_at(fd_, header_text.data(), header_text.size(), 8, path);
+    const json header =
+        parse_header(header_text.data(), header_text.data() + header_text.size(), path);
+    const uint64_t data_size = file_size - data_start_;
     for (const auto& [name, info] : header.items()) {
         if (name == "__metadata__") continue;
         const std::string where = path + ": tensor '" + name + "'";
@@ -221,65 +234,143 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(
     check_ranges_tile_the_data(entries_, data_size, path);
 }
 
+SafetensorsFile::~SafetensorsFile() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) throw Error(path_ + ": no tensor '" + name + "'");
+    return it->second;
+}
+
 void SafetensorsFile::read_f32(const std::string& name, float* out) const {
-    const SafetensorsEntry& e = entries_.at(name);
-    const char* src = bytes_.data() + data_start_ + e.begin;
-    const int64_t n = shape_numel(e.shape);
-    if (e.dtype == StorageType::F32) {
-        std::memcpy(out, src, static_cast<size_t>(n) * 4);
+    const SafetensorsEntry& e = entry(name);
+    const size_t n = static_cast<size_t>(shape_numel(e.shape));
+    if (e.dtype == StorageType::F32) {  // straight into the caller's buffer
+        read_exact_at(fd_, out, n * 4, data_start_ + e.begin, path_);
         return;
     }
+    std::vector<unsigned char> raw(static_cast<size_t>(e.end - e.begin));
+    read_exact_at(fd_, raw.data(), raw.size(), data_start_ + e.begin, path_);
+    const unsigned char* src = raw.data();
     if (e.dtype == StorageType::F64) {
-        for (int64_t i = 0; i < n; ++i) {
+        for (size_t i = 0; i < n; ++i) {
             double v;
             std::memcpy(&v, src + 8 * i, 8);
             out[i] = static_cast<float>(v);
         }
         return;
     }
-    for (int64_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, src + 2 * i, 2);
         out[i] = e.dtype == StorageType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
     }
 }
 
-std::string encode_safetensors(const std::vector<HostTensorRef>& tensors, StorageType dtype) {
-    if (dtype != StorageType::F32 && dtype != StorageType::BF16)
+void encode_f32_as(StorageType dtype, const float* data, size_t n, std::string& out) {
+    out.clear();
+    if (dtype == StorageType::F32) {
+        out.assign(reinterpret_cast<const char*>(data), n * 4);
+        return;
+    }
+    if (dtype != StorageType::BF16 && dtype != StorageType::F16)
         throw UsageError(std::string("writing ") + to_string(dtype) +
                          " safetensors is not supported");
-    std::vector<const HostTensorRef*> sorted;
-    for (const auto& t : tensors) sorted.push_back(&t);
-    std::sort(sorted.begin(), sorted.end(),
-              [](const HostTensorRef* a, const HostTensorRef* b) { return a->name < b->name; });
+    out.resize(n * 2);
+    for (size_t i = 0; i < n; ++i) {
+        const uint16_t b = dtype == StorageType::BF16 ? f32_to_bf16(data[i]) : f32_to_f16(data[i]);
+        out[2 * i] = static_cast<char>(b & 0xff);
+        out[2 * i + 1] = static_cast<char>(b >> 8);
+    }
+}
+
+uint16_t f32_to_f16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const uint32_t abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN stays NaN
+    if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
+    if (abs < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
+        // The value in units of 2^-24, rounded to nearest even.
+        const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+        const int shift = 126 - static_cast<int>(abs >> 23);  // 2^-24 units: shift right by this
+        if (shift > 24) return static_cast<uint16_t>(sign);
+        const uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1),
+                       half = 1u << (shift - 1);
+        const uint32_t r = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+        return static_cast<uint16_t>(sign | r);
+    }
+    // Normal: rebias the exponent and round the mantissa from 23 to 10 bits, ties to even (a
+    // carry into the exponent is the correct next value).
+    const uint32_t rebased = abs - ((127u - 15u) << 23);
+    const uint32_t r = rebased + 0xfffu + ((rebased >> 13) & 1u);
+    return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+namespace {
+
+// The length field and the JSON header of a file holding `plan`'s tensors in plan order.
+std::string header_bytes(const std::vector<SafetensorsEntryPlan>& plan, const std::string& path) {
     nlohmann::json header = nlohmann::json::object();
     header["__metadata__"] = {{"format", "pt"}};
     uint64_t off = 0;
-    const size_t es = storage_size(dtype);
-    for (const auto* t : sorted) {
-        uint64_t n = static_cast<uint64_t>(shape_numel(t->shape)) * es;
-        header[t->name] = {
-            {"dtype", to_string(dtype)}, {"shape", t->shape}, {"data_offsets", {off, off + n}}};
+    std::set<std::string> names;
+    for (const auto& t : plan) {
+        if (!names.insert(t.name).second)
+            throw Error(path + ": tensor '" + t.name + "' is listed twice");
+        if (t.dtype == StorageType::F64)
+            throw UsageError(path + ": writing F64 safetensors is not supported");
+        const uint64_t n = static_cast<uint64_t>(
+            checked_mul(shape_numel(t.shape), static_cast<int64_t>(storage_size(t.dtype)),
+                        path + ": tensor '" + t.name + "'"));
+        header[t.name] = {
+            {"dtype", to_string(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
         off += n;
     }
     std::string h = header.dump();
     h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-    std::string out;
-    out.reserve(8 + h.size() + off);
-    uint64_t len = h.size();
-    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
-    out += h;
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+    return out + h;
+}
+
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path,
+                                     const std::vector<SafetensorsEntryPlan>& tensors)
+    : out_(path), plan_(tensors) {
+    out_.write(header_bytes(plan_, path));
+}
+
+void SafetensorsWriter::write_next(const float* data) {
+    if (next_ >= plan_.size())
+        throw Error(out_.path() + ": more tensors written than the header lists");
+    const SafetensorsEntryPlan& t = plan_[next_++];
+    encode_f32_as(t.dtype, data, static_cast<size_t>(shape_numel(t.shape)), scratch_);
+    out_.write(scratch_);
+}
+
+void SafetensorsWriter::finish() {
+    if (next_ != plan_.size())
+        throw Error(out_.path() + ": only " + std::to_string(next_) + " of " +
+                    std::to_string(plan_.size()) + " tensors were written");
+    out_.commit();
+}
+
+std::string encode_safetensors(const std::vector<HostTensorRef>& tensors, StorageType dtype) {
+    std::vector<const HostTensorRef*> sorted;
+    for (const auto& t : tensors) sorted.push_back(&t);
+    std::sort(sorted.begin(), sorted.end(),
+              [](const HostTensorRef* a, const HostTensorRef* b) { return a->name < b->name; });
+    std::vector<SafetensorsEntryPlan> plan;
+    for (const auto* t : sorted) plan.push_back({t->name, t->shape, dtype});
+    std::string out = header_bytes(plan, "safetensors"), bytes;
     for (const auto* t : sorted) {
-        const int64_t n = shape_numel(t->shape);
-        if (dtype == StorageType::F32) {
-            out.append(reinterpret_cast<const char*>(t->data), static_cast<size_t>(n) * 4);
-        } else {
-            for (int64_t i = 0; i < n; ++i) {
-                uint16_t b = f32_to_bf16(t->data[i]);
-                out.push_back(static_cast<char>(b & 0xff));
-                out.push_back(static_cast<char>(b >> 8));
-            }
-        }
+        encode_f32_as(dtype, t->data, static_cast<size_t>(shape_numel(t->shape)), bytes);
+        out += bytes;
     }
     return out;
 }

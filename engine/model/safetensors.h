@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/compute/tensor.h"
+#include "engine/core/file_io.h"
 
 namespace tmx {
 
@@ -20,21 +21,55 @@ struct SafetensorsEntry {
 };
 
 // A parsed file: the header is validated at open (offsets inside the file, sizes that match
-// shapes and dtypes); tensors are converted to fp32 on request.
+// shapes and dtypes); tensors are read from the file and converted to fp32 on request, one at
+// a time, so memory stays near the largest tensor, not the file.
 class SafetensorsFile {
   public:
     explicit SafetensorsFile(const std::string& path);
+    ~SafetensorsFile();
+    SafetensorsFile(const SafetensorsFile&) = delete;
+    SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
     const std::string& path() const { return path_; }
     const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+    // The named entry; a tmx::Error naming the file and tensor when there is none.
+    const SafetensorsEntry& entry(const std::string& name) const;
     // Converts the named tensor to fp32 into `out` (numel floats).
     void read_f32(const std::string& name, float* out) const;
 
   private:
     std::string path_;
-    std::string bytes_;
-    size_t data_start_ = 0;
+    int fd_ = -1;
+    uint64_t data_start_ = 0;
     std::map<std::string, SafetensorsEntry> entries_;
 };
+
+// One tensor of a file to write: its name, shape and the dtype it is stored in.
+struct SafetensorsEntryPlan {
+    std::string name;
+    Shape shape;
+    StorageType dtype = StorageType::F32;
+};
+
+// Writes a safetensors file tensor by tensor: the header (from the plan, data in plan order) at
+// construction, then each tensor's fp32 values converted to its dtype; finish() puts the file
+// in place atomically. Memory: one tensor's encoded bytes.
+class SafetensorsWriter {
+  public:
+    SafetensorsWriter(const std::string& path, const std::vector<SafetensorsEntryPlan>& tensors);
+    // The next tensor of the plan: numel fp32 values.
+    void write_next(const float* data);
+    void finish();
+
+  private:
+    AtomicFileWriter out_;
+    std::vector<SafetensorsEntryPlan> plan_;
+    size_t next_ = 0;
+    std::string scratch_;
+};
+
+// n fp32 values as little-endian F32, BF16 or F16 bytes (round to nearest even) into `out`.
+void encode_f32_as(StorageType dtype, const float* data, size_t n, std::string& out);
 
 struct HostTensorRef {
     std::string name;
@@ -51,5 +86,7 @@ StorageType parse_storage_type(const std::string& name);  // "f32"/"bf16" (flag 
 uint16_t f32_to_bf16(float f);
 float bf16_to_f32(uint16_t b);
 float f16_to_f32(uint16_t h);
+// Round to nearest even; beyond 65504 rounds to infinity; NaN stays NaN.
+uint16_t f32_to_f16(float f);
 
 }  // namespace tmx

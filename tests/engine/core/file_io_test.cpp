@@ -128,5 +128,29 @@ TEST(FileIo, ReplaceDirectoryErrorsNameTheDirectory) {
     fsync_path(tmp / "absent");  // best effort: no error
 }
 
+// A file written in pieces appears under its name only when committed; an abandoned one
+// (an error, an interruption) leaves nothing behind, not even its temporary file.
+TEST(AtomicFileWriter, TheFileAppearsWholeOnCommitAndNothingRemainsWithout) {
+    test::TempDir dir;
+    const std::string path = dir / "out.bin";
+    const std::string first(1000 + test::fresh_seed() % 1000, 'a'), second = "tail";
+    {
+        AtomicFileWriter w(path);
+        w.write(first);
+        EXPECT_FALSE(std::filesystem::exists(path));
+        w.write(second);
+        EXPECT_EQ(w.bytes_written(), first.size() + second.size());
+        w.commit();
+    }
+    EXPECT_EQ(read_file(path), first + second);
+    {
+        AtomicFileWriter w(dir / "abandoned.bin");
+        w.write(first);
+    }
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                            std::filesystem::directory_iterator()),
+              1);
+}
+
 }  // namespace
 }  // namespace tmx

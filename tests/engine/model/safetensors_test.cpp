@@ -4,11 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/core/rng.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -106,6 +109,63 @@ TEST(Safetensors, MalformedHeadersAreErrorsNamingTheTensor) {
         const std::string error = open_error(path);
         EXPECT_NE(error.find(path + ": "), std::string::npos) << error;
         EXPECT_NE(error.find(c.expected), std::string::npos) << error;
+    }
+}
+
+// f32 -> f16: round to nearest even, overflow to infinity, subnormals kept, NaN kept.
+TEST(Safetensors, F32ToF16RoundsToNearestEven) {
+    EXPECT_EQ(f32_to_f16(1.0f), 0x3C00);
+    EXPECT_EQ(f32_to_f16(-2.0f), 0xC000);
+    EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);
+    EXPECT_EQ(f32_to_f16(65519.0f), 0x7BFF);
+    EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);  // the tie goes to the even neighbour: infinity
+    EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+    EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // half of it: a tie, to even 0
+    EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 units: a tie, to even 2
+    EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
+    EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie between 1 and 1+2^-10
+    EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(3.0f, -11)), 0x3C02);  // tie, to even 0x3C02
+    EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::nanf("")))));
+    // Every f16 value survives the round trip; random values land within half an f16 step.
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+        const float f = f16_to_f32(static_cast<uint16_t>(h));
+        if (!std::isnan(f)) EXPECT_EQ(f32_to_f16(f), h) << h;
+    }
+    Rng rng(test::fresh_seed());
+    for (int i = 0; i < 10000; ++i) {
+        const float x = static_cast<float>(rng.normal() * 100.0);
+        const float y = f16_to_f32(f32_to_f16(x));
+        EXPECT_LE(std::fabs(y - x), std::ldexp(std::fabs(x), -11) + 1e-7f) << x;
+    }
+}
+
+// The streaming writer writes the same bytes as the whole-file encoder, and the reader gets the
+// values back (BF16 and F16 within their rounding).
+TEST(Safetensors, StreamingWriterMatchesTheEncoderAndReadsBack) {
+    Rng rng(test::fresh_seed());
+    test::TempDir dir;
+    std::vector<float> a(6 * 5), b(7);
+    for (float& x : a) x = static_cast<float>(rng.normal());
+    for (float& x : b) x = static_cast<float>(rng.normal());
+    for (StorageType dtype : {StorageType::F32, StorageType::BF16, StorageType::F16}) {
+        SCOPED_TRACE(to_string(dtype));
+        const std::string path = dir / (std::string(to_string(dtype)) + ".safetensors");
+        {
+            SafetensorsWriter w(path, {{"a", {6, 5}, dtype}, {"b", {7}, dtype}});
+            w.write_next(a.data());
+            w.write_next(b.data());
+            w.finish();
+        }
+        EXPECT_EQ(read_file(path),
+                  encode_safetensors({{"b", {7}, b.data()}, {"a", {6, 5}, a.data()}}, dtype));
+        SafetensorsFile f(path);
+        std::vector<float> back(a.size());
+        f.read_f32("a", back.data());
+        const float rel = dtype == StorageType::F32    ? 0.0f
+                          : dtype == StorageType::BF16 ? std::ldexp(1.0f, -8)
+                                                       : std::ldexp(1.0f, -11);
+        for (size_t i = 0; i < a.size(); ++i)
+            EXPECT_LE(std::fabs(back[i] - a[i]), rel * std::fabs(a[i]));
     }
 }
 
