@@ -1,10 +1,44 @@
 #include "engine/core/json_fields.h"
 
 #include <cmath>
+#include <set>
+#include <vector>
 
 namespace tmx::json_fields {
 
 using nlohmann::json;
+
+json parse_unique_keys(std::string_view text, const std::string& source) {
+    std::vector<std::set<std::string>> keys_per_object;  // one set per open object
+    std::vector<std::string> path;                       // the key of each open object
+    std::string duplicate;
+    auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::object_start) {
+            keys_per_object.emplace_back();
+            path.emplace_back();
+        }
+        if (event == json::parse_event_t::object_end) {
+            keys_per_object.pop_back();
+            path.pop_back();
+        }
+        if (event == json::parse_event_t::key && duplicate.empty()) {
+            const std::string& key = parsed.get_ref<const std::string&>();
+            path.back() = key;
+            if (!keys_per_object.back().insert(key).second) {
+                for (const std::string& k : path) duplicate += (duplicate.empty() ? "" : ".") + k;
+            }
+        }
+        return true;
+    };
+    json j;
+    try {
+        j = json::parse(text.begin(), text.end(), on_event);
+    } catch (const json::exception& e) {
+        throw Error(source + ": not valid JSON: " + e.what());
+    }
+    if (!duplicate.empty()) throw Error(source + ": key '" + duplicate + "' appears twice");
+    return j;
+}
 
 std::string describe(const json& v) {
     std::string s = v.dump();

@@ -8,11 +8,16 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/core/errors.h"
 
 namespace tmx::json_fields {
+
+// Parses JSON text, refusing a key that appears twice in one object (parsers keep one of the
+// two silently): "SOURCE: key 'PATH' appears twice", or "SOURCE: not valid JSON: ...".
+nlohmann::json parse_unique_keys(std::string_view text, const std::string& source);
 
 // A value as a message shows it: its JSON text, cut to 40 characters.
 std::string describe(const nlohmann::json& v);

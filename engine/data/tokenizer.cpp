@@ -292,6 +292,16 @@ int32_t Tokenizer::byte_pieces() const {
     return n;
 }
 
+bool Tokenizer::is_unused(int32_t id) const {
+    check_id(id);
+    return sp_->IsUnused(id);
+}
+
+float Tokenizer::score(int32_t id) const {
+    check_id(id);
+    return sp_->GetScore(id);
+}
+
 const Tokenizer::PieceInfo& Tokenizer::info(int32_t id) const {
     check_id(id);
     return info_[static_cast<size_t>(id)];

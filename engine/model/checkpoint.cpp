@@ -65,7 +65,10 @@ void write_checkpoint(const ModelConfig& config, const std::string& dir_str,
                         ": a checkpoint already exists there (use --force to replace it)");
     }
     std::string tokenizer_bytes;
-    if (!options.tokenizer_path.empty()) tokenizer_bytes = read_file(options.tokenizer_path);
+    if (!options.tokenizer_path.empty())
+        tokenizer_bytes = read_file(options.tokenizer_path);
+    else
+        tokenizer_bytes = options.tokenizer_model;
 
     fs::create_directories(dir.parent_path());
     const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
@@ -90,7 +93,7 @@ void write_checkpoint(const ModelConfig& config, const std::string& dir_str,
             writer.write_next(buffer.data());
         }
         writer.finish();
-        if (!options.tokenizer_path.empty())
+        if (!tokenizer_bytes.empty())
             write_file_atomic((tmp / "tokenizer.model").string(), tokenizer_bytes);
         for (const auto& [name, bytes] : options.extra_files)
             write_file_atomic((tmp / name).string(), bytes);

@@ -16,8 +16,9 @@ namespace tmx {
 
 struct CheckpointWriteOptions {
     StorageType dtype = StorageType::F32;
-    std::string tokenizer_path;  // copied in as tokenizer.model when not empty
-    bool overwrite = false;      // replace an existing checkpoint directory
+    std::string tokenizer_path;   // copied in as tokenizer.model when not empty
+    std::string tokenizer_model;  // else these bytes are, when not empty
+    bool overwrite = false;       // replace an existing checkpoint directory
     // Extra files written beside the model (name -> contents), e.g. optimizer state.
     std::map<std::string, std::string> extra_files;
 };
