@@ -101,30 +101,11 @@ StorageType parse_header_dtype(const std::string& dt, const std::string& where) 
                 " cannot be read by this engine (supported: F32, BF16, F16, F64)");
 }
 
-// Parses the JSON header, refusing a key that appears twice in one object (JSON parsers keep
-// one of the two silently; the safetensors format forbids it).
+// The JSON header; a key twice in one object (a tensor listed twice, or a field of one) is
+// refused: JSON parsers keep one of the two silently, the safetensors format forbids it.
 json parse_header(const char* begin, const char* end, const std::string& path) {
-    std::vector<std::set<std::string>> keys_per_object;  // one set per open object
-    std::string tensor, duplicate;
-    auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-        if (event == json::parse_event_t::object_start) keys_per_object.emplace_back();
-        if (event == json::parse_event_t::object_end) keys_per_object.pop_back();
-        if (event == json::parse_event_t::key && duplicate.empty()) {
-            const std::string& key = parsed.get_ref<const std::string&>();
-            if (depth == 1) tensor = key;
-            if (!keys_per_object.back().insert(key).second)
-                duplicate = depth == 1 ? "tensor '" + key + "' is listed twice"
-                                       : "tensor '" + tensor + "': key '" + key + "' appears twice";
-        }
-        return true;
-    };
-    json header;
-    try {
-        header = json::parse(begin, end, on_event);
-    } catch (const json::exception& e) {
-        throw Error(path + ": corrupt header (not valid JSON: " + e.what() + ")");
-    }
-    if (!duplicate.empty()) throw Error(path + ": corrupt header: " + duplicate);
+    json header = json_fields::parse_unique_keys(std::string_view(begin, end - begin),
+                                                 path + ": corrupt header");
     if (!header.is_object()) throw Error(path + ": corrupt header (not a JSON object)");
     return header;
 }

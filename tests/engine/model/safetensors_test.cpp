@@ -67,11 +67,11 @@ TEST(Safetensors, MalformedHeadersAreErrorsNamingTheTensor) {
     const std::string a = entry("a", "[2]", 0, 8);
     const Case cases[] = {
         {"a tensor listed twice", "{" + a + ", " + entry("b", "[1]", 8, 12) + ", " + a + "}", 12,
-         "tensor 'a' is listed twice"},
+         "corrupt header: key 'a' appears twice"},
         {"a key twice in one entry",
          "{\"a\": {\"dtype\": \"F32\", \"dtype\": \"F32\", \"shape\": [2], "
          "\"data_offsets\": [0, 8]}}",
-         8, "tensor 'a': key 'dtype' appears twice"},
+         8, "corrupt header: key 'a.dtype' appears twice"},
         {"overlapping ranges", "{" + a + ", " + entry("b", "[2]", 4, 12) + "}", 12,
          "tensor 'b': data [4, 12) overlaps tensor 'a'"},
         {"a gap between ranges", "{" + a + ", " + entry("b", "[1]", 12, 16) + "}", 16,
