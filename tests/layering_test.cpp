@@ -20,8 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // The rooms of engine/, each allowed to include itself and those before it.
-const std::vector<std::string> kEngineRooms = {"core",  "compute", "model", "data",
-                                               "train", "infer",   "report"};
+const std::vector<std::string> kEngineRooms = {"core",  "compute", "model",  "data",
+                                               "train", "infer",   "report", "interop"};
 // The top-level layers, each allowed to include itself and those before it.
 const std::vector<std::string> kLayers = {"engine", "backends", "apps"};
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -77,8 +78,11 @@ nlohmann::json read_json_file(const std::string& path) {
     }
 }
 
-AtomicFileWriter::AtomicFileWriter(std::string path)
-    : path_(std::move(path)), tmp_(path_ + ".tmp." + std::to_string(::getpid())) {
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+    // Two writers of one path in one process (threads) must not share a temporary file.
+    static std::atomic<uint64_t> serial{0};
+    tmp_ = path_ + ".tmp." + std::to_string(::getpid());
+    if (const uint64_t n = serial++; n > 0) tmp_ += "." + std::to_string(n);
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error(tmp_ + ": cannot create: " + std::strerror(errno));
 }
@@ -118,6 +122,9 @@ void AtomicFileWriter::commit() {
         ::unlink(tmp_.c_str());
         throw Error(path_ + ": cannot rename into place: " + std::strerror(err));
     }
+    // The rename itself survives a crash once the directory is flushed.
+    const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+    fsync_path(parent.empty() ? "." : parent.string());
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {
