@@ -31,6 +31,8 @@ void add_prepare_command(CLI::App& app, CommonOptions& common);
 void add_train_command(CLI::App& app, CommonOptions& common);
 void add_plot_command(CLI::App& app, CommonOptions& common);
 void add_convert_command(CLI::App& app, CommonOptions& common);
+void add_export_command(CLI::App& app, CommonOptions& common);
+void add_import_command(CLI::App& app, CommonOptions& common);
 void add_devices_command(CLI::App& app, CommonOptions& common);
 void add_generate_command(CLI::App& app, CommonOptions& common);
 void add_bench_command(CLI::App& app, CommonOptions& common);

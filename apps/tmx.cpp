@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
     cli::add_train_command(app, common);
     cli::add_plot_command(app, common);
     cli::add_convert_command(app, common);
+    cli::add_export_command(app, common);
+    cli::add_import_command(app, common);
     cli::add_devices_command(app, common);
     cli::check_integer_options(app);
     // An unknown command word: CLI11 would only say that a subcommand is required.
