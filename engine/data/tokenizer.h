@@ -57,7 +57,7 @@ class Tokenizer {
     bool is_unknown(int32_t id) const;
     bool is_unused(int32_t id) const;
     float score(int32_t id) const;  // the piece's score in the model (BPE merge priority)
-    int32_t byte_pieces() const;  // how many <0xNN> pieces (256 with byte fallback)
+    int32_t byte_pieces() const;    // how many <0xNN> pieces (256 with byte fallback)
 
     // Per-id facts the streaming decoder uses.
     enum class Kind : uint8_t { Normal, Byte, Control, Unknown };
