@@ -1,7 +1,7 @@
 // The direction of dependencies (docs/architecture.md), checked over every #include of the
 // source tree: apps -> backends -> engine, and inside engine/ each room uses only itself and the
-// rooms before it: core, compute, model, data, train, infer, report. A file that breaks the order
-// fails this test, which prints each offending line.
+// rooms before it: core, compute, model, data, train, infer, report, interop. A file that breaks
+// the order fails this test, which prints each offending line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,9 +95,10 @@ TEST(Layering, EveryIncludePointsOneWay) {
         ADD_FAILURE() << inc.file << ":" << inc.line << ": #include \"" << inc.target
                       << "\": " << why;
     }
-    std::cout << "[          ] " << includes.size() << " #include lines checked, " << bad
-              << " against the order engine/{core, compute, model, data, train, infer, report}"
-              << " -> backends -> apps\n";
+    std::cout
+        << "[          ] " << includes.size() << " #include lines checked, " << bad
+        << " against the order engine/{core, compute, model, data, train, infer, report, interop}"
+        << " -> backends -> apps\n";
 }
 
 // The check itself: includes that break the order are found.

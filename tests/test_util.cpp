@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/core/errors.h"
+
 namespace tmx::test {
 
 uint64_t fresh_seed() {
@@ -55,6 +57,15 @@ std::string slurp(const std::string& path) {
     return ss.str();
 }
 }  // namespace
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
 
 CommandResult run_tmx(const std::string& args) {
     TempDir dir;

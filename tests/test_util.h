@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct CommandResult {
     int exit_code = 0;
     std::string out, err;
 };
+// The message of the tmx::Error that f throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& f);
+
 // Runs the built tmx with the given arguments (a shell-quoted string).
 CommandResult run_tmx(const std::string& args);
 

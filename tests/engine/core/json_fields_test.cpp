@@ -17,15 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-template <typename F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 TEST(JsonFields, TypedGettersTakeTheirTypeAndNameTheFieldOtherwise) {
     const uint64_t seed = test::fresh_seed();

@@ -19,14 +19,7 @@ using test::write_text;
 using Docs = std::vector<std::string>;
 using Pieces = std::vector<DocumentPiece>;
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 // Reads `paths` through CorpusReader with the given chunk size.
 Docs read_all(const std::vector<std::string>& paths, size_t chunk, CorpusStats* stats = nullptr,

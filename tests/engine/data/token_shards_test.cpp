@@ -30,14 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 uint64_t le(const std::string& bytes, size_t offset, size_t n) {
     uint64_t v = 0;

@@ -29,15 +29,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using test::TempDir;
 
-template <typename F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 ModelConfig tiny_mixtral(int64_t vocab) {
     ModelConfig c;
@@ -224,7 +216,8 @@ TEST_F(Interop, GgufRoundTripIsBitExactInF32AndQ8_0StaysWithinHalfAStep) {
             float amax = 0;
             for (size_t i = blk; i < blk + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
             for (size_t i = blk; i < blk + 32; ++i)
-                ASSERT_LE(std::fabs(x[i] - y[i]), amax / 127 * (0.5f + 127.0f / 2048) + 1e-6f) << name;
+                ASSERT_LE(std::fabs(x[i] - y[i]), amax / 127 * (0.5f + 127.0f / 2048) + 1e-6f)
+                    << name;
         }
     }
     const auto [logits_q, greedy_q] = run(dir / "qback", prompt());
