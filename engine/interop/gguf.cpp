@@ -607,8 +607,13 @@ void Writer::add_tensor(const std::string& name, std::vector<uint64_t> dims, Ten
 }
 
 void Writer::write_out(const void* p, size_t n) {
-    buffer_.append(static_cast<const char*>(p), n);
     written_ += n;
+    if (n >= (1u << 20)) {  // large data goes straight to the file, never copied whole
+        flush_buffer();
+        out_.write(p, n);
+        return;
+    }
+    buffer_.append(static_cast<const char*>(p), n);
     if (buffer_.size() >= (1u << 20)) flush_buffer();
 }
 

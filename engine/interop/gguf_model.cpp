@@ -307,6 +307,7 @@ ModelConfig config_from_gguf(const gguf::Reader& r) {
         refuse("llama.rope.scaling.factor", "is not 1: the engine implements plain RoPE only");
     ModelConfig c;
     c.ffn_type = FfnType::SwiGlu;
+    c.activation = Activation::Silu;  // SwiGLU gates with SiLU, as the native swiglu configs say
     c.norm_type = NormType::RmsNorm;
     c.ffn_bias = c.attn_bias = false;
     c.d_model = r.get_u32("llama.embedding_length");

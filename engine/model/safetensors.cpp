@@ -232,21 +232,26 @@ void SafetensorsFile::read_f32(const std::string& name, float* out) const {
         read_exact_at(fd_, out, n * 4, data_start_ + e.begin, path_);
         return;
     }
-    std::vector<unsigned char> raw(static_cast<size_t>(e.end - e.begin));
-    read_exact_at(fd_, raw.data(), raw.size(), data_start_ + e.begin, path_);
-    const unsigned char* src = raw.data();
-    if (e.dtype == StorageType::F64) {
-        for (size_t i = 0; i < n; ++i) {
-            double v;
-            std::memcpy(&v, src + 8 * i, 8);
-            out[i] = static_cast<float>(v);
+    // Other dtypes in chunks, so that memory stays at the fp32 result.
+    const size_t es = storage_size(e.dtype);
+    constexpr size_t kChunk = size_t{1} << 20;  // elements
+    std::vector<unsigned char> raw(std::min(n, kChunk) * es);
+    for (size_t first = 0; first < n; first += kChunk) {
+        const size_t count = std::min(kChunk, n - first);
+        read_exact_at(fd_, raw.data(), count * es, data_start_ + e.begin + first * es, path_);
+        const unsigned char* src = raw.data();
+        float* dst = out + first;
+        for (size_t i = 0; i < count; ++i) {
+            if (e.dtype == StorageType::F64) {
+                double v;
+                std::memcpy(&v, src + 8 * i, 8);
+                dst[i] = static_cast<float>(v);
+            } else {
+                uint16_t h;
+                std::memcpy(&h, src + 2 * i, 2);
+                dst[i] = e.dtype == StorageType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+            }
         }
-        return;
-    }
-    for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = e.dtype == StorageType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
     }
 }
 
@@ -330,8 +335,16 @@ void SafetensorsWriter::write_next(const float* data) {
     if (next_ >= plan_.size())
         throw Error(out_.path() + ": more tensors written than the header lists");
     const SafetensorsEntryPlan& t = plan_[next_++];
-    encode_f32_as(t.dtype, data, static_cast<size_t>(shape_numel(t.shape)), scratch_);
-    out_.write(scratch_);
+    const size_t n = static_cast<size_t>(shape_numel(t.shape));
+    if (t.dtype == StorageType::F32) {  // no copy
+        out_.write(data, n * 4);
+        return;
+    }
+    constexpr size_t kChunk = size_t{1} << 20;  // elements: memory stays at the caller's data
+    for (size_t first = 0; first < n; first += kChunk) {
+        encode_f32_as(t.dtype, data + first, std::min(kChunk, n - first), scratch_);
+        out_.write(scratch_);
+    }
 }
 
 void SafetensorsWriter::finish() {

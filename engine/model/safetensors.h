@@ -53,7 +53,7 @@ struct SafetensorsEntryPlan {
 
 // Writes a safetensors file tensor by tensor: the header (from the plan, data in plan order) at
 // construction, then each tensor's fp32 values converted to its dtype; finish() puts the file
-// in place atomically. Memory: one tensor's encoded bytes.
+// in place atomically. Memory: a few MB besides the caller's values.
 class SafetensorsWriter {
   public:
     SafetensorsWriter(const std::string& path, const std::vector<SafetensorsEntryPlan>& tensors);

@@ -62,6 +62,7 @@ std::optional<ModelConfig> engine_config_for(const json& cfg, const std::string&
     nc["n_kv_heads"] = a.kv_heads;
     nc["head_dim"] = a.head_dim;
     nc["ffn_type"] = "swiglu";
+    nc["activation"] = "silu";  // SwiGLU gates with SiLU, as the native swiglu configs say
     nc["d_ff"] = r.integer("intermediate_size", type == "llama" ? 11008 : 14336);
     nc["ffn_bias"] = type == "llama" && r.boolean("mlp_bias", false);
     nc["attn_bias"] = type == "llama" && r.boolean("attention_bias", false);

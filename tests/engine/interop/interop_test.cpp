@@ -40,6 +40,7 @@ ModelConfig tiny_mixtral(int64_t vocab) {
     c.n_kv_heads = 2;
     c.head_dim = 16;
     c.ffn_type = FfnType::SwiGlu;
+    c.activation = Activation::Silu;
     c.d_ff = 96;
     c.ffn_bias = false;
     c.norm_type = NormType::RmsNorm;
