@@ -284,6 +284,168 @@ TEST(GgufRope, PermutedRowsUnderLlamaCppsRotationGiveOurScores) {
     EXPECT_GT(unpermuted_diff, 1e-3);  // without the permutation the scores differ
 }
 
+// The exported file read byte by byte as the GGUF spec lays it out, without our reader: the
+// header, each metadata key in order with its value type, the tensor infos (names, dims fastest
+// first, types, offsets aligned to 32 and packed), and one Q8_0 block computed by hand from the
+// checkpoint's values.
+TEST_F(Interop, GgufExportFollowsTheSpecByteByByte) {
+    TempDir dir;
+    interop::GgufExportOptions q;
+    q.dtype = gguf::TensorType::Q8_0;
+    interop::export_gguf(checkpoint_, dir / "m.gguf", q);
+    const std::string b = read_file(dir / "m.gguf");
+    size_t pos = 0;
+    auto u32 = [&] {
+        uint32_t v = 0;
+        for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(b.at(pos + i))) << (8 * i);
+        pos += 4;
+        return v;
+    };
+    auto u64 = [&] {
+        uint64_t v = 0;
+        for (int i = 0; i < 8; ++i) v |= uint64_t(uint8_t(b.at(pos + i))) << (8 * i);
+        pos += 8;
+        return v;
+    };
+    auto str = [&] {
+        const uint64_t n = u64();
+        std::string s = b.substr(pos, n);
+        pos += n;
+        return s;
+    };
+    ASSERT_EQ(b.substr(0, 4), "GGUF");
+    pos = 4;
+    EXPECT_EQ(u32(), 3u);
+    const uint64_t n_tensors = u64(), n_kv = u64();
+    // 1 + 2 layers x (6 + router + 3 stacks) + output_norm + output = 23 tensors.
+    EXPECT_EQ(n_tensors, 23u);
+    const std::vector<std::pair<std::string, uint32_t>> expected_kv = {
+        {"general.architecture", 8},
+        {"general.name", 8},
+        {"general.file_type", 4},
+        {"general.quantization_version", 4},
+        {"llama.vocab_size", 4},
+        {"llama.context_length", 4},
+        {"llama.embedding_length", 4},
+        {"llama.block_count", 4},
+        {"llama.feed_forward_length", 4},
+        {"llama.attention.head_count", 4},
+        {"llama.attention.head_count_kv", 4},
+        {"llama.attention.key_length", 4},
+        {"llama.attention.value_length", 4},
+        {"llama.rope.freq_base", 6},
+        {"llama.rope.dimension_count", 4},
+        {"llama.attention.layer_norm_rms_epsilon", 6},
+        {"llama.expert_count", 4},
+        {"llama.expert_used_count", 4},
+        {"llama.attention.sliding_window", 4},
+        {"tmx.rope_theta", 12},
+        {"tmx.norm_eps", 12},
+        {"tmx.router_aux_loss_coef", 12},
+        {"tokenizer.ggml.model", 8},
+        {"tokenizer.ggml.pre", 8},
+        {"tokenizer.ggml.tokens", 9},
+        {"tokenizer.ggml.scores", 9},
+        {"tokenizer.ggml.token_type", 9},
+        {"tokenizer.ggml.bos_token_id", 4},
+        {"tokenizer.ggml.eos_token_id", 4},
+        {"tokenizer.ggml.unknown_token_id", 4},
+        {"tokenizer.ggml.add_bos_token", 7},
+        {"tokenizer.ggml.add_eos_token", 7}};
+    ASSERT_EQ(n_kv, expected_kv.size());
+    const Tokenizer tok = Tokenizer::load(tokenizer_);
+    for (const auto& [key, type] : expected_kv) {
+        ASSERT_EQ(str(), key);
+        ASSERT_EQ(u32(), type) << key;
+        switch (type) {
+            case 4: {
+                const uint32_t v = u32();
+                if (key == "llama.embedding_length") EXPECT_EQ(v, 64u);
+                if (key == "llama.expert_count") EXPECT_EQ(v, 4u);
+                if (key == "general.file_type") EXPECT_EQ(v, 7u);  // mostly Q8_0
+                if (key == "llama.rope.dimension_count") EXPECT_EQ(v, 16u);
+                break;
+            }
+            case 6:
+                pos += 4;
+                break;
+            case 7:
+                EXPECT_EQ(uint8_t(b.at(pos)), key.ends_with("bos_token") ? 1 : 0);
+                pos += 1;
+                break;
+            case 8:
+                str();
+                break;
+            case 12:
+                pos += 8;
+                break;
+            case 9: {
+                const uint32_t elem = u32();
+                const uint64_t count = u64();
+                EXPECT_EQ(count, static_cast<uint64_t>(tok.vocab_size())) << key;
+                if (elem == 8) {
+                    for (uint64_t i = 0; i < count; ++i)
+                        EXPECT_EQ(str(), tok.piece(static_cast<int32_t>(i)));
+                } else {
+                    EXPECT_EQ(elem, key.ends_with("scores") ? 6u : 5u) << key;  // f32, i32
+                    pos += count * 4;
+                }
+                break;
+            }
+        }
+    }
+    struct Info {
+        std::string name;
+        std::vector<uint64_t> dims;
+        uint32_t type;
+        uint64_t offset;
+    };
+    std::vector<Info> infos;
+    for (uint64_t t = 0; t < n_tensors; ++t) {
+        Info in;
+        in.name = str();
+        const uint32_t nd = u32();
+        for (uint32_t d = 0; d < nd; ++d) in.dims.push_back(u64());
+        in.type = u32();
+        in.offset = u64();
+        infos.push_back(in);
+    }
+    const size_t data = (pos + 31) / 32 * 32;  // the data section starts aligned
+    for (size_t i = pos; i < data; ++i) EXPECT_EQ(b[i], 0) << "padding byte " << i;
+    EXPECT_EQ(infos[0].name, "token_embd.weight");
+    EXPECT_EQ(infos[0].dims, (std::vector<uint64_t>{64, kVocab}));
+    uint64_t expect_offset = 0;
+    for (const Info& in : infos) {
+        SCOPED_TRACE(in.name);
+        EXPECT_EQ(in.offset, expect_offset);
+        uint64_t numel = 1;
+        for (uint64_t d : in.dims) numel *= d;
+        const bool one_d = in.dims.size() == 1,
+                   router = in.name.find("ffn_gate_inp") != std::string::npos;
+        EXPECT_EQ(in.type, one_d || router ? 0u : 8u);  // norms and router F32, matrices Q8_0
+        const uint64_t bytes = in.type == 8 ? numel / 32 * 34 : numel * 4;
+        expect_offset = (in.offset + bytes + 31) / 32 * 32;
+    }
+    EXPECT_EQ(b.size(), data + expect_offset);
+    // blk.0.ffn_gate_exps: [in 64, out 96, E 4]; its first block is expert 0's w1 row 0, [0, 32).
+    const Info* gate = nullptr;
+    for (const Info& in : infos)
+        if (in.name == "blk.0.ffn_gate_exps.weight") gate = &in;
+    ASSERT_NE(gate, nullptr);
+    EXPECT_EQ(gate->dims, (std::vector<uint64_t>{64, 96, 4}));
+    const SafetensorsFile ck(checkpoint_ + "/model.safetensors");
+    std::vector<float> w1(96 * 64);
+    ck.read_f32("model.layers.0.block_sparse_moe.experts.0.w1.weight", w1.data());
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(w1[i]));
+    const float d = amax / 127;
+    const uint16_t d16 = f32_to_f16(d);
+    const size_t at = data + gate->offset;
+    EXPECT_EQ(uint8_t(b[at]) | uint16_t(uint8_t(b[at + 1])) << 8, d16);
+    for (int i = 0; i < 32; ++i)
+        EXPECT_EQ(int8_t(b[at + 2 + i]), static_cast<int8_t>(std::lround(w1[i] * (1.0f / d)))) << i;
+}
+
 TEST_F(Interop, FlavoursNoClassExpressesAreRefusedBeforeWriting) {
     TempDir dir;
     struct Case {
@@ -438,6 +600,59 @@ TEST_F(Interop, HostileHuggingFaceDirectoriesAreRefusedNamingTheFileAndField) {
     fs::remove(dir / "hf/tokenizer.model");
     e = error_of([&] { interop::import_hf(dir / "hf", dir / "back", {}); });
     EXPECT_NE(e.find("tokenizer.model"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(dir / "back"));
+}
+
+// A config whose sizes disagree with the tensors: the HF import names the tensor and both
+// shapes; a GGUF whose metadata disagrees with a tensor's dims names the tensor; an extra tensor
+// is refused by name. Nothing is written under the output name.
+TEST_F(Interop, ShapeAndTensorMismatchesAreRefusedNamingTheTensor) {
+    TempDir dir;
+    interop::export_hf(checkpoint_, dir / "hf", {});
+    json cfg = read_json_file(dir / "hf/config.json");
+    cfg["intermediate_size"] = 80;
+    write_file_atomic(dir / "hf/config.json", cfg.dump());
+    std::string e = error_of([&] { interop::import_hf(dir / "hf", dir / "back", {}); });
+    EXPECT_NE(e.find("has shape [96, 64], but config.json needs [80, 64]"), std::string::npos) << e;
+    EXPECT_NE(e.find("experts.0.w1.weight"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(dir / "back"));
+
+    interop::export_gguf(checkpoint_, dir / "m.gguf", {});
+    // Copy the file with one metadata value changed, or one tensor added.
+    auto rewrite = [&](const std::string& out, const std::string& key, gguf::Value v,
+                       bool extra_tensor) {
+        const gguf::Reader r(dir / "m.gguf");
+        gguf::Writer w(out);
+        for (const auto& [k, value] : r.metadata()) w.add(k, k == key ? v : value);
+        for (const auto& t : r.tensors()) w.add_tensor(t.name, t.dims, t.type);
+        if (extra_tensor) w.add_tensor("blk.0.attn_q.bias", {64}, gguf::TensorType::F32);
+        w.write_header();
+        std::string bytes;
+        for (const auto& t : r.tensors()) {
+            bytes.resize(t.bytes);
+            r.read_raw(t, 0, t.bytes, bytes.data());
+            w.append(bytes.data(), bytes.size());
+        }
+        if (extra_tensor) {
+            const std::vector<float> zeros(64, 0.5f);
+            w.append_f32(zeros.data(), zeros.size());
+        }
+        w.finish();
+    };
+    rewrite(dir / "ff.gguf", "llama.feed_forward_length", gguf::Value::u32(80), false);
+    e = error_of([&] { interop::import_gguf(dir / "ff.gguf", dir / "back", {}); });
+    EXPECT_NE(e.find("ff.gguf: tensor 'blk.0.ffn_gate_exps.weight' has dims [64, 96, 4]"),
+              std::string::npos)
+        << e;
+    rewrite(dir / "extra.gguf", "", {}, true);
+    e = error_of([&] { interop::import_gguf(dir / "extra.gguf", dir / "back", {}); });
+    EXPECT_NE(e.find("unexpected tensor 'blk.0.attn_q.bias'"), std::string::npos) << e;
+    rewrite(dir / "arch.gguf", "general.architecture", gguf::Value::string("qwen2"), false);
+    e = error_of([&] { interop::import_gguf(dir / "arch.gguf", dir / "back", {}); });
+    EXPECT_NE(e.find("'general.architecture' is \"qwen2\""), std::string::npos) << e;
+    rewrite(dir / "rope.gguf", "llama.rope.dimension_count", gguf::Value::u32(8), false);
+    e = error_of([&] { interop::import_gguf(dir / "rope.gguf", dir / "back", {}); });
+    EXPECT_NE(e.find("llama.rope.dimension_count"), std::string::npos) << e;
     EXPECT_FALSE(fs::exists(dir / "back"));
 }
 
