@@ -175,6 +175,67 @@ TEST_F(Interop, HuggingFaceBf16AndF16StayWithinTheirRounding) {
     }
 }
 
+// Dense models: Mistral (a window) and Llama (none; with every bias Llama's attention_bias and
+// mlp_bias carry) round trip through Hugging Face bit-exactly, under the names those classes
+// use (gate_proj, up_proj, down_proj); Mistral through GGUF in F16 and BF16 too, within their
+// rounding. A config without head_dim reads as hidden_size / heads.
+TEST_F(Interop, DenseMistralAndLlamaRoundTrip) {
+    TempDir dir;
+    for (const bool llama : {false, true}) {
+        SCOPED_TRACE(llama ? "llama" : "mistral");
+        ModelConfig c = tiny_mixtral(kVocab);
+        c.n_experts = 0;
+        c.top_k = 1;
+        if (llama) {
+            c.sliding_window = 0;
+            c.attn_bias = c.ffn_bias = true;
+        }
+        auto backend = make_backend("cpu");
+        Model model(c, *backend);
+        model.init_random(test::fresh_seed());
+        CheckpointWriteOptions w;
+        w.tokenizer_path = tokenizer_;
+        w.overwrite = true;
+        save_checkpoint(model, dir / "ck", w);
+        interop::HfExportOptions h;
+        h.overwrite = true;
+        EXPECT_EQ(interop::export_hf(dir / "ck", dir / "hf", h).architecture,
+                  llama ? "LlamaForCausalLM" : "MistralForCausalLM");
+        const SafetensorsFile exported(dir / "hf/model.safetensors");
+        EXPECT_TRUE(exported.entries().count("model.layers.1.mlp.gate_proj.weight"));
+        EXPECT_TRUE(exported.entries().count("model.layers.1.mlp.down_proj.weight"));
+        EXPECT_EQ(exported.entries().count("model.layers.1.mlp.up_proj.bias"), llama ? 1u : 0u);
+        json cfg = read_json_file(dir / "hf/config.json");
+        cfg.erase("head_dim");  // 64 / 4 = 16, as the config says
+        write_file_atomic(dir / "hf/config.json", cfg.dump());
+        interop::ImportOptions o;
+        o.overwrite = true;
+        interop::import_hf(dir / "hf", dir / "back", o);
+        EXPECT_EQ(read_file(dir / "back/model.safetensors"),
+                  read_file(dir / "ck/model.safetensors"));
+        EXPECT_EQ(read_file(dir / "back/config.json"), read_file(dir / "ck/config.json"));
+        if (llama) continue;  // GGUF carries no biases
+        for (const gguf::TensorType t : {gguf::TensorType::F16, gguf::TensorType::BF16}) {
+            interop::GgufExportOptions g;
+            g.dtype = t;
+            g.overwrite = true;
+            interop::export_gguf(dir / "ck", dir / "m.gguf", g);
+            interop::import_gguf(dir / "m.gguf", dir / "gback", o);
+            const SafetensorsFile a(dir / "ck/model.safetensors"),
+                b(dir / "gback/model.safetensors");
+            const float rel =
+                t == gguf::TensorType::BF16 ? std::ldexp(1.0f, -8) : std::ldexp(1.0f, -11);
+            for (const auto& [name, e] : a.entries()) {
+                std::vector<float> x(static_cast<size_t>(shape_numel(e.shape))), y(x.size());
+                a.read_f32(name, x.data());
+                b.read_f32(name, y.data());
+                for (size_t i = 0; i < x.size(); ++i)
+                    ASSERT_LE(std::fabs(x[i] - y[i]), rel * std::fabs(x[i]) + 1e-7f) << name;
+            }
+        }
+    }
+}
+
 TEST_F(Interop, GgufRoundTripIsBitExactInF32AndQ8_0StaysWithinHalfAStep) {
     TempDir dir;
     interop::export_gguf(checkpoint_, dir / "m.gguf", {});
