@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # CI's second stage: the whole test suite built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (any finding fails the test), then a short libFuzzer run of each
-# reader of untrusted files (safetensors, config, token shard, corpus), on the seeds in
-# tests/fuzz/seeds. Builds with clang into build-sanitize/, its own directory, with CUDA off
-# (nvcc cannot build with the sanitizers) and without the benchmarks.
+# reader of untrusted files (safetensors, config, token shard, corpus, GGUF, the Hugging Face
+# shard index), on the seeds in tests/fuzz/seeds. Builds with clang into build-sanitize/, its
+# own directory, with CUDA off (nvcc cannot build with the sanitizers) and without the
+# benchmarks.
 # Usage: scripts/sanitize.sh [--fuzz-seconds N]   (N per fuzz target, default 25; 0: no fuzzing)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,7 +13,7 @@ fuzz_seconds=25
 while [ $# -gt 0 ]; do
   case "$1" in
     --fuzz-seconds) fuzz_seconds="$2"; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "sanitize.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
