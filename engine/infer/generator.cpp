@@ -9,147 +9,52 @@
 #include "engine/model/kv_cache.h"
 
 namespace tmx {
-namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Per-sequence decoding state.
-struct Sequence {
-    Rng rng;
-    std::vector<int32_t> history;  // prompt and generated tokens
-    int64_t next_position = 0;     // where the last drawn token will be fed
-    bool done = false;
-};
-
-}  // namespace
-
-const char* to_string(StopReason reason) {
-    switch (reason) {
-        case StopReason::Eos:
-            return "eos";
-        case StopReason::Stop:
-            return "stop";
-        case StopReason::Length:
-            return "length";
+uint64_t generation_stream_seed(uint64_t seed, const std::vector<int32_t>& prompt, int copy) {
+    std::string name = "generate/" + std::to_string(copy);
+    for (int32_t id : prompt) {
+        name += ',';
+        name += std::to_string(id);
     }
-    return "?";
+    return stream_seed(seed, name);
 }
 
 std::vector<TokenGeneration> generate_tokens(Model& model,
                                              const std::vector<std::vector<int32_t>>& prompts,
                                              const GenerationOptions& options,
                                              const TokenCallback& on_token) {
-    const ModelConfig& c = model.config();
-    Backend& be = model.backend();
     validate(options.sampling);
     if (options.max_new_tokens < 0) throw UsageError("--max-new-tokens must be >= 0");
-    const int64_t window = c.sliding_window > 0 ? c.sliding_window : c.max_seq_len;
-    const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : window;
-    if (chunk > window)
-        throw UsageError("--prefill-chunk " + std::to_string(chunk) +
-                         " is larger than the model's attention window (" + std::to_string(window) +
-                         ")");
-    const int64_t limit = kv_cache_max_positions(c);  // -1: unbounded
-    const int64_t B = static_cast<int64_t>(prompts.size());
     std::vector<TokenGeneration> results(prompts.size());
-    if (B == 0) return results;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        if (prompts[i].empty()) throw std::logic_error("generate_tokens: empty prompt");
-        if (limit >= 0 && static_cast<int64_t>(prompts[i].size()) > limit)
-            throw Error("prompt " + std::to_string(i + 1) + " has " +
-                        std::to_string(prompts[i].size()) +
-                        " tokens, more than this full-attention model's max_seq_len (" +
-                        std::to_string(limit) + ")");
-    }
-
-    KvCache cache(c, be, B);
-    const int64_t V = c.vocab_size;
-    std::vector<float> logits(static_cast<size_t>(B * V));
-    std::vector<Sequence> seqs;
+    if (prompts.empty()) return results;
+    for (const auto& p : prompts)
+        if (p.empty()) throw std::logic_error("generate_tokens: empty prompt");
+    SchedulerOptions so;
+    so.slots = static_cast<int64_t>(prompts.size());
+    so.prefill_chunk = options.prefill_chunk;
+    so.prefill_chunks_per_step = 0;  // a batch job: every prefill before the first decode step
+    Scheduler scheduler(model, so);
     std::map<std::vector<int32_t>, int> copies_so_far;
-    for (int64_t b = 0; b < B; ++b) {
-        // The stream of (seed, prompt, how many identical prompts came before it): the same
-        // alone as in any batch, yet different for repeated prompts.
-        std::string name = "generate/";
-        name += std::to_string(copies_so_far[prompts[b]]++);
-        for (int32_t id : prompts[b]) {
-            name += ',';
-            name += std::to_string(id);
-        }
-        seqs.push_back({Rng(stream_seed(options.seed, name)), prompts[b],
-                        static_cast<int64_t>(prompts[b].size())});
-    }
-
-    // Draws sequence b's next token from its logits row; marks it done when it stops.
-    auto draw = [&](int64_t b, const float* row_logits) {
-        Sequence& s = seqs[b];
-        TokenGeneration& r = results[b];
-        const int32_t token = sample_token(row_logits, V, options.sampling, s.history, s.rng);
-        s.history.push_back(token);
-        r.ids.push_back(token);
-        bool stop = false;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+        SequenceRequest r;
+        r.prompt = prompts[b];
+        r.max_new_tokens = options.max_new_tokens;
+        r.sampling = options.sampling;
+        r.stream_seed =
+            generation_stream_seed(options.seed, prompts[b], copies_so_far[prompts[b]]++);
+        r.end_ids = options.end_ids;
         if (on_token)
-            stop = on_token(static_cast<size_t>(b), token,
-                            std::span<const float>(row_logits, static_cast<size_t>(V)));
-        if (std::find(options.end_ids.begin(), options.end_ids.end(), token) !=
-            options.end_ids.end()) {
-            r.stop_reason = StopReason::Eos;
-            s.done = true;
-        } else if (stop) {
-            r.stop_reason = StopReason::Stop;
-            s.done = true;
-        } else if (static_cast<int64_t>(r.ids.size()) >= options.max_new_tokens ||
-                   (limit >= 0 && s.next_position >= limit)) {
-            r.stop_reason = StopReason::Length;
-            s.done = true;
-        }
-    };
-
-    // Prefill: each prompt alone, in chunks, into its row of the cache.
-    for (int64_t b = 0; b < B; ++b) {
-        const std::vector<int32_t>& p = prompts[b];
-        results[b].prompt_ids = p;
-        const auto t0 = std::chrono::steady_clock::now();
-        const KvCache row_cache = cache.sequence(b);
-        Tensor last;
-        for (size_t start = 0; start < p.size(); start += static_cast<size_t>(chunk)) {
-            const size_t n = std::min(p.size() - start, static_cast<size_t>(chunk));
-            std::vector<int32_t> piece(p.begin() + static_cast<std::ptrdiff_t>(start),
-                                       p.begin() + static_cast<std::ptrdiff_t>(start + n));
-            last = model.forward_cached(piece, 1, static_cast<int64_t>(n),
-                                        {static_cast<int32_t>(start)}, row_cache);
-        }
-        be.download(last, logits.data());
-        results[b].prefill_seconds = seconds_since(t0);
-        if (options.max_new_tokens == 0) {
-            seqs[b].done = true;
-            continue;
-        }
-        draw(b, logits.data());
-    }
-
-    // Decode: every sequence steps together. A finished sequence rides along on its last
-    // token and position (its output is ignored), keeping the batch's shape fixed.
-    const auto decode_start = std::chrono::steady_clock::now();
-    std::vector<int32_t> tokens(static_cast<size_t>(B)), start(static_cast<size_t>(B));
-    while (std::any_of(seqs.begin(), seqs.end(), [](const Sequence& s) { return !s.done; })) {
-        for (int64_t b = 0; b < B; ++b) {
-            tokens[b] = seqs[b].history.back();
-            start[b] = static_cast<int32_t>(limit >= 0 ? std::min(seqs[b].next_position, limit - 1)
-                                                       : seqs[b].next_position);
-        }
-        Tensor out = model.forward_cached(tokens, B, 1, start, cache);
-        be.download(out, logits.data());
-        for (int64_t b = 0; b < B; ++b) {
-            if (seqs[b].done) continue;
-            ++seqs[b].next_position;
-            ++results[b].decode_steps;
-            draw(b, logits.data() + b * V);
-            if (seqs[b].done) results[b].decode_seconds = seconds_since(decode_start);
+            r.on_token = [&on_token, b](int32_t token, std::span<const float> logits) {
+                return on_token(b, token, logits);
+            };
+        r.on_done = [&results, b](TokenGeneration&& g) { results[b] = std::move(g); };
+        try {
+            scheduler.submit(std::move(r));
+        } catch (const Error& e) {
+            throw Error("prompt " + std::to_string(b + 1) + ": " + e.what());
         }
     }
+    scheduler.run_until_idle();
     return results;
 }
 

@@ -1,6 +1,7 @@
-// Generation (DESIGN.md section 4): each prompt is prefilled into its row of a rolling-buffer
-// KV cache in chunks of at most the attention window, then all prompts decode together, one
-// token per step, each at its own position. Device-independent: it runs on any Backend.
+// Generation (DESIGN.md section 4) of a batch of prompts, on the scheduler (scheduler.h) with one
+// slot per prompt: each prompt is prefilled into its row of a rolling-buffer KV cache in chunks
+// of at most the attention window, then all prompts decode together, one token per step, each
+// at its own position. Device-independent: it runs on any Backend.
 //
 // Randomness: each prompt draws from its own stream, seeded by the seed, the prompt's tokens and
 // its index among identical prompts of the batch (0 for the first copy). So a prompt generated
@@ -16,12 +17,10 @@
 
 #include "engine/data/tokenizer.h"
 #include "engine/infer/sampling.h"
+#include "engine/infer/scheduler.h"
 #include "engine/model/model.h"
 
 namespace tmx {
-
-enum class StopReason { Eos, Stop, Length };
-const char* to_string(StopReason reason);  // "eos", "stop", "length"
 
 struct GenerationOptions {
     int64_t max_new_tokens = 256;
@@ -34,15 +33,9 @@ struct GenerationOptions {
     std::vector<int32_t> end_ids;
 };
 
-// One sequence's outcome at token level.
-struct TokenGeneration {
-    std::vector<int32_t> prompt_ids;  // as fed to the model
-    std::vector<int32_t> ids;         // generated, EOS included when drawn
-    StopReason stop_reason = StopReason::Length;
-    double prefill_seconds = 0.0;  // this prompt's prefill
-    double decode_seconds = 0.0;   // from the first decode step until this sequence ended
-    int64_t decode_steps = 0;      // decode forward passes this sequence took part in
-};
+// The random stream of a prompt generated with `seed`, the `copy`-th identical prompt (0 for the
+// first) of its batch: the same alone as in any batch, yet different for repeated prompts.
+uint64_t generation_stream_seed(uint64_t seed, const std::vector<int32_t>& prompt, int copy);
 
 // Called for every drawn token with the logits it was drawn from; returning true stops that
 // sequence with StopReason::Stop (e.g. a stop string completed).

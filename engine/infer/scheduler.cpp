@@ -1,0 +1,211 @@
+#include "engine/infer/scheduler.h"
+
+#include <algorithm>
+
+#include "engine/core/errors.h"
+
+namespace tmx {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+const char* to_string(StopReason reason) {
+    switch (reason) {
+        case StopReason::Eos:
+            return "eos";
+        case StopReason::Stop:
+            return "stop";
+        case StopReason::Length:
+            return "length";
+        case StopReason::Cancelled:
+            return "cancelled";
+    }
+    return "?";
+}
+
+Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
+    : model_(model), options_(options) {
+    const ModelConfig& c = model.config();
+    if (options.slots < 1) throw UsageError("the scheduler needs at least one slot");
+    const int64_t window = c.sliding_window > 0 ? c.sliding_window : c.max_seq_len;
+    chunk_ = options.prefill_chunk > 0 ? options.prefill_chunk : window;
+    if (chunk_ > window)
+        throw UsageError("--prefill-chunk " + std::to_string(chunk_) +
+                         " is larger than the model's attention window (" + std::to_string(window) +
+                         ")");
+    limit_ = kv_cache_max_positions(c);
+    cache_ = KvCache(c, model.backend(), options.slots);
+    slots_.resize(static_cast<size_t>(options.slots));
+    logits_.resize(static_cast<size_t>(options.slots * c.vocab_size));
+}
+
+Scheduler::Id Scheduler::submit(SequenceRequest request) {
+    validate(request.sampling);
+    if (request.max_new_tokens < 0) throw UsageError("max_new_tokens must be >= 0");
+    if (request.prompt.empty()) throw Error("a sequence needs a non-empty prompt");
+    if (limit_ >= 0 && static_cast<int64_t>(request.prompt.size()) > limit_)
+        throw Error("a prompt of " + std::to_string(request.prompt.size()) +
+                    " tokens is longer than this full-attention model's max_seq_len (" +
+                    std::to_string(limit_) + ")");
+    const int64_t vocab = model_.config().vocab_size;
+    for (int32_t id : request.prompt)
+        if (id < 0 || id >= vocab)
+            throw Error("prompt token " + std::to_string(id) + " is outside the vocabulary (" +
+                        std::to_string(vocab) + ")");
+    auto s = std::make_unique<Sequence>();
+    s->id = next_id_++;
+    s->rng = Rng(request.stream_seed);
+    s->history = request.prompt;
+    s->result.prompt_ids = request.prompt;
+    s->next_position = static_cast<int64_t>(request.prompt.size());
+    s->request = std::move(request);
+    const Id id = s->id;
+    queue_.push_back(std::move(s));
+    return id;
+}
+
+void Scheduler::cancel(Id id) {
+    cancelled_.push_back(id);
+}
+
+int64_t Scheduler::running() const {
+    return std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+}
+
+void Scheduler::finish(size_t slot, StopReason reason) {
+    std::unique_ptr<Sequence> s = std::move(slots_[slot]);
+    s->result.stop_reason = reason;
+    if (s->decoding) s->result.decode_seconds = seconds_since(s->decode_start);
+    if (s->request.on_done) s->request.on_done(std::move(s->result));
+}
+
+void Scheduler::admit() {
+    for (size_t b = 0; b < slots_.size() && !queue_.empty(); ++b) {
+        if (slots_[b]) continue;
+        slots_[b] = std::move(queue_.front());
+        queue_.pop_front();
+    }
+}
+
+void Scheduler::draw(size_t slot, const float* logits) {
+    Sequence& s = *slots_[slot];
+    const int64_t vocab = model_.config().vocab_size;
+    const int32_t token = sample_token(logits, vocab, s.request.sampling, s.history, s.rng);
+    s.history.push_back(token);
+    s.result.ids.push_back(token);
+    bool stop = false;
+    if (s.request.on_token)
+        stop =
+            s.request.on_token(token, std::span<const float>(logits, static_cast<size_t>(vocab)));
+    const auto& ends = s.request.end_ids;
+    if (std::find(ends.begin(), ends.end(), token) != ends.end())
+        finish(slot, StopReason::Eos);
+    else if (stop)
+        finish(slot, StopReason::Stop);
+    else if (static_cast<int64_t>(s.result.ids.size()) >= s.request.max_new_tokens ||
+             (limit_ >= 0 && s.next_position >= limit_))
+        finish(slot, StopReason::Length);
+}
+
+void Scheduler::prefill_chunk(size_t slot) {
+    Sequence& s = *slots_[slot];
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t>& p = s.request.prompt;
+    // Chunks start at multiples of the chunk size whatever else runs, so a prompt's prefill is
+    // the same computation alone and in company.
+    const size_t start = static_cast<size_t>(s.prefilled);
+    const size_t n = std::min(p.size() - start, static_cast<size_t>(chunk_));
+    const std::vector<int32_t> piece(p.begin() + static_cast<std::ptrdiff_t>(start),
+                                     p.begin() + static_cast<std::ptrdiff_t>(start + n));
+    Tensor last =
+        model_.forward_cached(piece, 1, static_cast<int64_t>(n), {static_cast<int32_t>(start)},
+                              cache_.sequence(static_cast<int64_t>(slot)));
+    s.prefilled += static_cast<int64_t>(n);
+    if (s.prefilled < static_cast<int64_t>(p.size())) {
+        s.result.prefill_seconds += seconds_since(t0);
+        return;
+    }
+    model_.backend().download(last, logits_.data());
+    s.result.prefill_seconds += seconds_since(t0);
+    if (s.request.max_new_tokens == 0) {
+        finish(slot, StopReason::Length);
+        return;
+    }
+    draw(slot, logits_.data());
+}
+
+void Scheduler::decode() {
+    const int64_t B = slots();
+    const int64_t V = model_.config().vocab_size;
+    std::vector<int32_t> tokens(static_cast<size_t>(B), 0), start(static_cast<size_t>(B), 0);
+    bool any = false;
+    for (int64_t b = 0; b < B; ++b) {
+        const Sequence* s = slots_[b].get();
+        if (!s) continue;  // a free slot rides along at position 0 (its next sequence rewrites it)
+        if (s->prefilled < static_cast<int64_t>(s->request.prompt.size())) {
+            // Mid-prefill: rides along at the position its next chunk writes first, whose old
+            // contents no later query can see.
+            tokens[b] = s->request.prompt[static_cast<size_t>(s->prefilled)];
+            start[b] = static_cast<int32_t>(s->prefilled);
+            continue;
+        }
+        tokens[b] = s->history.back();
+        start[b] = static_cast<int32_t>(s->next_position);
+        any = true;
+    }
+    if (!any) return;
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& s : slots_)
+        if (s && !s->decoding && s->prefilled == static_cast<int64_t>(s->request.prompt.size())) {
+            s->decoding = true;
+            s->decode_start = now;
+        }
+    Tensor out = model_.forward_cached(tokens, B, 1, start, cache_);
+    model_.backend().download(out, logits_.data());
+    for (int64_t b = 0; b < B; ++b) {
+        Sequence* s = slots_[b].get();
+        if (!s || !s->decoding) continue;
+        ++s->next_position;
+        ++s->result.decode_steps;
+        draw(static_cast<size_t>(b), logits_.data() + b * V);
+    }
+}
+
+bool Scheduler::step() {
+    for (Id id : cancelled_) {
+        auto queued =
+            std::find_if(queue_.begin(), queue_.end(), [&](const auto& s) { return s->id == id; });
+        if (queued != queue_.end()) {
+            std::unique_ptr<Sequence> s = std::move(*queued);
+            queue_.erase(queued);
+            s->result.stop_reason = StopReason::Cancelled;
+            if (s->request.on_done) s->request.on_done(std::move(s->result));
+            continue;
+        }
+        for (size_t b = 0; b < slots_.size(); ++b)
+            if (slots_[b] && slots_[b]->id == id) finish(b, StopReason::Cancelled);
+    }
+    cancelled_.clear();
+    admit();
+    if (running() == 0) return false;
+    // Prefill chunks, in slot order, within the per-step budget.
+    int64_t budget =
+        options_.prefill_chunks_per_step > 0 ? options_.prefill_chunks_per_step : INT64_MAX;
+    for (size_t b = 0; b < slots_.size() && budget > 0; ++b) {
+        while (budget > 0 && slots_[b] &&
+               slots_[b]->prefilled < static_cast<int64_t>(slots_[b]->request.prompt.size())) {
+            prefill_chunk(b);
+            --budget;
+        }
+    }
+    admit();  // sequences that ended at their first token leave room at once
+    decode();
+    return true;
+}
+
+}  // namespace tmx

@@ -1,0 +1,121 @@
+// Continuous batching (DESIGN.md section 8, serving): one model, a fixed number of slots (the
+// rows of one rolling KV cache). A submitted sequence waits for a free slot, is prefilled into it
+// in chunks (interleaved with decode steps, so that running sequences keep flowing), then decodes
+// with every other running sequence, one token per step each at its own position; a sequence
+// that ends (or is cancelled) frees its slot at once for the next one. Device-independent: it
+// runs on any Backend.
+//
+// Each sequence samples from its own random stream (SequenceRequest::stream_seed), and the
+// chunks of its prompt are cut at fixed offsets, so what a sequence generates does not depend on
+// what else runs beside it. Not thread-safe: one thread owns the scheduler and the model.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/core/rng.h"
+#include "engine/infer/sampling.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
+
+namespace tmx {
+
+enum class StopReason { Eos, Stop, Length, Cancelled };
+const char* to_string(StopReason reason);  // "eos", "stop", "length", "cancelled"
+
+// One sequence's outcome at token level.
+struct TokenGeneration {
+    std::vector<int32_t> prompt_ids;  // as fed to the model
+    std::vector<int32_t> ids;         // generated, EOS included when drawn
+    StopReason stop_reason = StopReason::Length;
+    double prefill_seconds = 0.0;  // this prompt's prefill chunks
+    double decode_seconds = 0.0;   // from its first decode step until it ended
+    int64_t decode_steps = 0;      // decode forward passes it took part in
+};
+
+struct SequenceRequest {
+    std::vector<int32_t> prompt;  // non-empty
+    int64_t max_new_tokens = 256;
+    SamplingOptions sampling;
+    uint64_t stream_seed = 0;      // seeds this sequence's own random stream
+    std::vector<int32_t> end_ids;  // drawing one ends the sequence (StopReason::Eos)
+    // Each drawn token with the logits it was drawn from; returning true ends the sequence
+    // (StopReason::Stop), e.g. when a stop string completed.
+    std::function<bool(int32_t token, std::span<const float> logits)> on_token;
+    // Once, when the sequence ends for any reason.
+    std::function<void(TokenGeneration&& result)> on_done;
+};
+
+struct SchedulerOptions {
+    int64_t slots = 1;
+    // Tokens per prefill chunk: 1 .. the attention window (0 = the window).
+    int64_t prefill_chunk = 0;
+    // Prefill chunks run between two decode steps; 0 = every waiting prefill first (a batch
+    // job), 1 = the least latency for the sequences already decoding (a server).
+    int64_t prefill_chunks_per_step = 0;
+};
+
+class Scheduler {
+  public:
+    using Id = uint64_t;
+
+    // Throws UsageError for options the model cannot take (a chunk beyond the window).
+    Scheduler(Model& model, const SchedulerOptions& options);
+
+    // Queues a sequence; a tmx::Error when its prompt is empty, longer than a full-attention
+    // model's max_seq_len, or its sampling options are invalid.
+    Id submit(SequenceRequest request);
+    // Ends the sequence at the next step (StopReason::Cancelled, its on_done called); unknown or
+    // finished ids are ignored.
+    void cancel(Id id);
+
+    // One round: cancellations, admissions into free slots, prefill chunks, one decode step.
+    // Returns false when there was nothing to do.
+    bool step();
+    void run_until_idle() {
+        while (step()) {
+        }
+    }
+
+    int64_t slots() const { return static_cast<int64_t>(slots_.size()); }
+    int64_t running() const;  // sequences in a slot
+    int64_t waiting() const { return static_cast<int64_t>(queue_.size()); }
+    const KvCache& cache() const { return cache_; }
+
+  private:
+    struct Sequence {
+        Id id = 0;
+        SequenceRequest request;
+        TokenGeneration result;
+        Rng rng{0};
+        std::vector<int32_t> history;  // prompt and generated tokens
+        int64_t prefilled = 0;         // prompt tokens in the cache
+        int64_t next_position = 0;     // where the last drawn token will be fed
+        std::chrono::steady_clock::time_point decode_start{};
+        bool decoding = false;
+    };
+
+    void admit();
+    void prefill_chunk(size_t slot);
+    void decode();
+    // Samples the slot's next token from its logits; ends the sequence when it stops.
+    void draw(size_t slot, const float* logits);
+    void finish(size_t slot, StopReason reason);
+
+    Model& model_;
+    SchedulerOptions options_;
+    int64_t chunk_ = 0, limit_ = -1;
+    KvCache cache_;
+    std::vector<std::unique_ptr<Sequence>> slots_;  // null: free
+    std::deque<std::unique_ptr<Sequence>> queue_;
+    std::vector<Id> cancelled_;
+    std::vector<float> logits_;
+    Id next_id_ = 1;
+};
+
+}  // namespace tmx

@@ -1,0 +1,183 @@
+// Continuous batching: sequences that join and leave a running batch give what they give alone,
+// a cancelled sequence frees its slot at once, and slots are reused through the rolling buffer.
+#include "engine/infer/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "backends/registry.h"
+#include "tests/model_scenarios.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+using test::relative_error;
+
+struct Recorded {
+    TokenGeneration result;
+    std::vector<std::vector<float>> logits;  // per drawn token
+    bool done = false;
+};
+
+SequenceRequest request(const std::vector<int32_t>& prompt, int64_t max_new, uint64_t seed,
+                        Recorded& run) {
+    SequenceRequest r;
+    r.prompt = prompt;
+    r.max_new_tokens = max_new;
+    r.sampling.temperature = 0.9;
+    r.sampling.top_k = 20;
+    r.stream_seed = seed;
+    r.on_token = [&run](int32_t, std::span<const float> l) {
+        run.logits.emplace_back(l.begin(), l.end());
+        return false;
+    };
+    r.on_done = [&run](TokenGeneration&& g) {
+        run.result = std::move(g);
+        run.done = true;
+    };
+    return r;
+}
+
+bool near_tie(const std::vector<float>& logits, double gap) {
+    std::vector<float> l = logits;
+    std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<float>());
+    return l[0] - l[1] <= gap;
+}
+
+// Token by token the same; the logits within fp32 noise of the other rows' company (the experts'
+// grouped matmuls see other row counts), and a differing token only at a near tie.
+void expect_same(const Recorded& got, const Recorded& want) {
+    const auto& a = got.result.ids;
+    const auto& b = want.result.ids;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+        ASSERT_LT(relative_error(got.logits[i], want.logits[i]), 2e-5) << "step " << i;
+        if (a[i] != b[i]) {
+            EXPECT_TRUE(near_tie(want.logits[i], 1e-4)) << "step " << i;
+            return;
+        }
+    }
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(got.result.stop_reason, want.result.stop_reason);
+}
+
+TEST(Scheduler, SequencesJoiningAndLeavingARunningBatchGiveWhatTheyGiveAlone) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    auto be = make_backend("cpu");
+    const ModelConfig c = test::test_config("test-tiny-swiglu");  // window 8
+    auto model = test::spread_model(c, *be, seed);
+    Rng rng(seed ^ 0x51075);
+    struct Spec {
+        std::vector<int32_t> prompt;
+        int64_t max_new;
+        uint64_t seed;
+        int64_t arrives;  // the step at which it is submitted
+    };
+    std::vector<Spec> specs;
+    for (int i = 0; i < 7; ++i)
+        specs.push_back(
+            {test::random_ints(rng, 1 + rng.below(20), 0, static_cast<int32_t>(c.vocab_size)),
+             1 + static_cast<int64_t>(rng.below(25)), rng.next_u64(),
+             static_cast<int64_t>(rng.below(12))});
+    SchedulerOptions so;
+    so.slots = 3;
+    so.prefill_chunk = 3;
+    so.prefill_chunks_per_step = 1;  // prefill interleaved with decode steps, as a server runs
+    std::vector<Recorded> together(specs.size());
+    {
+        Scheduler s(*model, so);
+        size_t submitted = 0;
+        for (int64_t step = 0; step < 10000; ++step) {
+            for (size_t i = 0; i < specs.size(); ++i)
+                if (specs[i].arrives == step) {
+                    s.submit(
+                        request(specs[i].prompt, specs[i].max_new, specs[i].seed, together[i]));
+                    ++submitted;
+                }
+            EXPECT_LE(s.running(), 3);
+            if (!s.step() && submitted == specs.size()) break;
+        }
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+        SCOPED_TRACE("sequence " + std::to_string(i));
+        ASSERT_TRUE(together[i].done);
+        Recorded alone;
+        Scheduler s(*model, so);
+        s.submit(request(specs[i].prompt, specs[i].max_new, specs[i].seed, alone));
+        s.run_until_idle();
+        expect_same(together[i], alone);
+        EXPECT_EQ(together[i].result.prompt_ids, specs[i].prompt);
+        EXPECT_GT(together[i].result.prefill_seconds, 0.0);
+    }
+}
+
+TEST(Scheduler, ACancelledSequenceFreesItsSlotForTheNextAtOnce) {
+    const uint64_t seed = test::fresh_seed();
+    auto be = make_backend("cpu");
+    const ModelConfig c = test::test_config("test-tiny-swiglu");
+    auto model = test::spread_model(c, *be, seed);
+    Rng rng(seed);
+    SchedulerOptions so;
+    so.slots = 1;
+    Scheduler s(*model, so);
+    Recorded endless, next, queued_then_cancelled;
+    const Scheduler::Id a = s.submit(request(
+        test::random_ints(rng, 5, 0, static_cast<int32_t>(c.vocab_size)), 100000, 1, endless));
+    for (int i = 0; i < 30; ++i) ASSERT_TRUE(s.step());  // well past the window of 8
+    EXPECT_FALSE(endless.done);
+    const std::vector<int32_t> prompt =
+        test::random_ints(rng, 12, 0, static_cast<int32_t>(c.vocab_size));
+    s.submit(request(prompt, 15, 2, next));
+    const Scheduler::Id c_id = s.submit(request(prompt, 15, 3, queued_then_cancelled));
+    EXPECT_EQ(s.waiting(), 2);
+    s.cancel(a);
+    s.cancel(c_id);
+    s.step();
+    EXPECT_TRUE(endless.done);
+    EXPECT_EQ(endless.result.stop_reason, StopReason::Cancelled);
+    EXPECT_EQ(endless.result.ids.size(), 31u);  // one drawn at the end of its prefill, 30 decoded
+    EXPECT_TRUE(queued_then_cancelled.done);
+    EXPECT_EQ(queued_then_cancelled.result.stop_reason, StopReason::Cancelled);
+    EXPECT_TRUE(queued_then_cancelled.result.ids.empty());
+    EXPECT_EQ(s.running(), 1);  // `next` took the freed slot in the same step
+    s.run_until_idle();
+    ASSERT_TRUE(next.done);
+    // The slot's stale keys from the long sequence are never read by the new one.
+    Recorded alone;
+    Scheduler fresh(*model, so);
+    fresh.submit(request(prompt, 15, 2, alone));
+    fresh.run_until_idle();
+    EXPECT_EQ(next.result.ids, alone.result.ids);
+    EXPECT_EQ(next.logits, alone.logits);
+}
+
+TEST(Scheduler, BadRequestsAreRefusedAtSubmit) {
+    auto be = make_backend("cpu");
+    const ModelConfig c = test::test_config("test-tiny-dense");  // full attention
+    auto model = test::spread_model(c, *be, 1);
+    Scheduler s(*model, {});
+    Recorded r;
+    EXPECT_NE(test::error_of([&] { s.submit(request({}, 4, 1, r)); }), "");
+    EXPECT_NE(test::error_of([&] {
+                  s.submit(request(std::vector<int32_t>(c.max_seq_len + 1, 1), 4, 1, r));
+              }).find("longer than this full-attention model's max_seq_len"),
+              std::string::npos);
+    EXPECT_NE(test::error_of([&] {
+                  s.submit(request({1, int32_t(c.vocab_size)}, 4, 1, r));
+              }).find("outside the vocabulary"),
+              std::string::npos);
+    // A sequence reaching max_seq_len ends with Length.
+    Recorded full;
+    s.submit(request(std::vector<int32_t>(c.max_seq_len - 2, 3), 100, 1, full));
+    s.run_until_idle();
+    ASSERT_TRUE(full.done);
+    EXPECT_EQ(full.result.stop_reason, StopReason::Length);
+    EXPECT_EQ(full.result.ids.size(), 3u);  // fed at L-2 and L-1; the third drawn from L-1
+}
+
+}  // namespace
+}  // namespace tmx
