@@ -44,7 +44,7 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
     logits_.resize(static_cast<size_t>(options.slots * c.vocab_size));
 }
 
-Scheduler::Id Scheduler::submit(SequenceRequest request) {
+void Scheduler::check(const SequenceRequest& request) const {
     validate(request.sampling);
     if (request.max_new_tokens < 0) throw UsageError("max_new_tokens must be >= 0");
     if (request.prompt.empty()) throw Error("a sequence needs a non-empty prompt");
@@ -57,6 +57,10 @@ Scheduler::Id Scheduler::submit(SequenceRequest request) {
         if (id < 0 || id >= vocab)
             throw Error("prompt token " + std::to_string(id) + " is outside the vocabulary (" +
                         std::to_string(vocab) + ")");
+}
+
+Scheduler::Id Scheduler::submit(SequenceRequest request) {
+    check(request);
     auto s = std::make_unique<Sequence>();
     s->id = next_id_++;
     s->rng = Rng(request.stream_seed);

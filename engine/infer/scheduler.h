@@ -67,9 +67,12 @@ class Scheduler {
     // Throws UsageError for options the model cannot take (a chunk beyond the window).
     Scheduler(Model& model, const SchedulerOptions& options);
 
-    // Queues a sequence; a tmx::Error when its prompt is empty, longer than a full-attention
-    // model's max_seq_len, or its sampling options are invalid.
+    // Queues a sequence; a tmx::Error when check() refuses it.
     Id submit(SequenceRequest request);
+    // A tmx::Error (UsageError for options) when the request cannot run: an empty prompt, a
+    // token outside the vocabulary, a prompt longer than a full-attention model's max_seq_len,
+    // invalid sampling options. Reads only what never changes: safe from any thread.
+    void check(const SequenceRequest& request) const;
     // Ends the sequence at the next step (StopReason::Cancelled, its on_done called); unknown or
     // finished ids are ignored.
     void cancel(Id id);
