@@ -33,6 +33,7 @@ void add_plot_command(CLI::App& app, CommonOptions& common);
 void add_convert_command(CLI::App& app, CommonOptions& common);
 void add_export_command(CLI::App& app, CommonOptions& common);
 void add_import_command(CLI::App& app, CommonOptions& common);
+void add_serve_command(CLI::App& app, CommonOptions& common);
 void add_devices_command(CLI::App& app, CommonOptions& common);
 void add_generate_command(CLI::App& app, CommonOptions& common);
 void add_bench_command(CLI::App& app, CommonOptions& common);

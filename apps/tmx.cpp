@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     cli::add_init_command(app, common);
     cli::add_eval_command(app, common);
     cli::add_generate_command(app, common);
+    cli::add_serve_command(app, common);
     cli::add_bench_command(app, common);
     cli::add_tokenizer_command(app, common);
     cli::add_prepare_command(app, common);

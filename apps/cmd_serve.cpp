@@ -1,0 +1,483 @@
+// tmx serve: an OpenAI-compatible HTTP server (cpp-httplib, the HTTP library llama.cpp's server
+// uses, packaged by Debian) on the engine's continuous batching (engine/infer/serve_loop.h).
+// HTTP threads parse requests, queue their sequences and stream their text; one engine thread
+// owns the model. Request and response bodies: apps/serve/openai_api.h.
+#include <httplib.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "apps/commands.h"
+#include "apps/serve/openai_api.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/data/tokenizer.h"
+#include "engine/infer/generator.h"
+#include "engine/infer/serve_loop.h"
+#include "engine/infer/text_stream.h"
+#include "engine/model/checkpoint.h"
+
+namespace tmx::cli {
+
+namespace {
+
+using nlohmann::json;
+using serve::ApiError;
+
+int64_t unix_time() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// One choice of a request: its text as it becomes final, filled by the engine thread.
+struct Choice {
+    std::unique_ptr<TextStream> text;  // engine thread only
+    std::string pending;               // final text not yet sent
+    std::string all;
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    std::string finish_reason;  // "" while running
+    bool done = false;
+    ServeLoop::Ticket ticket = 0;
+};
+
+// The choices of one HTTP request, shared by its HTTP thread and the engine thread.
+struct Job {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::vector<Choice> choices;
+    bool all_done() const {
+        for (const Choice& c : choices)
+            if (!c.done) return false;
+        return true;
+    }
+};
+
+const char* finish_reason(StopReason r) {
+    switch (r) {
+        case StopReason::Length:
+            return "length";
+        case StopReason::Cancelled:
+            return "cancelled";
+        default:
+            return "stop";
+    }
+}
+
+struct Server {
+    const Tokenizer& tokenizer;
+    ServeLoop& loop;
+    std::string model_name, api_key, chat_template;
+    serve::ApiLimits limits;
+    std::atomic<bool> draining{false};
+    std::atomic<uint64_t> next_id{1};
+
+    // Queues every (prompt, n) sequence of the request; ApiError when one cannot run.
+    std::shared_ptr<Job> start(const serve::CompletionRequest& r) {
+        auto job = std::make_shared<Job>();
+        const std::vector<std::string> prompts =
+            r.chat ? std::vector<std::string>{serve::render_chat(r.messages, chat_template)}
+                   : r.prompts;
+        job->choices.resize(prompts.size() * static_cast<size_t>(r.n));
+        std::vector<SequenceRequest> requests;
+        for (size_t p = 0; p < prompts.size(); ++p) {
+            std::vector<int32_t> ids{tokenizer.bos_id()};
+            const std::vector<int32_t> body = tokenizer.encode(prompts[p]);
+            ids.insert(ids.end(), body.begin(), body.end());
+            for (int64_t k = 0; k < r.n; ++k) {
+                const size_t i = p * static_cast<size_t>(r.n) + static_cast<size_t>(k);
+                Choice& c = job->choices[i];
+                c.text = std::make_unique<TextStream>(tokenizer, ids, r.stop);
+                c.prompt_tokens = static_cast<int64_t>(ids.size());
+                if (r.echo) c.pending = c.all = prompts[p];
+                SequenceRequest q;
+                q.prompt = ids;
+                q.max_new_tokens = r.max_tokens;
+                q.sampling = r.sampling;
+                // As `tmx generate --seed`: the k-th copy of a prompt samples its own stream.
+                q.stream_seed = generation_stream_seed(r.seed, ids, static_cast<int>(k));
+                if (!r.ignore_eos)
+                    for (int32_t id : {tokenizer.eos_id(), tokenizer.bos_id()})
+                        if (id >= 0) q.end_ids.push_back(id);
+                q.on_token = [this, job, i](int32_t token, std::span<const float>) {
+                    std::lock_guard<std::mutex> lock(job->mutex);
+                    Choice& c = job->choices[i];
+                    ++c.completion_tokens;
+                    if (tokenizer.is_control(token)) return false;
+                    const bool stopped = c.text->push(token);
+                    const std::string piece = c.text->take_final();
+                    c.pending += piece;
+                    c.all += piece;
+                    job->changed.notify_all();
+                    return stopped;
+                };
+                q.on_done = [job, i](TokenGeneration&& g) {
+                    std::lock_guard<std::mutex> lock(job->mutex);
+                    Choice& c = job->choices[i];
+                    if (g.stop_reason != StopReason::Cancelled) {
+                        const std::string rest = c.text->finish();
+                        c.pending += rest;
+                        c.all += rest;
+                    }
+                    c.finish_reason = finish_reason(g.stop_reason);
+                    c.done = true;
+                    job->changed.notify_all();
+                };
+                requests.push_back(std::move(q));
+            }
+        }
+        for (size_t i = 0; i < requests.size(); ++i) {
+            std::optional<ServeLoop::Ticket> t;
+            try {
+                t = loop.submit(std::move(requests[i]));
+            } catch (const Error& e) {
+                cancel(*job);
+                throw ApiError{400, e.what(), r.chat ? "messages" : "prompt", "", ""};
+            }
+            if (!t) {
+                cancel(*job);
+                throw ApiError{429, "the server's queue is full; retry shortly", "", "queue_full",
+                               "rate_limit_error"};
+            }
+            std::lock_guard<std::mutex> lock(job->mutex);
+            job->choices[i].ticket = *t;
+        }
+        return job;
+    }
+
+    void cancel(Job& job) {
+        std::lock_guard<std::mutex> lock(job.mutex);
+        for (const Choice& c : job.choices)
+            if (c.ticket && !c.done) loop.cancel(c.ticket);
+    }
+
+    json usage(const Job& job) const {
+        int64_t prompt = 0, completion = 0;
+        for (size_t i = 0; i < job.choices.size(); ++i) {
+            completion += job.choices[i].completion_tokens;
+            prompt += job.choices[i].prompt_tokens;
+        }
+        return {{"prompt_tokens", prompt},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt + completion}};
+    }
+};
+
+// JSON text; bytes that are not UTF-8 (a client's stop string cut by nobody) become U+FFFD
+// rather than an exception.
+std::string dump(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    if (e.status == 429) res.set_header("Retry-After", "1");
+    res.set_content(dump(e.body()), "application/json");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, CommonOptions& common) {
+    struct Options {
+        std::string model, host = "127.0.0.1", api_key, chat_template;
+        int port = 8080;
+        int64_t parallel = 4, queue = 64;
+        int64_t max_body = 1 << 20;
+        double shutdown_grace = 10;
+        serve::ApiLimits limits;
+        BackendChoice backend;
+    };
+    auto o = std::make_shared<Options>();
+    CLI::App* sub =
+        app.add_subcommand("serve", "Serve a checkpoint over an OpenAI-compatible HTTP API");
+    sub->add_option("--model", o->model, "Checkpoint directory")->required();
+    sub->add_option("--host", o->host, "Address to listen on (loopback by default)")
+        ->capture_default_str();
+    sub->add_option("--port", o->port, "Port to listen on (0: any free port)")
+        ->check(in_range(0, 65535))
+        ->capture_default_str();
+    sub->add_option("--parallel", o->parallel, "Sequences decoded together (KV-cache slots)")
+        ->check(in_range<int64_t>(1, 256))
+        ->capture_default_str();
+    sub->add_option("--queue", o->queue, "Sequences that may wait for a slot; beyond: HTTP 429")
+        ->check(in_range<int64_t>(0, 100000))
+        ->capture_default_str();
+    sub->add_option("--api-key", o->api_key,
+                    "Require 'Authorization: Bearer KEY' (default: the TMX_API_KEY variable, "
+                    "else none)");
+    sub->add_option("--max-tokens-limit", o->limits.max_tokens,
+                    "Largest max_tokens a request may ask for")
+        ->check(in_range<int64_t>(1, 1 << 20))
+        ->capture_default_str();
+    sub->add_option("--max-body", o->max_body, "Largest request body in bytes")
+        ->check(in_range<int64_t>(1024, int64_t{1} << 30))
+        ->capture_default_str();
+    sub->add_option("--chat-template", o->chat_template,
+                    "Text file whose {{messages}} is replaced by the 'role: content' lines")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--shutdown-grace", o->shutdown_grace,
+                    "Seconds running requests may finish after SIGINT/SIGTERM")
+        ->check(CLI::Range(0.0, 3600.0))
+        ->capture_default_str();
+    add_backend_options(*sub, o->backend);
+    add_common_options(*sub, common);
+    sub->callback([o]() {
+        if (o->api_key.empty())
+            if (const char* k = std::getenv("TMX_API_KEY")) o->api_key = k;
+        const std::string tok_path = checkpoint_tokenizer(o->model);
+        load_checkpoint_config(o->model);
+        if (tok_path.empty())
+            throw Error(o->model + ": the checkpoint has no tokenizer.model, which serving needs");
+        const Tokenizer tokenizer = Tokenizer::load(tok_path);
+        if (tokenizer.bos_id() < 0) throw Error(tok_path + ": the tokenizer has no BOS token");
+        const std::string chat_template =
+            o->chat_template.empty() ? std::string() : read_file(o->chat_template);
+
+        // SIGINT and SIGTERM go to a watcher thread (blocked here before any thread starts).
+        sigset_t signals;
+        sigemptyset(&signals);
+        sigaddset(&signals, SIGINT);
+        sigaddset(&signals, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+        auto backend = o->backend.open();
+        auto model = load_model(o->model, *backend);
+        if (tokenizer.vocab_size() != model->config().vocab_size)
+            throw Error(tok_path + ": " + std::to_string(tokenizer.vocab_size()) +
+                        " pieces, but the model's vocab_size is " +
+                        std::to_string(model->config().vocab_size));
+        SchedulerOptions so;
+        so.slots = o->parallel;
+        so.prefill_chunks_per_step = 1;  // running streams keep flowing while a prompt prefills
+        ServeLoop loop(*model, so, o->queue);
+        Server srv{tokenizer,  loop,          std::filesystem::path(o->model).filename().string(),
+                   o->api_key, chat_template, o->limits};
+        if (srv.model_name.empty()) srv.model_name = "tmx";
+
+        httplib::Server http;
+        http.new_task_queue = [n = o->parallel + o->queue + 8] {
+            return new httplib::ThreadPool(static_cast<size_t>(n));
+        };
+        http.set_payload_max_length(static_cast<size_t>(o->max_body));
+        http.set_read_timeout(30);
+        http.set_write_timeout(30);
+        http.set_keep_alive_timeout(5);
+        http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+            if (req.path.rfind("/v1/", 0) == 0 && !srv.api_key.empty() &&
+                req.get_header_value("Authorization") != "Bearer " + srv.api_key) {
+                send_error(res, {401, "a valid API key is required (Authorization: Bearer KEY)", "",
+                                 "invalid_api_key", "invalid_request_error"});
+                return httplib::Server::HandlerResponse::Handled;
+            }
+            if (srv.draining && req.path.rfind("/v1/", 0) == 0) {
+                send_error(
+                    res, {503, "the server is shutting down", "", "shutting_down", "server_error"});
+                return httplib::Server::HandlerResponse::Handled;
+            }
+            return httplib::Server::HandlerResponse::Unhandled;
+        });
+        http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+            if (!res.body.empty()) return;
+            const int s = res.status;
+            ApiError e{s,
+                       s == 404   ? "unknown endpoint " + req.method + " " + req.path
+                       : s == 413 ? "the request body is larger than the server takes (--max-body)"
+                       : s == 405 ? "method not allowed"
+                                  : "HTTP error " + std::to_string(s),
+                       "", "", "invalid_request_error"};
+            res.set_content(e.body().dump(), "application/json");
+        });
+        http.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+            const std::string failure = loop.failure();
+            res.status = failure.empty() ? 200 : 503;
+            res.set_content(json{{"status", failure.empty() ? "ok" : "error"}}.dump(),
+                            "application/json");
+        });
+        http.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+            json m = {{"id", srv.model_name},
+                      {"object", "model"},
+                      {"created", unix_time()},
+                      {"owned_by", "tmx"}};
+            res.set_content(json{{"object", "list"}, {"data", {m}}}.dump(), "application/json");
+        });
+        auto completions = [&](bool chat) {
+            return [&, chat](const httplib::Request& req, httplib::Response& res) {
+                serve::CompletionRequest r;
+                std::shared_ptr<Job> job;
+                try {
+                    r = serve::parse_completion_request(req.body, chat, srv.limits);
+                    job = srv.start(r);
+                } catch (const ApiError& e) {
+                    send_error(res, e);
+                    return;
+                }
+                const std::string id =
+                    std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(srv.next_id++);
+                const int64_t created = unix_time();
+                const std::string object = chat ? "chat.completion" : "text_completion";
+                if (!r.stream) {
+                    std::unique_lock<std::mutex> lock(job->mutex);
+                    job->changed.wait(lock, [&] { return job->all_done(); });
+                    json choices = json::array();
+                    for (size_t i = 0; i < job->choices.size(); ++i) {
+                        const Choice& c = job->choices[i];
+                        json ch = {{"index", i}, {"finish_reason", c.finish_reason}};
+                        if (chat)
+                            ch["message"] = {{"role", "assistant"}, {"content", c.all}};
+                        else {
+                            ch["text"] = c.all;
+                            ch["logprobs"] = nullptr;
+                        }
+                        choices.push_back(ch);
+                    }
+                    res.set_content(dump(json{{"id", id},
+                                              {"object", object},
+                                              {"created", created},
+                                              {"model", srv.model_name},
+                                              {"choices", choices},
+                                              {"usage", srv.usage(*job)}}),
+                                    "application/json");
+                    return;
+                }
+                res.set_header("Cache-Control", "no-cache");
+                res.set_chunked_content_provider(
+                    "text/event-stream",
+                    [&srv, job, id, created, chat, object = object + (chat ? ".chunk" : "")](
+                        size_t, httplib::DataSink& sink) {
+                        auto send = [&](const json& j) {
+                            const std::string line = "data: " + dump(j) + "\n\n";
+                            return sink.write(line.data(), line.size());
+                        };
+                        std::vector<bool> announced(job->choices.size(), false),
+                            finished(job->choices.size(), false);
+                        while (true) {
+                            std::vector<json> chunks;
+                            bool all = false;
+                            {
+                                std::unique_lock<std::mutex> lock(job->mutex);
+                                job->changed.wait_for(lock, std::chrono::milliseconds(500), [&] {
+                                    for (size_t i = 0; i < job->choices.size(); ++i)
+                                        if (!job->choices[i].pending.empty() ||
+                                            (job->choices[i].done && !finished[i]))
+                                            return true;
+                                    return false;
+                                });
+                                for (size_t i = 0; i < job->choices.size(); ++i) {
+                                    Choice& c = job->choices[i];
+                                    if (c.pending.empty() && !(c.done && !finished[i])) continue;
+                                    json ch = {{"index", i}, {"finish_reason", nullptr}};
+                                    if (chat) {
+                                        ch["delta"] = json::object();
+                                        if (!announced[i]) ch["delta"]["role"] = "assistant";
+                                        if (!c.pending.empty()) ch["delta"]["content"] = c.pending;
+                                    } else {
+                                        ch["text"] = c.pending;
+                                        ch["logprobs"] = nullptr;
+                                    }
+                                    announced[i] = true;
+                                    c.pending.clear();
+                                    if (c.done) {
+                                        ch["finish_reason"] = c.finish_reason;
+                                        finished[i] = true;
+                                    }
+                                    chunks.push_back(ch);
+                                }
+                                all = job->all_done();
+                            }
+                            for (const json& ch : chunks) {
+                                const json body = {{"id", id},
+                                                   {"object", object},
+                                                   {"created", created},
+                                                   {"model", srv.model_name},
+                                                   {"choices", {ch}}};
+                                if (!send(body)) {  // the client left: free its slots
+                                    srv.cancel(*job);
+                                    return false;
+                                }
+                            }
+                            if (!sink.is_writable()) {
+                                srv.cancel(*job);
+                                return false;
+                            }
+                            if (all) {
+                                bool cancelled = false;
+                                {
+                                    std::lock_guard<std::mutex> lock(job->mutex);
+                                    for (const Choice& c : job->choices)
+                                        cancelled = cancelled || c.finish_reason == "cancelled";
+                                }
+                                if (cancelled)
+                                    send(ApiError{500,
+                                                  "the request was cancelled (the server is "
+                                                  "shutting down or its device failed)",
+                                                  "", "cancelled", "server_error"}
+                                             .body());
+                                const std::string done = "data: [DONE]\n\n";
+                                sink.write(done.data(), done.size());
+                                sink.done();
+                                return true;
+                            }
+                        }
+                    },
+                    [&srv, job](bool success) {
+                        if (!success) srv.cancel(*job);
+                    });
+            };
+        };
+        http.Post("/v1/completions", completions(false));
+        http.Post("/v1/chat/completions", completions(true));
+
+        int port = o->port;
+        if (port == 0) {
+            port = http.bind_to_any_port(o->host);
+        } else if (!http.bind_to_port(o->host, port)) {
+            port = -1;
+        }
+        if (port < 0)
+            throw Error("--host " + o->host + " --port " + std::to_string(o->port) +
+                        ": cannot listen there (in use, or not an address of this machine)");
+        std::fprintf(stderr,
+                     "tmx serve: listening on http://%s:%d (model %s, backend %s, %lld slots, "
+                     "queue %lld%s)\n",
+                     o->host.c_str(), port, o->model.c_str(), backend->name().c_str(),
+                     static_cast<long long>(o->parallel), static_cast<long long>(o->queue),
+                     o->api_key.empty() ? "" : ", API key required");
+        std::fflush(stderr);
+
+        std::atomic<bool> stopped{false};
+        std::thread watcher([&] {
+            int sig = 0;
+            sigwait(&signals, &sig);
+            if (stopped) return;
+            std::fprintf(stderr, "tmx serve: %s: finishing running requests (at most %.0f s)\n",
+                         sig == SIGINT ? "SIGINT" : "SIGTERM", o->shutdown_grace);
+            srv.draining = true;
+            const auto deadline =
+                std::chrono::steady_clock::now() + std::chrono::duration<double>(o->shutdown_grace);
+            while (std::chrono::steady_clock::now() < deadline) {
+                const ServeLoop::Stats s = loop.stats();
+                if (s.running == 0 && s.waiting == 0) break;
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+            loop.stop();  // cancels what is left: those streams end with an error event
+            http.stop();
+        });
+        http.listen_after_bind();
+        stopped = true;
+        if (watcher.joinable()) {
+            pthread_kill(watcher.native_handle(), SIGTERM);
+            watcher.join();
+        }
+        loop.stop();
+        std::fprintf(stderr, "tmx serve: stopped\n");
+    });
+}
+
+}  // namespace tmx::cli

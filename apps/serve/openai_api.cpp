@@ -1,0 +1,148 @@
+#include "apps/serve/openai_api.h"
+
+#include <cmath>
+
+namespace tmx::serve {
+
+using nlohmann::json;
+
+json ApiError::body() const {
+    return {{"error",
+             {{"message", message},
+              {"type", type},
+              {"param", param.empty() ? json(nullptr) : json(param)},
+              {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+    throw ApiError{400, param.empty() ? message : "'" + param + "': " + message, param, "",
+                   "invalid_request_error"};
+}
+
+int64_t integer(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer())
+        bad(param, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                       ", got " + v.dump());
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                               : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+        bad(param, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                       ", got " + v.dump());
+    return v.get<int64_t>();
+}
+
+double number(const json& v, const std::string& param, double lo, double hi) {
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo ||
+        v.get<double>() > hi)
+        bad(param, "expected a number from " + json(lo).dump() + " to " + json(hi).dump() +
+                       ", got " + v.dump());
+    return v.get<double>();
+}
+
+std::string text(const json& v, const std::string& param) {
+    if (!v.is_string()) bad(param, "expected a string, got " + v.dump().substr(0, 40));
+    return v.get<std::string>();
+}
+
+// A string or an array of strings (`max` of them at most).
+std::vector<std::string> strings(const json& v, const std::string& param, size_t max) {
+    std::vector<std::string> out;
+    if (v.is_string()) return {v.get<std::string>()};
+    if (!v.is_array() || v.empty()) bad(param, "expected a string or a non-empty array of strings");
+    if (v.size() > max) bad(param, "at most " + std::to_string(max) + " entries");
+    for (size_t i = 0; i < v.size(); ++i)
+        out.push_back(text(v[i], param + "[" + std::to_string(i) + "]"));
+    return out;
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const std::string& body, bool chat,
+                                           const ApiLimits& limits) {
+    json j;
+    try {
+        j = json::parse(body);
+    } catch (const json::exception& e) {
+        bad("", std::string("the body is not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) bad("", "the body must be a JSON object");
+    CompletionRequest r;
+    r.chat = chat;
+    auto has = [&](const char* k) { return j.contains(k) && !j.at(k).is_null(); };
+    if (chat) {
+        if (!has("messages")) bad("messages", "required");
+        const json& m = j.at("messages");
+        if (!m.is_array() || m.empty()) bad("messages", "expected a non-empty array of messages");
+        for (size_t i = 0; i < m.size(); ++i) {
+            const std::string p = "messages[" + std::to_string(i) + "]";
+            if (!m[i].is_object()) bad(p, "expected an object with role and content");
+            if (!m[i].contains("role")) bad(p + ".role", "required");
+            if (!m[i].contains("content")) bad(p + ".content", "required");
+            const std::string role = text(m[i].at("role"), p + ".role");
+            if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+                bad(p + ".role",
+                    "expected system, developer, user or assistant, got \"" + role + "\"");
+            r.messages.push_back({role, text(m[i].at("content"), p + ".content")});
+        }
+    } else {
+        if (!has("prompt")) bad("prompt", "required");
+        r.prompts = strings(j.at("prompt"), "prompt", static_cast<size_t>(limits.max_prompts));
+    }
+    if (has("model")) r.model = text(j.at("model"), "model");
+    const char* max_key =
+        chat && has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (has(max_key))
+        r.max_tokens = integer(j.at(max_key), max_key, 0, limits.max_tokens);
+    else if (chat)
+        r.max_tokens = std::min<int64_t>(limits.max_tokens, 256);
+    r.sampling.temperature =
+        has("temperature") ? number(j.at("temperature"), "temperature", 0, 2) : 1.0;
+    r.sampling.top_p = has("top_p") ? number(j.at("top_p"), "top_p", 0, 1) : 1.0;
+    if (has("top_p") && r.sampling.top_p == 0) bad("top_p", "must be above 0");
+    r.sampling.top_k = has("top_k") ? integer(j.at("top_k"), "top_k", 0, 1 << 20) : 0;
+    r.sampling.min_p = 0;
+    if (has("seed")) {
+        const json& s = j.at("seed");
+        if (!s.is_number_integer()) bad("seed", "expected an integer, got " + s.dump());
+        r.seed =
+            s.is_number_unsigned() ? s.get<uint64_t>() : static_cast<uint64_t>(s.get<int64_t>());
+    }
+    if (has("stop")) {
+        r.stop = strings(j.at("stop"), "stop", 4);
+        for (const auto& s : r.stop)
+            if (s.empty()) bad("stop", "stop strings must not be empty");
+    }
+    if (has("n")) r.n = integer(j.at("n"), "n", 1, limits.max_n);
+    if (has("stream")) {
+        if (!j.at("stream").is_boolean()) bad("stream", "expected true or false");
+        r.stream = j.at("stream").get<bool>();
+    }
+    if (!chat && has("echo")) {
+        if (!j.at("echo").is_boolean()) bad("echo", "expected true or false");
+        r.echo = j.at("echo").get<bool>();
+    }
+    if (has("ignore_eos")) {
+        if (!j.at("ignore_eos").is_boolean()) bad("ignore_eos", "expected true or false");
+        r.ignore_eos = j.at("ignore_eos").get<bool>();
+    }
+    if (has("logprobs") && !(j.at("logprobs").is_boolean() && !j.at("logprobs").get<bool>()) &&
+        !(j.at("logprobs").is_number_integer() && j.at("logprobs").get<int64_t>() == 0))
+        throw ApiError{400, "'logprobs': not supported by this server yet", "logprobs",
+                       "unsupported_parameter", "invalid_request_error"};
+    return r;
+}
+
+std::string render_chat(const std::vector<ChatMessage>& messages, const std::string& tmpl) {
+    std::string lines;
+    for (const auto& m : messages) lines += m.role + ": " + m.content + "\n";
+    lines += "assistant:";
+    if (tmpl.empty()) return lines;
+    std::string out = tmpl;
+    const std::string key = "{{messages}}";
+    for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at + lines.size()))
+        out.replace(at, key.size(), lines);
+    return out;
+}
+
+}  // namespace tmx::serve

@@ -1,0 +1,61 @@
+// The OpenAI HTTP API as tmx serves it: request bodies read into generation parameters, with
+// every problem an ApiError naming the field (OpenAI's error object), and response bodies and
+// stream chunks written as OpenAI defines them. No HTTP here (apps/cmd_serve.cpp).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/infer/sampling.h"
+
+namespace tmx::serve {
+
+// An error answered with `status` and {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+    int status = 400;
+    std::string message;
+    std::string param;  // "" -> null
+    std::string code;   // "" -> null
+    std::string type = "invalid_request_error";
+    nlohmann::json body() const;
+};
+
+// Limits the server enforces on every request.
+struct ApiLimits {
+    int64_t max_tokens = 2048;  // --max-tokens-limit
+    int64_t max_n = 8;          // choices per prompt
+    int64_t max_prompts = 16;   // prompts per request
+};
+
+struct ChatMessage {
+    std::string role, content;
+};
+
+// A completion or chat request, read and checked.
+struct CompletionRequest {
+    bool chat = false;
+    std::vector<std::string> prompts;   // completions: one or more; chat: the rendered template
+    std::vector<ChatMessage> messages;  // chat only
+    int64_t max_tokens = 16;
+    SamplingOptions sampling;
+    uint64_t seed = 0;
+    std::vector<std::string> stop;
+    int64_t n = 1;
+    bool stream = false;
+    bool echo = false;
+    bool ignore_eos = false;  // extension (as llama.cpp's server): generate max_tokens exactly
+    std::string model;
+};
+
+// Reads a /v1/completions (chat = false) or /v1/chat/completions body; throws ApiError.
+CompletionRequest parse_completion_request(const std::string& body, bool chat,
+                                           const ApiLimits& limits);
+
+// The default chat template: one line "role: content" per message, then "assistant:", for
+// models that were not chat-tuned (tmx's are not). A --chat-template file replaces it: its text
+// with {{messages}} replaced by those lines.
+std::string render_chat(const std::vector<ChatMessage>& messages, const std::string& tmpl);
+
+}  // namespace tmx::serve

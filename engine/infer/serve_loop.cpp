@@ -1,0 +1,113 @@
+#include "engine/infer/serve_loop.h"
+
+#include "engine/core/errors.h"
+
+namespace tmx {
+
+ServeLoop::ServeLoop(Model& model, const SchedulerOptions& options, int64_t max_waiting)
+    : scheduler_(model, options), max_waiting_(max_waiting) {
+    stats_.slots = scheduler_.slots();
+    thread_ = std::thread([this] { run(); });
+}
+
+ServeLoop::~ServeLoop() {
+    stop();
+}
+
+std::optional<ServeLoop::Ticket> ServeLoop::submit(SequenceRequest request) {
+    scheduler_.check(request);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ || !failure_.empty()) return std::nullopt;
+    const int64_t free_slots = stats_.slots - stats_.running;
+    const int64_t waiting = stats_.waiting + static_cast<int64_t>(inbox_.size());
+    if (waiting - free_slots >= max_waiting_) return std::nullopt;
+    const Ticket t = next_ticket_++;
+    inbox_.emplace_back(t, std::move(request));
+    wake_.notify_one();
+    return t;
+}
+
+void ServeLoop::cancel(Ticket ticket) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancels_.push_back(ticket);
+    wake_.notify_one();
+}
+
+ServeLoop::Stats ServeLoop::stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Stats s = stats_;
+    s.waiting += static_cast<int64_t>(inbox_.size());
+    return s;
+}
+
+std::string ServeLoop::failure() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failure_;
+}
+
+void ServeLoop::stop() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+        wake_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+}
+
+void ServeLoop::run() {
+    while (true) {
+        std::deque<std::pair<Ticket, SequenceRequest>> arrived;
+        std::vector<Ticket> cancels;
+        bool stopping = false;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            wake_.wait(lock, [&] {
+                return stopping_ || !inbox_.empty() || !cancels_.empty() ||
+                       scheduler_.running() > 0 || scheduler_.waiting() > 0;
+            });
+            arrived.swap(inbox_);
+            cancels.swap(cancels_);
+            stopping = stopping_;
+        }
+        for (auto& [ticket, request] : arrived) {
+            // A request whose ticket is forgotten when it ends: its on_done runs first.
+            auto done = std::move(request.on_done);
+            request.on_done = [this, ticket, done = std::move(done)](TokenGeneration&& g) {
+                ids_.erase(ticket);
+                if (done) done(std::move(g));
+            };
+            ids_[ticket] = scheduler_.submit(std::move(request));
+        }
+        for (Ticket t : cancels)
+            if (auto it = ids_.find(t); it != ids_.end()) scheduler_.cancel(it->second);
+        if (stopping)
+            for (const auto& [ticket, id] : ids_) scheduler_.cancel(id);
+        try {
+            scheduler_.step();
+        } catch (const std::exception& e) {
+            // A backend failure: every request still running or waiting ends, and the server
+            // refuses new ones.
+            std::lock_guard<std::mutex> lock(mutex_);
+            failure_ = e.what();
+            stopping = true;
+        }
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stats_.running = scheduler_.running();
+            stats_.waiting = scheduler_.waiting();
+        }
+        if (stopping) {
+            if (!failure_.empty()) {
+                for (const auto& [ticket, id] : std::map<Ticket, Scheduler::Id>(ids_))
+                    scheduler_.cancel(id);
+                try {
+                    scheduler_.step();  // delivers the cancellations
+                } catch (const std::exception&) {
+                }
+            }
+            if (scheduler_.running() == 0 && scheduler_.waiting() == 0) return;
+        }
+    }
+}
+
+}  // namespace tmx

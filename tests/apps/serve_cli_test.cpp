@@ -1,0 +1,404 @@
+// tmx serve over real HTTP on loopback: the OpenAI endpoints streaming and not, the error
+// object for each kind of bad request, continuous batching giving each request what it gives
+// alone, a disconnected stream freeing its slot, and SIGTERM with streams running.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/core/file_io.h"
+#include "engine/core/rng.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+using nlohmann::json;
+
+// A checkpoint with a trained tokenizer, made once for the suite.
+class ServeCli : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = new test::TempDir;
+        Rng rng(test::fresh_seed());
+        const char* words[] = {"once", "upon",  "a",  "time", "there", "was", "little", "fox",
+                               "who",  "liked", "to", "run",  "in",    "the", "green",  "woods"};
+        std::string text;
+        for (int doc = 0; doc < 300; ++doc) {
+            for (int w = 0; w < 10; ++w) text += std::string(words[rng.below(16)]) + " ";
+            text += "é 日本\n\n";
+        }
+        write_file_atomic(*dir_ / "corpus.txt", text);
+        auto r = test::run_tmx("tokenizer train --input " + *dir_ / "corpus.txt" +
+                               " --vocab-size 300 --out " + *dir_ / "tok.model");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        json cfg = read_json_file(test::source_dir() + "/assets/configs/test-tiny-swiglu.json");
+        cfg["vocab_size"] = 300;
+        write_file_atomic(*dir_ / "cfg.json", cfg.dump());
+        r = test::run_tmx("init --config " + *dir_ / "cfg.json" + " --tokenizer " +
+                          *dir_ / "tok.model" + " --out " + *dir_ / "ckpt" + " --seed 5");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+    static void TearDownTestSuite() {
+        delete dir_;
+        dir_ = nullptr;
+    }
+
+    // Starts `tmx serve` on a free port with extra flags; returns its port.
+    int start(const std::string& flags = "") {
+        log_ = *dir_ /
+               ("serve-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + ".log");
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            const std::string cmd = std::string(TMX_BINARY) + " serve --model " + *dir_ / "ckpt" +
+                                    " --backend cpu --port 0 " + flags + " 2>" + log_ +
+                                    " >/dev/null </dev/null";
+            ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
+            ::_exit(127);
+        }
+        for (int i = 0; i < 600; ++i) {
+            std::ifstream in(log_);
+            std::stringstream ss;
+            ss << in.rdbuf();
+            const std::string s = ss.str();
+            const size_t at = s.find("listening on http://127.0.0.1:");
+            if (at != std::string::npos) {
+                port_ = std::stoi(s.substr(at + 30));
+                return port_;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        ADD_FAILURE() << "the server did not start";
+        return -1;
+    }
+    // Sends SIGTERM and returns the exit status (or -1 if it did not exit in time).
+    int stop() {
+        if (pid_ <= 0) return -1;
+        ::kill(pid_, SIGTERM);
+        int status = 0;
+        for (int i = 0; i < 1500; ++i) {
+            if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+                pid_ = -1;
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        pid_ = -1;
+        return -1;
+    }
+    void TearDown() override {
+        if (pid_ > 0) stop();
+    }
+
+    httplib::Client client() const {
+        httplib::Client c("127.0.0.1", port_);
+        c.set_read_timeout(60);
+        return c;
+    }
+    json post(const std::string& path, const json& body, int expect_status = 200,
+              const httplib::Headers& headers = {}) {
+        auto c = client();
+        auto res = c.Post(path, headers, body.dump(), "application/json");
+        EXPECT_TRUE(res) << "no response";
+        if (!res) return {};
+        EXPECT_EQ(res->status, expect_status) << res->body;
+        return json::parse(res->body);
+    }
+    // The events of a streamed response, [DONE] excluded (done_seen tells whether it came).
+    std::vector<json> stream(const std::string& path, json body, bool* done_seen = nullptr) {
+        body["stream"] = true;
+        auto c = client();
+        std::string raw;
+        auto res = c.Post(path, {}, body.dump(), "application/json");
+        EXPECT_TRUE(res);
+        if (!res) return {};
+        EXPECT_EQ(res->status, 200) << res->body;
+        EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+        std::vector<json> events;
+        bool done = false;
+        std::istringstream in(res->body);
+        std::string line;
+        while (std::getline(in, line)) {
+            if (line.empty()) continue;
+            EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+            const std::string data = line.substr(6);
+            if (data == "[DONE]") {
+                done = true;
+                continue;
+            }
+            EXPECT_FALSE(done) << "an event after [DONE]";
+            events.push_back(json::parse(data));
+        }
+        EXPECT_TRUE(done || done_seen);
+        if (done_seen) *done_seen = done;
+        return events;
+    }
+
+    static test::TempDir* dir_;
+    static int counter_;
+    std::string log_;
+    pid_t pid_ = -1;
+    int port_ = -1;
+};
+test::TempDir* ServeCli::dir_ = nullptr;
+int ServeCli::counter_ = 0;
+
+TEST_F(ServeCli, CompletionsStreamingAndNotAgreeAndCountUsage) {
+    ASSERT_GT(start("--parallel 2"), 0);
+    auto c = client();
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(json::parse(health->body)["status"], "ok");
+    const json models = json::parse(c.Get("/v1/models")->body);
+    EXPECT_EQ(models["object"], "list");
+    EXPECT_EQ(models["data"][0]["object"], "model");
+
+    const json req = {
+        {"prompt", "once upon a time"}, {"max_tokens", 20}, {"seed", 7}, {"temperature", 0.9}};
+    const json a = post("/v1/completions", req);
+    EXPECT_EQ(a["object"], "text_completion");
+    ASSERT_EQ(a["choices"].size(), 1u);
+    const std::string text = a["choices"][0]["text"];
+    EXPECT_EQ(a["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(a["usage"]["completion_tokens"], 20);
+    EXPECT_EQ(a["usage"]["total_tokens"].get<int>(), a["usage"]["prompt_tokens"].get<int>() + 20);
+    // The same seed gives the same text; streamed, its pieces concatenate to it.
+    EXPECT_EQ(post("/v1/completions", req)["choices"][0]["text"], text);
+    std::string streamed;
+    std::string finish;
+    for (const json& e : stream("/v1/completions", req)) {
+        EXPECT_EQ(e["object"], "text_completion");
+        streamed += e["choices"][0]["text"].get<std::string>();
+        if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(streamed, text);
+    EXPECT_EQ(finish, "length");
+
+    // A stop string across token boundaries: the text ends before it, finish_reason stop.
+    if (text.size() > 8) {
+        // Four characters from the third on (whole UTF-8 characters, bytes of one never split).
+        auto next_char = [&](size_t i) {
+            do ++i;
+            while (i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80);
+            return i;
+        };
+        size_t from = 0, to = 0;
+        for (int k = 0; k < 3; ++k) from = next_char(from);
+        to = from;
+        for (int k = 0; k < 4 && to < text.size(); ++k) to = next_char(to);
+        const std::string stop = text.substr(from, to - from);
+        json s = req;
+        s["stop"] = {stop, "never-there"};
+        const json r = post("/v1/completions", s);
+        EXPECT_EQ(r["choices"][0]["text"], text.substr(0, text.find(stop)));
+        EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+        std::string st;
+        for (const json& e : stream("/v1/completions", s))
+            st += e["choices"][0]["text"].get<std::string>();
+        EXPECT_EQ(st, text.substr(0, text.find(stop)));
+    }
+    // Several prompts, n choices each, echo.
+    const json many = post("/v1/completions", {{"prompt", {"the fox", "green woods"}},
+                                               {"n", 2},
+                                               {"max_tokens", 5},
+                                               {"echo", true},
+                                               {"seed", 1}});
+    ASSERT_EQ(many["choices"].size(), 4u);
+    EXPECT_EQ(many["choices"][0]["text"].get<std::string>().rfind("the fox", 0), 0u);
+    EXPECT_EQ(many["choices"][2]["text"].get<std::string>().rfind("green woods", 0), 0u);
+    EXPECT_NE(many["choices"][0]["text"], many["choices"][1]["text"]);  // own streams
+    EXPECT_EQ(stop(), 0);
+}
+
+TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
+    ASSERT_GT(start(), 0);
+    const json req = {{"messages",
+                       {{{"role", "system"}, {"content", "be brief"}},
+                        {{"role", "user"}, {"content", "tell me of the fox"}}}},
+                      {"max_tokens", 8},
+                      {"seed", 2}};
+    const json a = post("/v1/chat/completions", req);
+    EXPECT_EQ(a["object"], "chat.completion");
+    EXPECT_EQ(a["choices"][0]["message"]["role"], "assistant");
+    const std::string content = a["choices"][0]["message"]["content"];
+    std::string streamed;
+    const std::vector<json> events = stream("/v1/chat/completions", req);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+    for (const json& e : events) {
+        EXPECT_EQ(e["object"], "chat.completion.chunk");
+        if (e["choices"][0]["delta"].contains("content"))
+            streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+    }
+    EXPECT_EQ(streamed, content);
+}
+
+TEST_F(ServeCli, BadRequestsGetTheErrorObjectNamingTheField) {
+    ASSERT_GT(start("--api-key sekret --max-tokens-limit 50 --max-body 4096"), 0);
+    const httplib::Headers key = {{"Authorization", "Bearer sekret"}};
+    auto expect_error = [&](const json& e, const std::string& param) {
+        ASSERT_TRUE(e.contains("error")) << e.dump();
+        EXPECT_TRUE(e["error"]["message"].is_string());
+        EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
+        if (param.empty())
+            EXPECT_TRUE(e["error"]["param"].is_null()) << e.dump();
+        else
+            EXPECT_EQ(e["error"]["param"], param) << e.dump();
+        EXPECT_TRUE(e["error"].contains("code"));
+    };
+    expect_error(post("/v1/completions", {{"prompt", "x"}}, 401), "");
+    expect_error(
+        post("/v1/completions", {{"prompt", "x"}}, 401, {{"Authorization", "Bearer wrong"}}), "");
+    auto c = client();
+    auto res = c.Post("/v1/completions", key, "{not json", "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400);
+    expect_error(json::parse(res->body), "");
+    expect_error(post("/v1/completions", {{"max_tokens", 3}}, 400, key), "prompt");
+    expect_error(post("/v1/completions", {{"prompt", 5}}, 400, key), "prompt");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", "3"}}, 400, key),
+                 "max_tokens");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 51}}, 400, key),
+                 "max_tokens");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"n", 99}}, 400, key), "n");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"temperature", 3}}, 400, key),
+                 "temperature");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"stop", {1}}}, 400, key), "stop[0]");
+    expect_error(post("/v1/chat/completions", {{"messages", {{{"role", "user"}}}}}, 400, key),
+                 "messages[0].content");
+    expect_error(post("/v1/chat/completions",
+                      {{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, 400, key),
+                 "messages[0].role");
+    res = c.Post("/v1/completions", key, json{{"prompt", std::string(8000, 'a')}}.dump(),
+                 "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 413);
+    expect_error(json::parse(res->body), "");
+    res = c.Get("/v1/nothing", key);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 404);
+    expect_error(json::parse(res->body), "");
+    // The server is still well.
+    EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}}, 200,
+                   key)["usage"]["completion_tokens"],
+              2);
+}
+
+// Eight requests at once on four slots, with fixed seeds, give what each gives alone; a full
+// queue answers 429 with Retry-After.
+TEST_F(ServeCli, ConcurrentRequestsGiveWhatEachGivesAloneAndAFullQueueIs429) {
+    ASSERT_GT(start("--parallel 4 --queue 8"), 0);
+    std::vector<json> reqs;
+    for (int i = 0; i < 8; ++i)
+        reqs.push_back({{"prompt", std::string(i % 2 ? "the green" : "a little fox") +
+                                       std::string(static_cast<size_t>(i), '!')},
+                        {"max_tokens", 6 + 3 * i},
+                        {"seed", 100 + i}});
+    std::vector<std::future<json>> together;
+    for (const json& r : reqs)
+        together.push_back(std::async(std::launch::async, [&, r] {
+            auto c = client();
+            auto res = c.Post("/v1/completions", r.dump(), "application/json");
+            return res && res->status == 200 ? json::parse(res->body) : json();
+        }));
+    std::vector<std::string> texts;
+    for (auto& f : together) {
+        const json j = f.get();
+        ASSERT_TRUE(j.contains("choices"));
+        texts.push_back(j["choices"][0]["text"]);
+    }
+    for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(post("/v1/completions", reqs[i])["choices"][0]["text"], texts[i]) << i;
+    EXPECT_EQ(stop(), 0);
+
+    ASSERT_GT(start("--parallel 1 --queue 0 --max-tokens-limit 1000000"), 0);
+    std::atomic<bool> release{false};
+    std::thread hog([&] {
+        auto c = client();
+        c.Post(
+            "/v1/completions",
+            json{{"prompt", "x"}, {"max_tokens", 1000000}, {"ignore_eos", true}, {"stream", true}}
+                .dump(),
+            "application/json");
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    auto c = client();
+    auto res = c.Post("/v1/completions", json{{"prompt", "y"}, {"max_tokens", 2}}.dump(),
+                      "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 429);
+    EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+    EXPECT_EQ(json::parse(res->body)["error"]["type"], "rate_limit_error");
+    EXPECT_EQ(stop(), 0);  // SIGTERM with the stream running: it ends, the server exits 0
+    hog.join();
+}
+
+// A client that leaves mid-stream frees its slot: with one slot, the next request is served at
+// once, not after the abandoned one's million tokens.
+TEST_F(ServeCli, ADisconnectedStreamFreesItsSlot) {
+    ASSERT_GT(start("--parallel 1 --max-tokens-limit 1000000"), 0);
+    {
+        auto c = client();
+        int events = 0;
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/completions";
+        req.body =
+            json{{"prompt", "x"}, {"max_tokens", 1000000}, {"ignore_eos", true}, {"stream", true}}
+                .dump();
+        req.set_header("Content-Type", "application/json");
+        req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+            return ++events < 3;  // then hang up
+        };
+        c.send(req);
+        EXPECT_GE(events, 3);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const json r = post("/v1/completions", {{"prompt", "the fox"}, {"max_tokens", 4}});
+    EXPECT_EQ(r["usage"]["completion_tokens"], 4);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+}
+
+// SIGTERM with streams running: each gets a complete answer (finished within the grace period)
+// or an error event, then [DONE]; the process exits 0.
+TEST_F(ServeCli, SigtermWithStreamsRunningEndsEachStreamAndExitsZero) {
+    ASSERT_GT(start("--parallel 2 --shutdown-grace 1 --max-tokens-limit 1000000"), 0);
+    std::vector<std::future<std::vector<json>>> streams;
+    std::vector<bool> done(3, false);
+    for (int i = 0; i < 3; ++i)
+        streams.push_back(std::async(std::launch::async, [&, i] {
+            bool seen = false;
+            auto events = stream(
+                "/v1/completions",
+                {{"prompt", "x"}, {"max_tokens", i == 0 ? 3 : 1000000}, {"ignore_eos", true}},
+                &seen);
+            done[static_cast<size_t>(i)] = seen;
+            return events;
+        }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    EXPECT_EQ(stop(), 0);
+    for (int i = 0; i < 3; ++i) {
+        const std::vector<json> events = streams[static_cast<size_t>(i)].get();
+        ASSERT_FALSE(events.empty()) << i;
+        const json& last = events.back();
+        const bool complete =
+            last.contains("choices") && !last["choices"][0]["finish_reason"].is_null();
+        EXPECT_TRUE(complete || last.contains("error")) << last.dump();
+        EXPECT_TRUE(done[static_cast<size_t>(i)]) << i;
+    }
+}
+
+}  // namespace
+}  // namespace tmx
