@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/serve/metrics.h"
 #include "apps/serve/openai_api.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
@@ -45,11 +46,13 @@ struct Choice {
     int64_t prompt_tokens = 0, completion_tokens = 0;
     std::string finish_reason;  // "" while running
     bool done = false;
+    std::chrono::steady_clock::time_point last_token{};
     ServeLoop::Ticket ticket = 0;
 };
 
 // The choices of one HTTP request, shared by its HTTP thread and the engine thread.
 struct Job {
+    const std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
     std::mutex mutex;
     std::condition_variable changed;
     std::vector<Choice> choices;
@@ -78,6 +81,7 @@ struct Server {
     serve::ApiLimits limits;
     std::atomic<bool> draining{false};
     std::atomic<uint64_t> next_id{1};
+    serve::Metrics metrics;
 
     // Queues every (prompt, n) sequence of the request; ApiError when one cannot run.
     std::shared_ptr<Job> start(const serve::CompletionRequest& r) {
@@ -96,6 +100,7 @@ struct Server {
                 Choice& c = job->choices[i];
                 c.text = std::make_unique<TextStream>(tokenizer, ids, r.stop);
                 c.prompt_tokens = static_cast<int64_t>(ids.size());
+                metrics.prompt_tokens += ids.size();
                 if (r.echo) c.pending = c.all = prompts[p];
                 SequenceRequest q;
                 q.prompt = ids;
@@ -109,6 +114,14 @@ struct Server {
                 q.on_token = [this, job, i](int32_t token, std::span<const float>) {
                     std::lock_guard<std::mutex> lock(job->mutex);
                     Choice& c = job->choices[i];
+                    const auto now = std::chrono::steady_clock::now();
+                    metrics.completion_tokens++;
+                    (c.completion_tokens == 0 ? metrics.time_to_first_token
+                                              : metrics.time_per_token)
+                        .observe(std::chrono::duration<double>(
+                                     now - (c.completion_tokens == 0 ? job->arrived : c.last_token))
+                                     .count());
+                    c.last_token = now;
                     ++c.completion_tokens;
                     if (tokenizer.is_control(token)) return false;
                     const bool stopped = c.text->push(token);
@@ -176,7 +189,11 @@ std::string dump(const json& j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(httplib::Response& res, const ApiError& e, serve::Metrics* metrics = nullptr) {
+    if (metrics)
+        metrics->count_request(e.status == 429   ? "queue_full"
+                               : e.status >= 500 ? "server_error"
+                                                 : "client_error");
     res.status = e.status;
     if (e.status == 429) res.set_header("Retry-After", "1");
     res.set_content(dump(e.body()), "application/json");
@@ -300,6 +317,11 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             res.set_content(json{{"status", failure.empty() ? "ok" : "error"}}.dump(),
                             "application/json");
         });
+        http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+            const ServeLoop::Stats st = loop.stats();
+            res.set_content(srv.metrics.render(st.running, st.waiting, st.slots),
+                            "text/plain; version=0.0.4");
+        });
         http.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
             json m = {{"id", srv.model_name},
                       {"object", "model"},
@@ -315,7 +337,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                     r = serve::parse_completion_request(req.body, chat, srv.limits);
                     job = srv.start(r);
                 } catch (const ApiError& e) {
-                    send_error(res, e);
+                    send_error(res, e, &srv.metrics);
                     return;
                 }
                 const std::string id =
@@ -325,6 +347,19 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                 if (!r.stream) {
                     std::unique_lock<std::mutex> lock(job->mutex);
                     job->changed.wait(lock, [&] { return job->all_done(); });
+                    bool cancelled = false;
+                    for (const Choice& c : job->choices)
+                        cancelled = cancelled || c.finish_reason == "cancelled";
+                    if (cancelled) {
+                        send_error(res,
+                                   {503,
+                                    "the request was cancelled (the server is shutting down "
+                                    "or its device failed)",
+                                    "", "cancelled", "server_error"},
+                                   &srv.metrics);
+                        return;
+                    }
+                    srv.metrics.count_request("ok");
                     json choices = json::array();
                     for (size_t i = 0; i < job->choices.size(); ++i) {
                         const Choice& c = job->choices[i];
@@ -398,11 +433,13 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                                    {"model", srv.model_name},
                                                    {"choices", {ch}}};
                                 if (!send(body)) {  // the client left: free its slots
+                                    srv.metrics.count_request("cancelled");
                                     srv.cancel(*job);
                                     return false;
                                 }
                             }
                             if (!sink.is_writable()) {
+                                srv.metrics.count_request("cancelled");
                                 srv.cancel(*job);
                                 return false;
                             }
@@ -413,6 +450,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                     for (const Choice& c : job->choices)
                                         cancelled = cancelled || c.finish_reason == "cancelled";
                                 }
+                                srv.metrics.count_request(cancelled ? "cancelled" : "ok");
                                 if (cancelled)
                                     send(ApiError{500,
                                                   "the request was cancelled (the server is "

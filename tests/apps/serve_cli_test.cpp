@@ -219,6 +219,28 @@ TEST_F(ServeCli, CompletionsStreamingAndNotAgreeAndCountUsage) {
     EXPECT_EQ(many["choices"][0]["text"].get<std::string>().rfind("the fox", 0), 0u);
     EXPECT_EQ(many["choices"][2]["text"].get<std::string>().rfind("green woods", 0), 0u);
     EXPECT_NE(many["choices"][0]["text"], many["choices"][1]["text"]);  // own streams
+
+    // Prometheus text: the requests above by outcome, tokens, the slots, the histograms.
+    post("/v1/completions", {{"prompt", 5}}, 400);
+    auto metrics = c.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    EXPECT_EQ(metrics->status, 200);
+    const std::string m = metrics->body;
+    auto value = [&](const std::string& series) -> double {
+        const size_t at = m.find("\n" + series + " ");
+        if (at == std::string::npos) return -1;
+        return std::stod(m.substr(at + series.size() + 2));
+    };
+    const int ok = text.size() > 8 ? 6 : 4;  // completions above, streamed or not
+    EXPECT_EQ(value("tmx_requests_total{outcome=\"ok\"}"), ok) << m;
+    EXPECT_EQ(value("tmx_requests_total{outcome=\"client_error\"}"), 1) << m;
+    EXPECT_EQ(value("tmx_slots"), 2) << m;
+    EXPECT_EQ(value("tmx_active_slots"), 0) << m;
+    EXPECT_GE(value("tmx_completion_tokens_total"), 60 + 20) << m;
+    EXPECT_GE(value("tmx_time_to_first_token_seconds_count"), ok) << m;
+    EXPECT_EQ(value("tmx_time_to_first_token_seconds_bucket{le=\"+Inf\"}"),
+              value("tmx_time_to_first_token_seconds_count"));
+    EXPECT_NE(m.find("# TYPE tmx_time_per_token_seconds histogram"), std::string::npos);
     EXPECT_EQ(stop(), 0);
 }
 
