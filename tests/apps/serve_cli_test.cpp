@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -420,6 +421,29 @@ TEST_F(ServeCli, SigtermWithStreamsRunningEndsEachStreamAndExitsZero) {
         EXPECT_TRUE(complete || last.contains("error")) << last.dump();
         EXPECT_TRUE(done[static_cast<size_t>(i)]) << i;
     }
+}
+
+// A client nobody here wrote: the official OpenAI Node.js SDK (scripts/test.sh installs npm's
+// `openai` into build/npm), streaming and not, completions and chat.
+TEST_F(ServeCli, TheOfficialOpenAINodeClientWorksWithIt) {
+    const std::string package =
+        (std::filesystem::path(TMX_BINARY).parent_path() / "npm/node_modules/openai").string();
+    if (std::system("node --version >/dev/null 2>&1") != 0)
+        GTEST_SKIP() << "node is not installed (scripts/test.sh installs it)";
+    if (!std::filesystem::exists(package + "/package.json"))
+        GTEST_SKIP() << "npm's openai package is not in " << package
+                     << " (scripts/test.sh installs it)";
+    ASSERT_GT(start("--parallel 2"), 0);
+    const std::string out = *dir_ / "sdk.out";
+    const std::string cmd = "TMX_BASE_URL=http://127.0.0.1:" + std::to_string(port_) +
+                            "/v1 TMX_OPENAI_PACKAGE=" + package + " node " + test::source_dir() +
+                            "/tests/clients/openai_sdk.cjs >" + out + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(out);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_EQ(status, 0) << ss.str();
+    EXPECT_NE(ss.str().find("openai sdk: ok"), std::string::npos) << ss.str();
 }
 
 }  // namespace

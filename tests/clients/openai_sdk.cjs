@@ -1,0 +1,47 @@
+// The official OpenAI Node.js client (npm's `openai`, which scripts/test.sh installs into
+// build/npm) against a running `tmx serve`: completions and chat, streamed and not, and an error.
+// Run by tests/apps/serve_cli_test.cpp with TMX_BASE_URL and TMX_OPENAI_PACKAGE set.
+const assert = require('node:assert/strict');
+const mod = require(process.env.TMX_OPENAI_PACKAGE);
+const OpenAI = mod.OpenAI || mod.default || mod;
+
+async function main() {
+  const client = new OpenAI({ baseURL: process.env.TMX_BASE_URL, apiKey: 'sdk-key', maxRetries: 0 });
+
+  const models = await client.models.list();
+  assert.ok(models.data.length >= 1);
+  const model = models.data[0].id;
+
+  const request = { model, prompt: 'once upon a time', max_tokens: 12, seed: 9, temperature: 0.9 };
+  const c = await client.completions.create(request);
+  assert.equal(c.object, 'text_completion');
+  assert.equal(c.choices.length, 1);
+  assert.equal(typeof c.choices[0].text, 'string');
+  assert.ok(['stop', 'length'].includes(c.choices[0].finish_reason));
+  assert.equal(c.usage.total_tokens, c.usage.prompt_tokens + c.usage.completion_tokens);
+
+  let streamed = '';
+  for await (const chunk of await client.completions.create({ ...request, stream: true }))
+    streamed += chunk.choices[0].text;
+  assert.equal(streamed, c.choices[0].text);
+
+  const chatRequest = { model, messages: [{ role: 'user', content: 'tell me of the fox' }],
+                        max_tokens: 8, seed: 4 };
+  const chat = await client.chat.completions.create(chatRequest);
+  assert.equal(chat.object, 'chat.completion');
+  assert.equal(chat.choices[0].message.role, 'assistant');
+  let deltas = '';
+  for await (const chunk of await client.chat.completions.create({ ...chatRequest, stream: true }))
+    deltas += chunk.choices[0].delta.content || '';
+  assert.equal(deltas, chat.choices[0].message.content);
+
+  await assert.rejects(
+    client.completions.create({ model, prompt: 'x', max_tokens: 1e9 }),
+    (e) => e.status === 400 && e.param === 'max_tokens');
+  console.log('openai sdk: ok');
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
