@@ -5,13 +5,16 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <thread>
 
 #include "apps/commands.h"
@@ -48,6 +51,9 @@ struct Choice {
     bool done = false;
     std::chrono::steady_clock::time_point last_token{};
     ServeLoop::Ticket ticket = 0;
+    std::vector<serve::TokenLogprob> logprobs, pending_logprobs;  // when asked for
+    size_t text_start = 0;      // where the generated text starts (after an echoed prompt)
+    size_t logprob_offset = 0;  // text offset of the pending logprobs' first token
 };
 
 // The choices of one HTTP request, shared by its HTTP thread and the engine thread.
@@ -62,6 +68,37 @@ struct Job {
         return true;
     }
 };
+
+// A token as text: its piece with the SentencePiece space marker as a space, a byte piece as
+// its byte.
+std::string token_text(const Tokenizer& tok, int32_t id) {
+    const Tokenizer::PieceInfo& pi = tok.info(id);
+    if (pi.kind == Tokenizer::Kind::Byte) return std::string(1, static_cast<char>(pi.byte));
+    if (pi.kind == Tokenizer::Kind::Normal) return pi.text;
+    return tok.piece(id);
+}
+
+// The drawn token's log-probability under the model's distribution (log-softmax of the raw
+// logits, in double) and the `top` most likely tokens'.
+serve::TokenLogprob token_logprob(const Tokenizer& tok, int32_t token,
+                                  std::span<const float> logits, int64_t top) {
+    double max = -INFINITY;
+    for (float l : logits) max = std::max(max, static_cast<double>(l));
+    double sum = 0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
+    const double log_z = max + std::log(sum);
+    serve::TokenLogprob out{token_text(tok, token), logits[static_cast<size_t>(token)] - log_z, {}};
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    const size_t k = std::min(static_cast<size_t>(top), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                      [&](int32_t a, int32_t b) {
+                          return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                      });
+    for (size_t i = 0; i < k; ++i)
+        out.top.emplace_back(token_text(tok, ids[i]), logits[static_cast<size_t>(ids[i])] - log_z);
+    return out;
+}
 
 const char* finish_reason(StopReason r) {
     switch (r) {
@@ -102,6 +139,7 @@ struct Server {
                 c.prompt_tokens = static_cast<int64_t>(ids.size());
                 metrics.prompt_tokens += ids.size();
                 if (r.echo) c.pending = c.all = prompts[p];
+                c.text_start = c.logprob_offset = c.all.size();
                 SequenceRequest q;
                 q.prompt = ids;
                 q.max_new_tokens = r.max_tokens;
@@ -111,7 +149,8 @@ struct Server {
                 if (!r.ignore_eos)
                     for (int32_t id : {tokenizer.eos_id(), tokenizer.bos_id()})
                         if (id >= 0) q.end_ids.push_back(id);
-                q.on_token = [this, job, i](int32_t token, std::span<const float>) {
+                q.on_token = [this, job, i, lp = r.logprobs](int32_t token,
+                                                             std::span<const float> logits) {
                     std::lock_guard<std::mutex> lock(job->mutex);
                     Choice& c = job->choices[i];
                     const auto now = std::chrono::steady_clock::now();
@@ -123,6 +162,10 @@ struct Server {
                                      .count());
                     c.last_token = now;
                     ++c.completion_tokens;
+                    if (lp >= 0) {
+                        c.logprobs.push_back(token_logprob(tokenizer, token, logits, lp));
+                        c.pending_logprobs.push_back(c.logprobs.back());
+                    }
                     if (tokenizer.is_control(token)) return false;
                     const bool stopped = c.text->push(token);
                     const std::string piece = c.text->take_final();
@@ -366,10 +409,11 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                         json ch = {{"index", i}, {"finish_reason", c.finish_reason}};
                         if (chat)
                             ch["message"] = {{"role", "assistant"}, {"content", c.all}};
-                        else {
+                        else
                             ch["text"] = c.all;
-                            ch["logprobs"] = nullptr;
-                        }
+                        ch["logprobs"] = r.logprobs >= 0
+                                             ? serve::logprobs_json(c.logprobs, chat, c.text_start)
+                                             : json(nullptr);
                         choices.push_back(ch);
                     }
                     res.set_content(dump(json{{"id", id},
@@ -384,8 +428,8 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                 res.set_header("Cache-Control", "no-cache");
                 res.set_chunked_content_provider(
                     "text/event-stream",
-                    [&srv, job, id, created, chat, object = object + (chat ? ".chunk" : "")](
-                        size_t, httplib::DataSink& sink) {
+                    [&srv, job, id, created, chat, want_logprobs = r.logprobs >= 0,
+                     object = object + (chat ? ".chunk" : "")](size_t, httplib::DataSink& sink) {
                         auto send = [&](const json& j) {
                             const std::string line = "data: " + dump(j) + "\n\n";
                             return sink.write(line.data(), line.size());
@@ -414,8 +458,14 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                         if (!c.pending.empty()) ch["delta"]["content"] = c.pending;
                                     } else {
                                         ch["text"] = c.pending;
-                                        ch["logprobs"] = nullptr;
                                     }
+                                    ch["logprobs"] =
+                                        want_logprobs ? serve::logprobs_json(c.pending_logprobs,
+                                                                             chat, c.logprob_offset)
+                                                      : json(nullptr);
+                                    for (const auto& t : c.pending_logprobs)
+                                        c.logprob_offset += t.token.size();
+                                    c.pending_logprobs.clear();
                                     announced[i] = true;
                                     c.pending.clear();
                                     if (c.done) {

@@ -126,11 +126,55 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat,
         if (!j.at("ignore_eos").is_boolean()) bad("ignore_eos", "expected true or false");
         r.ignore_eos = j.at("ignore_eos").get<bool>();
     }
-    if (has("logprobs") && !(j.at("logprobs").is_boolean() && !j.at("logprobs").get<bool>()) &&
-        !(j.at("logprobs").is_number_integer() && j.at("logprobs").get<int64_t>() == 0))
-        throw ApiError{400, "'logprobs': not supported by this server yet", "logprobs",
-                       "unsupported_parameter", "invalid_request_error"};
+    if (chat) {
+        if (has("logprobs")) {
+            if (!j.at("logprobs").is_boolean()) bad("logprobs", "expected true or false");
+            if (j.at("logprobs").get<bool>())
+                r.logprobs =
+                    has("top_logprobs") ? integer(j.at("top_logprobs"), "top_logprobs", 0, 20) : 0;
+        }
+        if (has("top_logprobs") && r.logprobs < 0) bad("top_logprobs", "needs logprobs: true");
+    } else if (has("logprobs")) {
+        r.logprobs = integer(j.at("logprobs"), "logprobs", 0, 5);
+    }
     return r;
+}
+
+json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat, size_t offset) {
+    if (chat) {
+        auto bytes = [](const std::string& t) {
+            json b = json::array();
+            for (unsigned char ch : t) b.push_back(ch);
+            return b;
+        };
+        json content = json::array();
+        for (const TokenLogprob& t : tokens) {
+            json top = json::array();
+            for (const auto& [tok, lp] : t.top)
+                top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", bytes(tok)}});
+            content.push_back({{"token", t.token},
+                               {"logprob", t.logprob},
+                               {"bytes", bytes(t.token)},
+                               {"top_logprobs", top}});
+        }
+        return {{"content", content}};
+    }
+    json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const TokenLogprob& t : tokens) {
+        toks.push_back(t.token);
+        lps.push_back(t.logprob);
+        json top = json::object();
+        // Tokens with the same text (a byte piece and a piece) share a key: the likelier one.
+        for (const auto& [tok, lp] : t.top)
+            if (!top.contains(tok) || top[tok].get<double>() < lp) top[tok] = lp;
+        tops.push_back(top);
+        offsets.push_back(offset);
+        offset += t.token.size();
+    }
+    return {{"tokens", toks},
+            {"token_logprobs", lps},
+            {"top_logprobs", tops},
+            {"text_offset", offsets}};
 }
 
 std::string render_chat(const std::vector<ChatMessage>& messages, const std::string& tmpl) {

@@ -46,8 +46,24 @@ struct CompletionRequest {
     bool stream = false;
     bool echo = false;
     bool ignore_eos = false;  // extension (as llama.cpp's server): generate max_tokens exactly
+    // Log-probabilities of the drawn tokens: completions' `logprobs` N (0..5: the drawn token and
+    // the N most likely), chat's `logprobs` true with `top_logprobs` N (0..20). -1: none.
+    int64_t logprobs = -1;
     std::string model;
 };
+
+// One drawn token's log-probability under the model (before temperature and truncation) and the
+// `top` most likely alternatives.
+struct TokenLogprob {
+    std::string token;
+    double logprob = 0;
+    std::vector<std::pair<std::string, double>> top;
+};
+
+// The `logprobs` object of a choice: completions' {tokens, token_logprobs, top_logprobs,
+// text_offset} or chat's {content: [{token, logprob, bytes, top_logprobs}]}. `offset` is the
+// text offset of the first token (completions).
+nlohmann::json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat, size_t offset);
 
 // Reads a /v1/completions (chat = false) or /v1/chat/completions body; throws ApiError.
 CompletionRequest parse_completion_request(const std::string& body, bool chat,
