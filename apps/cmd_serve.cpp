@@ -329,6 +329,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         http.set_read_timeout(30);
         http.set_write_timeout(30);
         http.set_keep_alive_timeout(5);
+        http.set_tcp_nodelay(true);  // SSE pieces are small: never wait for Nagle's 40 ms
         http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
             if (req.path.rfind("/v1/", 0) == 0 && !srv.api_key.empty() &&
                 req.get_header_value("Authorization") != "Bearer " + srv.api_key) {
