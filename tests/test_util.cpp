@@ -5,9 +5,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "engine/core/errors.h"
+#include "engine/core/file_io.h"
 
 namespace tmx::test {
 
@@ -65,6 +67,39 @@ std::string error_of(const std::function<void()>& f) {
         return e.what();
     }
     return "";
+}
+
+std::string synthetic_stories(Rng& rng, int documents) {
+    const char* words[] = {"once", "upon",  "a",  "time", "there", "was", "little", "fox",
+                           "who",  "liked", "to", "run",  "in",    "the", "green",  "woods"};
+    std::string text;
+    for (int doc = 0; doc < documents; ++doc) {
+        for (int w = 0; w < 10; ++w) text += std::string(words[rng.below(16)]) + " ";
+        text += "é 日本\n\n";
+    }
+    return text;
+}
+
+std::string make_cli_checkpoint(const TempDir& dir, Rng& rng, const std::string& overrides,
+                                uint64_t seed) {
+    write_file_atomic(dir / "corpus.txt", synthetic_stories(rng, 300));
+    auto r = run_tmx("tokenizer train --input " + dir / "corpus.txt" + " --vocab-size 300 --out " +
+                     dir / "tok.model");
+    if (r.exit_code != 0) {
+        ADD_FAILURE() << r.err;
+        return "";
+    }
+    nlohmann::json cfg = read_json_file(source_dir() + "/assets/configs/test-tiny-swiglu.json");
+    cfg["vocab_size"] = 300;
+    cfg.update(nlohmann::json::parse(overrides));
+    write_file_atomic(dir / "cfg.json", cfg.dump());
+    r = run_tmx("init --config " + dir / "cfg.json" + " --tokenizer " + dir / "tok.model" +
+                " --out " + dir / "ckpt" + " --seed " + std::to_string(seed));
+    if (r.exit_code != 0) {
+        ADD_FAILURE() << r.err;
+        return "";
+    }
+    return dir / "ckpt";
 }
 
 CommandResult run_tmx(const std::string& args) {

@@ -41,6 +41,17 @@ struct CommandResult {
 // The message of the tmx::Error that f throws, or "" when it throws none.
 std::string error_of(const std::function<void()>& f);
 
+// Short synthetic stories from a small vocabulary (words drawn at random, a blank line between
+// documents), enough to train a few-hundred-piece tokenizer on.
+std::string synthetic_stories(Rng& rng, int documents);
+
+// A checkpoint made as a user makes one: a tokenizer trained by `tmx tokenizer train` (300
+// pieces) on synthetic_stories, and `tmx init --seed SEED` of assets/configs/test-tiny-swiglu.json
+// with that vocabulary and `overrides` (JSON object text, e.g. "{\"d_model\": 64}"). Writes
+// DIR/tok.model and DIR/ckpt; returns "" after a failed command (with a test failure added).
+std::string make_cli_checkpoint(const TempDir& dir, Rng& rng, const std::string& overrides,
+                                uint64_t seed);
+
 // Runs the built tmx with the given arguments (a shell-quoted string).
 CommandResult run_tmx(const std::string& args);
 

@@ -17,25 +17,8 @@ class InteropCli : public ::testing::Test {
   protected:
     void SetUp() override {
         Rng rng(test::fresh_seed());
-        const char* words[] = {"once", "upon",  "a",  "time", "there", "was", "little", "fox",
-                               "who",  "liked", "to", "run",  "in",    "the", "green",  "woods"};
-        std::string text;
-        for (int doc = 0; doc < 300; ++doc) {
-            for (int w = 0; w < 10; ++w) text += std::string(words[rng.below(16)]) + " ";
-            text += "\n\n";
-        }
-        write_file_atomic(tmp_ / "corpus.txt", text);
-        auto r = test::run_tmx("tokenizer train --input " + tmp_ / "corpus.txt" +
-                               " --vocab-size 300 --out " + tmp_ / "tok.model");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
-        nlohmann::json cfg =
-            read_json_file(test::source_dir() + "/assets/configs/test-tiny-swiglu.json");
-        cfg["vocab_size"] = 300;
-        cfg["d_model"] = 64;  // rows of whole Q8_0 blocks
-        write_file_atomic(tmp_ / "cfg.json", cfg.dump());
-        r = test::run_tmx("init --config " + tmp_ / "cfg.json" + " --tokenizer " +
-                          tmp_ / "tok.model" + " --out " + ckpt_ + " --seed 11");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
+        // d_model 64: rows of whole Q8_0 blocks.
+        ASSERT_EQ(test::make_cli_checkpoint(tmp_, rng, R"({"d_model": 64})", 11), ckpt_);
     }
     test::TempDir tmp_;
     std::string ckpt_ = tmp_ / "ckpt";

@@ -33,23 +33,7 @@ class ServeCli : public ::testing::Test {
     static void SetUpTestSuite() {
         dir_ = new test::TempDir;
         Rng rng(test::fresh_seed());
-        const char* words[] = {"once", "upon",  "a",  "time", "there", "was", "little", "fox",
-                               "who",  "liked", "to", "run",  "in",    "the", "green",  "woods"};
-        std::string text;
-        for (int doc = 0; doc < 300; ++doc) {
-            for (int w = 0; w < 10; ++w) text += std::string(words[rng.below(16)]) + " ";
-            text += "é 日本\n\n";
-        }
-        write_file_atomic(*dir_ / "corpus.txt", text);
-        auto r = test::run_tmx("tokenizer train --input " + *dir_ / "corpus.txt" +
-                               " --vocab-size 300 --out " + *dir_ / "tok.model");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
-        json cfg = read_json_file(test::source_dir() + "/assets/configs/test-tiny-swiglu.json");
-        cfg["vocab_size"] = 300;
-        write_file_atomic(*dir_ / "cfg.json", cfg.dump());
-        r = test::run_tmx("init --config " + *dir_ / "cfg.json" + " --tokenizer " +
-                          *dir_ / "tok.model" + " --out " + *dir_ / "ckpt" + " --seed 5");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
+        ASSERT_NE(test::make_cli_checkpoint(*dir_, rng, "{}", 5), "");
     }
     static void TearDownTestSuite() {
         delete dir_;
