@@ -20,6 +20,7 @@
 #include "apps/commands.h"
 #include "apps/serve/metrics.h"
 #include "apps/serve/openai_api.h"
+#include "apps/serve/playground.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/data/tokenizer.h"
@@ -360,6 +361,9 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             res.status = failure.empty() ? 200 : 503;
             res.set_content(json{{"status", failure.empty() ? "ok" : "error"}}.dump(),
                             "application/json");
+        });
+        http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+            res.set_content(serve::kPlaygroundHtml, "text/html; charset=utf-8");
         });
         http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
             const ServeLoop::Stats st = loop.stats();

@@ -3,17 +3,19 @@
 # backend too wherever the toolkit is, GPU or not, so that its code is compiled and its host-side
 # tests run) and runs the whole test suite with ctest.
 # Tests that need ../shared (the development data beside the checkout) skip when it is absent.
-# It also installs the clients that test `tmx serve` from outside: Node.js and npm's official
-# `openai` package (into build/npm; without a reachable npm registry that test skips), and ends
-# with a short load test of the server.
+# It also installs the clients that test `tmx serve` from outside: Node.js, npm's official
+# `openai` package and `playwright-core` (into build/npm; without a reachable npm registry those
+# tests skip) and Debian's chromium for the playground's browser test, and ends with a short
+# load test of the server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/check-format.sh"
 "$root/scripts/setup.sh" --cuda AUTO --all "$@"
 source "$root/scripts/lib/packages.sh"
-ensure_packages test nodejs npm python3
-npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 ||
-  echo "test.sh: npm could not install the openai package; the server's client test will skip" >&2
+ensure_packages test nodejs npm python3 chromium
+npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 ||
+  echo "test.sh: npm could not install openai and playwright-core; the server's client and" \
+    "browser tests will skip" >&2
 cd "$root/build"
 ctest --output-on-failure --parallel "$(nproc)"
 # A short bounded load test of tmx serve (scripts/load-test.py): every answer complete and well

@@ -485,5 +485,38 @@ TEST_F(ServeCli, TheOfficialOpenAINodeClientWorksWithIt) {
     EXPECT_NE(ss.str().find("openai sdk: ok"), std::string::npos) << ss.str();
 }
 
+// The playground page in a real browser: headless Chromium (Debian's chromium, driven by npm's
+// playwright-core; scripts/test.sh installs both) loads GET /, submits a prompt, and sees the
+// streamed text appear.
+TEST_F(ServeCli, ThePlaygroundPageStreamsInABrowser) {
+    const std::string package =
+        (std::filesystem::path(TMX_BINARY).parent_path() / "npm/node_modules/playwright-core")
+            .string();
+    const std::string browser = "/usr/bin/chromium";
+    if (std::system("node --version >/dev/null 2>&1") != 0)
+        GTEST_SKIP() << "node is not installed (scripts/test.sh installs it)";
+    if (!std::filesystem::exists(package + "/package.json"))
+        GTEST_SKIP() << "npm's playwright-core is not in " << package
+                     << " (scripts/test.sh installs it)";
+    if (!std::filesystem::exists(browser))
+        GTEST_SKIP() << "Debian's chromium is not installed (scripts/test.sh installs it)";
+    ASSERT_GT(start(), 0);
+    auto page = client().Get("/");
+    ASSERT_TRUE(page);
+    EXPECT_EQ(page->status, 200);
+    EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+    const std::string out = *dir_ / "browser.out";
+    const std::string cmd = "TMX_BASE_URL=http://127.0.0.1:" + std::to_string(port_) +
+                            " TMX_PLAYWRIGHT_PACKAGE=" + package + " TMX_CHROMIUM=" + browser +
+                            " node " + test::source_dir() +
+                            "/tests/clients/playground_browser.cjs >" + out + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(out);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_EQ(status, 0) << ss.str();
+    EXPECT_NE(ss.str().find("playground: ok"), std::string::npos) << ss.str();
+}
+
 }  // namespace
 }  // namespace tmx
