@@ -12,7 +12,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/check-format.sh"
 "$root/scripts/setup.sh" --cuda AUTO --all "$@"
 source "$root/scripts/lib/packages.sh"
-ensure_packages test nodejs npm python3 chromium
+# Node.js may come from elsewhere than Debian (NodeSource's bundles npm and conflicts with
+# Debian's npm package): install Debian's only where there is no node or npm at all.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  ensure_packages test nodejs npm
+fi
+ensure_packages test python3 chromium
 npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 ||
   echo "test.sh: npm could not install openai and playwright-core; the server's client and" \
     "browser tests will skip" >&2
