@@ -15,9 +15,12 @@ source "$root/scripts/lib/packages.sh"
 # Node.js may come from elsewhere than Debian (NodeSource's bundles npm and conflicts with
 # Debian's npm package): install Debian's only where there is no node or npm at all.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  ensure_packages test nodejs npm
+  ensure_packages test nodejs npm ||
+    echo "test.sh: could not install nodejs and npm; the server's client tests will skip" >&2
 fi
-ensure_packages test python3 chromium
+ensure_packages test chromium ||
+  echo "test.sh: could not install chromium; the playground's browser test will skip" >&2
+ensure_packages test python3
 npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 ||
   echo "test.sh: npm could not install openai and playwright-core; the server's client and" \
     "browser tests will skip" >&2
