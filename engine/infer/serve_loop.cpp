@@ -72,8 +72,8 @@ void ServeLoop::run() {
         for (auto& [ticket, request] : arrived) {
             // A request whose ticket is forgotten when it ends: its on_done runs first.
             auto done = std::move(request.on_done);
-            request.on_done = [this, ticket, done = std::move(done)](TokenGeneration&& g) {
-                ids_.erase(ticket);
+            request.on_done = [this, t = ticket, done = std::move(done)](TokenGeneration&& g) {
+                ids_.erase(t);
                 if (done) done(std::move(g));
             };
             ids_[ticket] = scheduler_.submit(std::move(request));
