@@ -32,9 +32,9 @@ async function main() {
     const tokens = Number((status.match(/(\d+) tokens in/) || [])[1]);
     assert.match(status, /^done \((stop|length)\): first text after [\d.]+ s, \d+ tokens in [\d.]+ s, [\d.]+ tokens\/s$/);
     assert.ok(tokens >= 1 && tokens <= 400, status);
-    // The prompt's span is one update; a long enough answer comes in several more (a short one
-  // from this tiny model may arrive in one network read).
-  if (tokens >= 100) assert.ok(updates >= 3, `${tokens} tokens came in ${updates - 1} updates`);
+    // The prompt's span is one update, the streamed text at least one more. (How many depends on
+    // how the network groups the events: this tiny model can finish before the first read.)
+    assert.ok(updates >= 2, `the text never appeared (${updates} updates)`);
     assert.ok(text.length > 0 || tokens < 8, 'no text arrived');
     assert.deepEqual(errors, []);
     console.log(`playground: ok (${status}; ${updates} updates)`);
