@@ -34,7 +34,7 @@ async function main() {
     assert.ok(tokens >= 1 && tokens <= 400, status);
     // The prompt's span is one update, the streamed text at least one more. (How many depends on
     // how the network groups the events: this tiny model can finish before the first read.)
-    assert.ok(updates >= 2, `the text never appeared (${updates} updates)`);
+    assert.ok(updates >= 2 || tokens < 8, `the text never appeared (${updates} updates)`);
     assert.ok(text.length > 0 || tokens < 8, 'no text arrived');
     assert.deepEqual(errors, []);
     console.log(`playground: ok (${status}; ${updates} updates)`);
