@@ -178,6 +178,19 @@ void check_ranges_tile_the_data(const std::map<std::string, SafetensorsEntry>& e
 
 SafetensorsFile::SafetensorsFile(const std::string& path)
     : path_(path), fd_(open_regular_file(path)) {
+    // A destructor does not run for a constructor that throws: close the file on the way out,
+    // or every refused file would leak a descriptor.
+    try {
+        open_checked();
+    } catch (...) {
+        ::close(fd_);
+        fd_ = -1;
+        throw;
+    }
+}
+
+void SafetensorsFile::open_checked() {
+    const std::string& path = path_;
     struct stat st {};
     if (::fstat(fd_, &st) != 0) throw Error(path + ": cannot stat: " + std::strerror(errno));
     const uint64_t file_size = static_cast<uint64_t>(st.st_size);

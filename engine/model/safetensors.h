@@ -38,6 +38,8 @@ class SafetensorsFile {
     void read_f32(const std::string& name, float* out) const;
 
   private:
+    void open_checked();  // the header's checks, on the open file
+
     std::string path_;
     int fd_ = -1;
     uint64_t data_start_ = 0;
