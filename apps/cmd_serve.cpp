@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <thread>
 
@@ -49,6 +50,7 @@ struct Choice {
     std::string all;
     int64_t prompt_tokens = 0, completion_tokens = 0;
     std::string finish_reason;  // "" while running
+    std::string error;          // why it failed (StopReason::Failed)
     bool done = false;
     std::chrono::steady_clock::time_point last_token{};
     ServeLoop::Ticket ticket = 0;
@@ -107,6 +109,8 @@ const char* finish_reason(StopReason r) {
             return "length";
         case StopReason::Cancelled:
             return "cancelled";
+        case StopReason::Failed:
+            return "error";
         default:
             return "stop";
     }
@@ -178,7 +182,9 @@ struct Server {
                 q.on_done = [job, i](TokenGeneration&& g) {
                     std::lock_guard<std::mutex> lock(job->mutex);
                     Choice& c = job->choices[i];
-                    if (g.stop_reason != StopReason::Cancelled) {
+                    if (g.stop_reason == StopReason::Failed) c.error = g.error;
+                    if (g.stop_reason != StopReason::Cancelled &&
+                        g.stop_reason != StopReason::Failed) {
                         const std::string rest = c.text->finish();
                         c.pending += rest;
                         c.all += rest;
@@ -200,6 +206,9 @@ struct Server {
             }
             if (!t) {
                 cancel(*job);
+                if (const std::string failure = loop.failure(); !failure.empty())
+                    throw ApiError{503, "the server's device failed: " + failure, "",
+                                   "backend_error", "server_error"};
                 throw ApiError{429, "the server's queue is full; retry shortly", "", "queue_full",
                                "rate_limit_error"};
             }
@@ -213,6 +222,16 @@ struct Server {
         std::lock_guard<std::mutex> lock(job.mutex);
         for (const Choice& c : job.choices)
             if (c.ticket && !c.done) loop.cancel(c.ticket);
+    }
+
+    // The error of a job one of whose sequences failed (StopReason::Failed). The caller holds
+    // job.mutex.
+    static std::optional<ApiError> failed(const Job& job) {
+        for (const Choice& c : job.choices)
+            if (!c.error.empty())
+                return ApiError{500, "generation failed: " + c.error, "", "backend_error",
+                                "server_error"};
+        return std::nullopt;
     }
 
     json usage(const Job& job) const {
@@ -251,7 +270,8 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         int port = 8080;
         int64_t parallel = 4, queue = 64;
         int64_t max_body = 1 << 20;
-        double shutdown_grace = 10;
+        int64_t prefill_budget = 0;
+        double shutdown_grace = 10, timeout = 30;
         serve::ApiLimits limits;
         BackendChoice backend;
     };
@@ -283,6 +303,17 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--chat-template", o->chat_template,
                     "Text file whose {{messages}} is replaced by the 'role: content' lines")
         ->check(CLI::ExistingFile);
+    sub->add_option("--prefill-budget", o->prefill_budget,
+                    "Prompt tokens prefilled between two decode steps: more gives new requests "
+                    "their first token sooner, fewer keeps running streams' steps short "
+                    "(default 0: the model's attention window)")
+        ->check(in_range<int64_t>(0, int64_t{1} << 30));
+    sub->add_option("--timeout", o->timeout,
+                    "Seconds a connection may take to send its request or to take the next "
+                    "piece of the response before it is closed (a stream's sequence is then "
+                    "cancelled); idle keep-alive connections close after 5 s")
+        ->check(CLI::Range(0.1, 3600.0))
+        ->capture_default_str();
     sub->add_option("--shutdown-grace", o->shutdown_grace,
                     "Seconds running requests may finish after SIGINT/SIGTERM")
         ->check(CLI::Range(0.0, 3600.0))
@@ -316,19 +347,28 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                         std::to_string(model->config().vocab_size));
         SchedulerOptions so;
         so.slots = o->parallel;
-        so.prefill_chunks_per_step = 1;  // running streams keep flowing while a prompt prefills
-        ServeLoop loop(*model, so, o->queue);
+        const ModelConfig& mc = model->config();
+        so.prefill_tokens_per_step = o->prefill_budget > 0   ? o->prefill_budget
+                                     : mc.sliding_window > 0 ? mc.sliding_window
+                                                             : mc.max_seq_len;
+        httplib::Server http;
+        ServeLoop loop(*model, so, o->queue, [&http](const std::string& why) {
+            std::fprintf(stderr, "tmx serve: the backend failed %d steps in a row: %s\n",
+                         ServeLoop::kMaxFailedSteps, why.c_str());
+            http.stop();
+        });
         Server srv{tokenizer,  loop,          std::filesystem::path(o->model).filename().string(),
                    o->api_key, chat_template, o->limits};
         if (srv.model_name.empty()) srv.model_name = "tmx";
 
-        httplib::Server http;
         http.new_task_queue = [n = o->parallel + o->queue + 8] {
             return new httplib::ThreadPool(static_cast<size_t>(n));
         };
         http.set_payload_max_length(static_cast<size_t>(o->max_body));
-        http.set_read_timeout(30);
-        http.set_write_timeout(30);
+        const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
+            std::chrono::duration<double>(o->timeout));
+        http.set_read_timeout(timeout);
+        http.set_write_timeout(timeout);
         http.set_keep_alive_timeout(5);
         http.set_tcp_nodelay(true);  // SSE pieces are small: never wait for Nagle's 40 ms
         http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
@@ -395,6 +435,10 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                 if (!r.stream) {
                     std::unique_lock<std::mutex> lock(job->mutex);
                     job->changed.wait(lock, [&] { return job->all_done(); });
+                    if (const std::optional<ApiError> e = Server::failed(*job)) {
+                        send_error(res, *e, &srv.metrics);
+                        return;
+                    }
                     bool cancelled = false;
                     for (const Choice& c : job->choices)
                         cancelled = cancelled || c.finish_reason == "cancelled";
@@ -500,13 +544,20 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                             }
                             if (all) {
                                 bool cancelled = false;
+                                std::optional<ApiError> failed;
                                 {
                                     std::lock_guard<std::mutex> lock(job->mutex);
                                     for (const Choice& c : job->choices)
                                         cancelled = cancelled || c.finish_reason == "cancelled";
+                                    failed = Server::failed(*job);
                                 }
-                                srv.metrics.count_request(cancelled ? "cancelled" : "ok");
-                                if (cancelled)
+                                if (failed) {
+                                    srv.metrics.count_request("server_error");
+                                    send(failed->body());
+                                } else {
+                                    srv.metrics.count_request(cancelled ? "cancelled" : "ok");
+                                }
+                                if (cancelled && !failed)
                                     send(ApiError{500,
                                                   "the request was cancelled (the server is "
                                                   "shutting down or its device failed)",
@@ -537,10 +588,12 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             throw Error("--host " + o->host + " --port " + std::to_string(o->port) +
                         ": cannot listen there (in use, or not an address of this machine)");
         std::fprintf(stderr,
-                     "tmx serve: listening on http://%s:%d (model %s, backend %s, %lld slots, "
-                     "queue %lld%s)\n",
+                     "tmx serve: listening on http://%s:%d (model %s, backend %s, %s, %lld slots, "
+                     "queue %lld, prefill %lld tokens per step%s)\n",
                      o->host.c_str(), port, o->model.c_str(), backend->name().c_str(),
-                     static_cast<long long>(o->parallel), static_cast<long long>(o->queue),
+                     to_string(backend->matmul_precision()), static_cast<long long>(o->parallel),
+                     static_cast<long long>(o->queue),
+                     static_cast<long long>(so.prefill_tokens_per_step),
                      o->api_key.empty() ? "" : ", API key required");
         std::fflush(stderr);
 
@@ -569,6 +622,9 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             watcher.join();
         }
         loop.stop();
+        if (const std::string failure = loop.failure(); !failure.empty())
+            throw Error("tmx serve: stopped because the backend failed " +
+                        std::to_string(ServeLoop::kMaxFailedSteps) + " steps in a row: " + failure);
         std::fprintf(stderr, "tmx serve: stopped\n");
     });
 }

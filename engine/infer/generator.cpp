@@ -33,7 +33,7 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
     SchedulerOptions so;
     so.slots = static_cast<int64_t>(prompts.size());
     so.prefill_chunk = options.prefill_chunk;
-    so.prefill_chunks_per_step = 0;  // a batch job: every prefill before the first decode step
+    so.prefill_tokens_per_step = 0;  // a batch job: every prefill before the first decode step
     Scheduler scheduler(model, so);
     std::map<std::vector<int32_t>, int> copies_so_far;
     for (size_t b = 0; b < prompts.size(); ++b) {
@@ -56,6 +56,9 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
         }
     }
     scheduler.run_until_idle();
+    for (size_t b = 0; b < results.size(); ++b)
+        if (results[b].stop_reason == StopReason::Failed)
+            throw Error("prompt " + std::to_string(b + 1) + ": " + results[b].error);
     return results;
 }
 

@@ -1,6 +1,7 @@
 #include "engine/infer/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "engine/core/errors.h"
 
@@ -24,6 +25,8 @@ const char* to_string(StopReason reason) {
             return "length";
         case StopReason::Cancelled:
             return "cancelled";
+        case StopReason::Failed:
+            return "failed";
     }
     return "?";
 }
@@ -81,11 +84,28 @@ int64_t Scheduler::running() const {
     return std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
 }
 
-void Scheduler::finish(size_t slot, StopReason reason) {
+void Scheduler::finish(size_t slot, StopReason reason, std::string error) {
     std::unique_ptr<Sequence> s = std::move(slots_[slot]);
     s->result.stop_reason = reason;
+    s->result.error = std::move(error);
     if (s->decoding) s->result.decode_seconds = seconds_since(s->decode_start);
     if (s->request.on_done) s->request.on_done(std::move(s->result));
+}
+
+void Scheduler::fail_running(const std::string& why) {
+    for (size_t b = 0; b < slots_.size(); ++b)
+        if (slots_[b]) finish(b, StopReason::Failed, why);
+}
+
+void Scheduler::fail_all(const std::string& why) {
+    fail_running(why);
+    std::deque<std::unique_ptr<Sequence>> queued;
+    queued.swap(queue_);
+    for (auto& s : queued) {
+        s->result.stop_reason = StopReason::Failed;
+        s->result.error = why;
+        if (s->request.on_done) s->request.on_done(std::move(s->result));
+    }
 }
 
 void Scheduler::admit() {
@@ -99,6 +119,15 @@ void Scheduler::admit() {
 void Scheduler::draw(size_t slot, const float* logits) {
     Sequence& s = *slots_[slot];
     const int64_t vocab = model_.config().vocab_size;
+    // A NaN or infinity would draw an arbitrary token (or none): the sequence ends, visibly.
+    for (int64_t v = 0; v < vocab; ++v)
+        if (!std::isfinite(logits[v])) {
+            finish(slot, StopReason::Failed,
+                   "the model's logits at position " + std::to_string(s.next_position - 1) +
+                       " are not finite (token " + std::to_string(v) + ": " +
+                       std::to_string(logits[v]) + ")");
+            return;
+        }
     const int32_t token = sample_token(logits, vocab, s.request.sampling, s.history, s.rng);
     s.history.push_back(token);
     s.result.ids.push_back(token);
@@ -197,15 +226,31 @@ bool Scheduler::step() {
     cancelled_.clear();
     admit();
     if (running() == 0) return false;
-    // Prefill chunks, in slot order, within the per-step budget.
-    int64_t budget =
-        options_.prefill_chunks_per_step > 0 ? options_.prefill_chunks_per_step : INT64_MAX;
-    for (size_t b = 0; b < slots_.size() && budget > 0; ++b) {
-        while (budget > 0 && slots_[b] &&
+    // Prefill chunks within the per-step token budget, the oldest request first (ids grow with
+    // submission), so a prompt is never overtaken by a later one that found a lower slot.
+    std::vector<size_t> prefilling;
+    for (size_t b = 0; b < slots_.size(); ++b)
+        if (slots_[b] &&
+            slots_[b]->prefilled < static_cast<int64_t>(slots_[b]->request.prompt.size()))
+            prefilling.push_back(b);
+    std::sort(prefilling.begin(), prefilling.end(),
+              [&](size_t x, size_t y) { return slots_[x]->id < slots_[y]->id; });
+    const int64_t budget =
+        options_.prefill_tokens_per_step > 0 ? options_.prefill_tokens_per_step : INT64_MAX;
+    int64_t used = 0;
+    bool full = false;
+    for (size_t b : prefilling) {
+        while (!full && slots_[b] &&
                slots_[b]->prefilled < static_cast<int64_t>(slots_[b]->request.prompt.size())) {
+            const int64_t left =
+                static_cast<int64_t>(slots_[b]->request.prompt.size()) - slots_[b]->prefilled;
+            const int64_t n = std::min(chunk_, left);
+            full = used > 0 && n > budget - used;
+            if (full) break;
             prefill_chunk(b);
-            --budget;
+            used += n;
         }
+        if (full) break;
     }
     admit();  // sequences that ended at their first token leave room at once
     decode();

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/core/rng.h"
@@ -25,8 +26,10 @@
 
 namespace tmx {
 
-enum class StopReason { Eos, Stop, Length, Cancelled };
-const char* to_string(StopReason reason);  // "eos", "stop", "length", "cancelled"
+// Failed: the sequence could not go on (non-finite logits, a backend error); TokenGeneration's
+// error says why.
+enum class StopReason { Eos, Stop, Length, Cancelled, Failed };
+const char* to_string(StopReason reason);  // "eos", "stop", "length", "cancelled", "failed"
 
 // One sequence's outcome at token level.
 struct TokenGeneration {
@@ -36,6 +39,7 @@ struct TokenGeneration {
     double prefill_seconds = 0.0;  // this prompt's prefill chunks
     double decode_seconds = 0.0;   // from its first decode step until it ended
     int64_t decode_steps = 0;      // decode forward passes it took part in
+    std::string error;             // why, when stop_reason is Failed
 };
 
 struct SequenceRequest {
@@ -55,9 +59,11 @@ struct SchedulerOptions {
     int64_t slots = 1;
     // Tokens per prefill chunk: 1 .. the attention window (0 = the window).
     int64_t prefill_chunk = 0;
-    // Prefill chunks run between two decode steps; 0 = every waiting prefill first (a batch
-    // job), 1 = the least latency for the sequences already decoding (a server).
-    int64_t prefill_chunks_per_step = 0;
+    // Prompt tokens prefilled between two decode steps, in chunks, oldest request first (at
+    // least one chunk per step whatever the budget); 0 = every waiting prefill first (a batch
+    // job). A server trades with it: a larger budget gives new requests their first token
+    // sooner and fills idle slots at once, a smaller one keeps the running streams' steps short.
+    int64_t prefill_tokens_per_step = 0;
 };
 
 class Scheduler {
@@ -76,6 +82,11 @@ class Scheduler {
     // Ends the sequence at the next step (StopReason::Cancelled, its on_done called); unknown or
     // finished ids are ignored.
     void cancel(Id id);
+    // Ends every sequence in a slot with StopReason::Failed and `why` (after a step threw: the
+    // backend failed while they were in it); waiting sequences stay queued.
+    void fail_running(const std::string& why);
+    // fail_running, and the waiting sequences end the same way.
+    void fail_all(const std::string& why);
 
     // One round: cancellations, admissions into free slots, prefill chunks, one decode step.
     // Returns false when there was nothing to do.
@@ -108,7 +119,7 @@ class Scheduler {
     void decode();
     // Samples the slot's next token from its logits; ends the sequence when it stops.
     void draw(size_t slot, const float* logits);
-    void finish(size_t slot, StopReason reason);
+    void finish(size_t slot, StopReason reason, std::string error = {});
 
     Model& model_;
     SchedulerOptions options_;

@@ -4,8 +4,9 @@
 
 namespace tmx {
 
-ServeLoop::ServeLoop(Model& model, const SchedulerOptions& options, int64_t max_waiting)
-    : scheduler_(model, options), max_waiting_(max_waiting) {
+ServeLoop::ServeLoop(Model& model, const SchedulerOptions& options, int64_t max_waiting,
+                     std::function<void(const std::string&)> on_failure)
+    : scheduler_(model, options), max_waiting_(max_waiting), on_failure_(std::move(on_failure)) {
     stats_.slots = scheduler_.slots();
     thread_ = std::thread([this] { run(); });
 }
@@ -55,6 +56,7 @@ void ServeLoop::stop() {
 }
 
 void ServeLoop::run() {
+    int failed_steps = 0;  // in a row
     while (true) {
         std::deque<std::pair<Ticket, SequenceRequest>> arrived;
         std::vector<Ticket> cancels;
@@ -84,30 +86,43 @@ void ServeLoop::run() {
             for (const auto& [ticket, id] : ids_) scheduler_.cancel(id);
         try {
             scheduler_.step();
+            failed_steps = 0;
         } catch (const std::exception& e) {
-            // A backend failure: every request still running or waiting ends, and the server
-            // refuses new ones.
-            std::lock_guard<std::mutex> lock(mutex_);
-            failure_ = e.what();
-            stopping = true;
+            scheduler_.fail_running(std::string("the backend failed: ") + e.what());
+            if (++failed_steps >= kMaxFailedSteps) {
+                give_up(e.what());
+                return;
+            }
         }
         {
             std::lock_guard<std::mutex> lock(mutex_);
             stats_.running = scheduler_.running();
             stats_.waiting = scheduler_.waiting();
         }
-        if (stopping) {
-            if (!failure_.empty()) {
-                for (const auto& [ticket, id] : std::map<Ticket, Scheduler::Id>(ids_))
-                    scheduler_.cancel(id);
-                try {
-                    scheduler_.step();  // delivers the cancellations
-                } catch (const std::exception&) {
-                }
-            }
-            if (scheduler_.running() == 0 && scheduler_.waiting() == 0) return;
-        }
+        if (stopping && scheduler_.running() == 0 && scheduler_.waiting() == 0) return;
     }
+}
+
+void ServeLoop::give_up(const std::string& error) {
+    std::deque<std::pair<Ticket, SequenceRequest>> unsubmitted;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        failure_ = error;  // submit() refuses from now on
+        unsubmitted.swap(inbox_);
+        stats_.running = stats_.waiting = 0;
+    }
+    const std::string why = "the backend failed " + std::to_string(kMaxFailedSteps) +
+                            " steps in a row (is the device gone?): " + error;
+    scheduler_.fail_all(why);
+    for (auto& [ticket, request] : unsubmitted) {
+        if (!request.on_done) continue;
+        TokenGeneration g;
+        g.prompt_ids = request.prompt;
+        g.stop_reason = StopReason::Failed;
+        g.error = why;
+        request.on_done(std::move(g));
+    }
+    if (on_failure_) on_failure_(error);
 }
 
 }  // namespace tmx

@@ -5,10 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
+#include "engine/core/errors.h"
+#include "engine/infer/serve_loop.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"
 
@@ -86,7 +93,7 @@ TEST(Scheduler, SequencesJoiningAndLeavingARunningBatchGiveWhatTheyGiveAlone) {
     SchedulerOptions so;
     so.slots = 3;
     so.prefill_chunk = 3;
-    so.prefill_chunks_per_step = 1;  // prefill interleaved with decode steps, as a server runs
+    so.prefill_tokens_per_step = 4;  // prefill interleaved with decode steps, as a server runs
     std::vector<Recorded> together(specs.size());
     {
         Scheduler s(*model, so);
@@ -177,6 +184,185 @@ TEST(Scheduler, BadRequestsAreRefusedAtSubmit) {
     ASSERT_TRUE(full.done);
     EXPECT_EQ(full.result.stop_reason, StopReason::Length);
     EXPECT_EQ(full.result.ids.size(), 3u);  // fed at L-2 and L-1; the third drawn from L-1
+}
+
+TEST(Scheduler, ThePrefillBudgetTakesTheOldestPromptsFirstAndAtLeastOneChunk) {
+    auto be = make_backend("cpu");
+    const ModelConfig c = test::test_config("test-tiny-swiglu");  // window 8
+    auto model = test::spread_model(c, *be, test::fresh_seed());
+    Rng rng(test::fresh_seed());
+    auto prompt = [&](int64_t n) {
+        return test::random_ints(rng, n, 0, static_cast<int32_t>(c.vocab_size));
+    };
+    SchedulerOptions so;
+    so.slots = 4;
+    so.prefill_tokens_per_step = 5;
+    Scheduler s(*model, so);
+    std::vector<Recorded> r(4);
+    s.submit(request(prompt(2), 50, 1, r[0]));
+    s.submit(request(prompt(3), 50, 2, r[1]));
+    s.submit(request(prompt(1), 50, 3, r[2]));  // would fit beside the first two: it waits its turn
+    s.submit(request(prompt(8), 50, 4, r[3]));  // a whole chunk, more than the budget
+    s.step();  // prefills 2 + 3 tokens, draws their first tokens, decodes them once
+    EXPECT_EQ(r[0].logits.size(), 2u);
+    EXPECT_EQ(r[1].logits.size(), 2u);
+    EXPECT_TRUE(r[2].logits.empty());
+    EXPECT_TRUE(r[3].logits.empty());
+    s.step();  // 1 token, then the 8-token chunk does not fit the 4 left
+    EXPECT_EQ(r[2].logits.size(), 2u);
+    EXPECT_TRUE(r[3].logits.empty());
+    s.step();  // alone in a step, a chunk larger than the budget still runs
+    EXPECT_EQ(r[3].logits.size(), 2u);
+}
+
+// The CPU backend with faults on demand at the logits' download (the host's read of a step's
+// results): a NaN written into one sequence's row, or an exception as a failing device gives.
+struct FaultyCpu : CpuBackend {
+    int64_t vocab = 0;
+    int64_t nan_row = -1;  // in the next logits download
+    int throws = 0;        // logits downloads left to fail
+  protected:
+    void download_impl(const Tensor& src, void* host) override {
+        const bool logits = src.rank() >= 1 && src.dim(-1) == vocab;
+        if (logits && throws > 0) {
+            --throws;
+            throw Error("injected device fault");
+        }
+        CpuBackend::download_impl(src, host);
+        if (logits && nan_row >= 0 && nan_row < src.numel() / vocab) {
+            static_cast<float*>(host)[nan_row * vocab + 7] = NAN;
+            nan_row = -1;
+        }
+    }
+};
+
+TEST(Scheduler, NonFiniteLogitsFailThatSequenceAloneAndTheOthersGoOn) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    FaultyCpu be;
+    const ModelConfig c = test::test_config("test-tiny-swiglu");
+    be.vocab = c.vocab_size;
+    auto model = test::spread_model(c, be, seed);
+    Rng rng(seed);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 3; ++i)
+        prompts.push_back(test::random_ints(rng, 2 + i, 0, static_cast<int32_t>(c.vocab_size)));
+    SchedulerOptions so;
+    so.slots = 3;
+    Scheduler s(*model, so);
+    std::vector<Recorded> r(3);
+    for (int i = 0; i < 3; ++i) s.submit(request(prompts[i], 12, 10 + i, r[i]));
+    s.step();  // prefills, first tokens, one decode step
+    ASSERT_EQ(r[1].logits.size(), 2u);
+    be.nan_row = 1;  // the next decode step's row of the second sequence
+    s.run_until_idle();
+    ASSERT_TRUE(r[1].done);
+    EXPECT_EQ(r[1].result.stop_reason, StopReason::Failed);
+    EXPECT_NE(r[1].result.error.find("not finite"), std::string::npos) << r[1].result.error;
+    EXPECT_EQ(r[1].result.ids.size(), 2u);  // nothing drawn from the NaN row
+    for (int i : {0, 2}) {
+        SCOPED_TRACE("sequence " + std::to_string(i));
+        Recorded alone;
+        Scheduler fresh(*model, so);
+        fresh.submit(request(prompts[static_cast<size_t>(i)], 12, 10 + i, alone));
+        fresh.run_until_idle();
+        expect_same(r[static_cast<size_t>(i)], alone);
+    }
+}
+
+// Requests to a ServeLoop, each recording its outcome.
+struct Outcomes {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::map<int, TokenGeneration> done;
+    SequenceRequest request(std::vector<int32_t> prompt, int key, int64_t max_new) {
+        SequenceRequest q;
+        q.prompt = std::move(prompt);
+        q.max_new_tokens = max_new;
+        q.stream_seed = static_cast<uint64_t>(key);
+        q.on_done = [this, key](TokenGeneration&& g) {
+            std::lock_guard<std::mutex> lock(mutex);
+            done[key] = std::move(g);
+            changed.notify_all();
+        };
+        return q;
+    }
+    TokenGeneration wait(int key) {
+        std::unique_lock<std::mutex> lock(mutex);
+        EXPECT_TRUE(
+            changed.wait_for(lock, std::chrono::seconds(60), [&] { return done.count(key) > 0; }))
+            << "request " << key << " never ended";
+        return done[key];
+    }
+};
+
+TEST(ServeLoop, AFailedStepFailsItsRequestsAndTheNextAreServed) {
+    FaultyCpu be;
+    const ModelConfig c = test::test_config("test-tiny-swiglu");
+    be.vocab = c.vocab_size;
+    auto model = test::spread_model(c, be, test::fresh_seed());
+    Rng rng(test::fresh_seed());
+    auto prompt = [&] { return test::random_ints(rng, 4, 0, static_cast<int32_t>(c.vocab_size)); };
+    SchedulerOptions so;
+    so.slots = 2;
+    Outcomes out;
+    std::string gave_up;
+    {
+        be.throws = ServeLoop::kMaxFailedSteps - 1;  // fewer than the loop gives up at
+        ServeLoop loop(*model, so, 8, [&](const std::string& why) { gave_up = why; });
+        for (int k : {0, 1}) {  // a failed step each
+            ASSERT_TRUE(loop.submit(out.request(prompt(), k, 5)));
+            const TokenGeneration failed = out.wait(k);
+            EXPECT_EQ(failed.stop_reason, StopReason::Failed);
+            EXPECT_NE(failed.error.find("injected device fault"), std::string::npos)
+                << failed.error;
+        }
+        // The device recovered: the loop serves on.
+        ASSERT_TRUE(loop.submit(out.request(prompt(), 2, 5)));
+        ASSERT_TRUE(loop.submit(out.request(prompt(), 3, 5)));
+        for (int k : {2, 3}) {
+            const TokenGeneration g = out.wait(k);
+            EXPECT_EQ(g.stop_reason, StopReason::Length) << g.error;
+            EXPECT_EQ(g.ids.size(), 5u);
+        }
+        EXPECT_EQ(loop.failure(), "");
+    }
+    EXPECT_EQ(gave_up, "");
+}
+
+TEST(ServeLoop, StepsFailingInARowEndEveryRequestAndTheLoop) {
+    FaultyCpu be;
+    const ModelConfig c = test::test_config("test-tiny-swiglu");
+    be.vocab = c.vocab_size;
+    auto model = test::spread_model(c, be, test::fresh_seed());
+    Rng rng(test::fresh_seed());
+    SchedulerOptions so;
+    so.slots = 1;
+    Outcomes out;
+    std::mutex m;
+    std::condition_variable cv;
+    std::string gave_up;
+    be.throws = 1000;
+    ServeLoop loop(*model, so, 64, [&](const std::string& why) {
+        std::lock_guard<std::mutex> lock(m);
+        gave_up = why;
+        cv.notify_all();
+    });
+    for (int k = 0; k < 6; ++k)  // more than the steps it takes to give up: some wait
+        ASSERT_TRUE(loop.submit(
+            out.request(test::random_ints(rng, 3, 0, static_cast<int32_t>(c.vocab_size)), k, 4)));
+    {
+        std::unique_lock<std::mutex> lock(m);
+        ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return !gave_up.empty(); }));
+    }
+    EXPECT_EQ(gave_up, "injected device fault");
+    for (int k = 0; k < 6; ++k) {
+        const TokenGeneration g = out.wait(k);
+        EXPECT_EQ(g.stop_reason, StopReason::Failed) << k;
+        EXPECT_NE(g.error.find("injected device fault"), std::string::npos) << g.error;
+    }
+    EXPECT_EQ(loop.failure(), "injected device fault");
+    EXPECT_FALSE(loop.submit(out.request({1, 2}, 99, 4)));  // refused, not queued forever
 }
 
 }  // namespace
