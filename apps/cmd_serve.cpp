@@ -4,6 +4,7 @@
 // owns the model. Request and response bodies: apps/serve/openai_api.h.
 #include <httplib.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -311,7 +312,8 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--timeout", o->timeout,
                     "Seconds a connection may take to send its request or to take the next "
                     "piece of the response before it is closed (a stream's sequence is then "
-                    "cancelled); idle keep-alive connections close after 5 s")
+                    "cancelled); an idle connection closes after 5 s (or --timeout rounded up, "
+                    "when shorter)")
         ->check(CLI::Range(0.1, 3600.0))
         ->capture_default_str();
     sub->add_option("--shutdown-grace", o->shutdown_grace,
@@ -369,7 +371,9 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             std::chrono::duration<double>(o->timeout));
         http.set_read_timeout(timeout);
         http.set_write_timeout(timeout);
-        http.set_keep_alive_timeout(5);
+        // An idle keep-alive connection holds one of the HTTP threads: close it soon.
+        http.set_keep_alive_timeout(
+            static_cast<time_t>(std::clamp(std::ceil(o->timeout), 1.0, 5.0)));
         http.set_tcp_nodelay(true);  // SSE pieces are small: never wait for Nagle's 40 ms
         http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
             if (req.path.rfind("/v1/", 0) == 0 && !srv.api_key.empty() &&
@@ -578,6 +582,16 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         http.Post("/v1/completions", completions(false));
         http.Post("/v1/chat/completions", completions(true));
 
+        // httplib's default socket options set SO_REUSEPORT (a second server on the same port
+        // would share it silently instead of failing) and its listen backlog is 5 (a burst of
+        // clients connecting at once waits out a 1 s SYN retransmission): take SO_REUSEADDR
+        // alone, and listen again with a deep backlog once bound.
+        int listen_fd = -1;
+        http.set_socket_options([&listen_fd](socket_t sock) {
+            int yes = 1;
+            ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+            listen_fd = sock;  // the last socket made is the one that bound
+        });
         int port = o->port;
         if (port == 0) {
             port = http.bind_to_any_port(o->host);
@@ -587,6 +601,11 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         if (port < 0)
             throw Error("--host " + o->host + " --port " + std::to_string(o->port) +
                         ": cannot listen there (in use, or not an address of this machine)");
+        int listening = 0;
+        socklen_t len = sizeof listening;
+        if (listen_fd >= 0 &&
+            ::getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening)
+            ::listen(listen_fd, SOMAXCONN);
         std::fprintf(stderr,
                      "tmx serve: listening on http://%s:%d (model %s, backend %s, %s, %lld slots, "
                      "queue %lld, prefill %lld tokens per step%s)\n",

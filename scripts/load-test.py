@@ -30,6 +30,13 @@ def rss_kb(pid):
     return 0
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_request(url, prompt, max_tokens, seed):
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "seed": seed,
                        "stream": True, "ignore_eos": True}).encode()
@@ -80,6 +87,9 @@ def main():
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-growth-mb", type=float, default=64)
+    ap.add_argument("--rss-after", type=int, default=None,
+                    help="requests after which the server's first RSS is read (default: a tenth)")
+    ap.add_argument("--prefill-budget", type=int, default=None, help="the server's --prefill-budget")
     args = ap.parse_args()
 
     server = None
@@ -89,7 +99,8 @@ def main():
         server = subprocess.Popen(
             [args.tmx, "serve", "--model", args.model, "--backend", args.backend, "--port", "0",
              "--parallel", str(parallel), "--queue", str(max(64, args.clients)),
-             "--max-tokens-limit", str(max(2048, args.max_tokens))],
+             "--max-tokens-limit", str(max(2048, args.max_tokens))]
+            + (["--prefill-budget", str(args.prefill_budget)] if args.prefill_budget else []),
             stderr=subprocess.PIPE, text=True)
         for line in server.stderr:
             m = re.search(r"listening on (http://[0-9.]+:\d+)", line)
@@ -100,6 +111,7 @@ def main():
             sys.exit("load-test: the server did not start")
         threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
 
+    rss_after = args.rss_after if args.rss_after is not None else args.requests // 10
     lock = threading.Lock()
     issued = [0]
     ttfts, tokens, failures = [], [0], []
@@ -112,7 +124,7 @@ def main():
                     return
                 i = issued[0]
                 issued[0] += 1
-                if server and i == args.requests // 10:
+                if server and i == rss_after:
                     rss["early"] = rss_kb(server.pid)
             try:
                 ttft, _ = one_request(url, f"Once upon a time {i % 7}", args.max_tokens, i)
@@ -124,13 +136,17 @@ def main():
                     failures.append(f"request {i}: {e}")
 
     t0 = time.monotonic()
+    server_cpu0 = cpu_seconds(server.pid) if server else 0.0
+    client_cpu0 = sum(os.times()[:2])
     threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.monotonic() - t0
+    client_cpu = sum(os.times()[:2]) - client_cpu0
     if server:
+        server_cpu = cpu_seconds(server.pid) - server_cpu0
         rss["end"] = rss_kb(server.pid)
         server.terminate()
         code = server.wait(timeout=60)
@@ -142,9 +158,13 @@ def main():
     print(f"load-test: {args.clients} clients, {len(ttfts)}/{args.requests} requests complete, "
           f"{tokens[0]} tokens in {wall:.1f} s: {tokens[0] / wall:.1f} tokens/s; "
           f"time to first token p50 {p(0.5) * 1000:.1f} ms, p99 {p(0.99) * 1000:.1f} ms")
+    if server:
+        print(f"load-test: CPU time over the run: server {server_cpu:.1f} s "
+              f"({server_cpu / wall:.2f} cores), these clients {client_cpu:.1f} s "
+              f"({client_cpu / wall:.2f} cores), of {os.cpu_count()} cores")
     if "early" in rss:
         growth = (rss["end"] - rss["early"]) / 1024
-        print(f"load-test: server RSS {rss['early'] / 1024:.1f} MB after {args.requests // 10} "
+        print(f"load-test: server RSS {rss['early'] / 1024:.1f} MB after {rss_after} "
               f"requests, {rss['end'] / 1024:.1f} MB at the end ({growth:+.1f} MB)")
         if growth > args.max_growth_mb:
             failures.append(f"memory grew by {growth:.1f} MB (limit {args.max_growth_mb})")

@@ -42,7 +42,7 @@ export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppres
 tested=$SECONDS
 
 if [ "$fuzz_seconds" -gt 0 ]; then
-  for target in safetensors config token_shard corpus gguf hf_index; do
+  for target in safetensors config token_shard corpus gguf hf_index openai_request; do
     seeds=("$root/tests/fuzz/seeds/$target")
     [ "$target" = config ] && seeds=("$root/assets/configs" "$root/tests/fixtures/hf_configs")
     corpus="$build_dir/fuzz-corpus/$target"

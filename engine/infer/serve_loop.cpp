@@ -1,5 +1,7 @@
 #include "engine/infer/serve_loop.h"
 
+#include <pthread.h>
+
 #include "engine/core/errors.h"
 
 namespace tmx {
@@ -8,7 +10,11 @@ ServeLoop::ServeLoop(Model& model, const SchedulerOptions& options, int64_t max_
                      std::function<void(const std::string&)> on_failure)
     : scheduler_(model, options), max_waiting_(max_waiting), on_failure_(std::move(on_failure)) {
     stats_.slots = scheduler_.slots();
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+        // Named for top -H and profilers; the backend's worker threads it starts inherit it.
+        pthread_setname_np(pthread_self(), "tmx-engine");
+        run();
+    });
 }
 
 ServeLoop::~ServeLoop() {

@@ -3,12 +3,15 @@
 // alone, a disconnected stream freeing its slot, and SIGTERM with streams running.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -40,13 +43,15 @@ class ServeCli : public ::testing::Test {
         dir_ = nullptr;
     }
 
-    // Starts `tmx serve` on a free port with extra flags; returns its port.
-    int start(const std::string& flags = "") {
+    // Starts `tmx serve` on a free port with extra flags (and another checkpoint); returns its
+    // port.
+    int start(const std::string& flags = "", const std::string& model = "") {
         log_ = *dir_ /
                ("serve-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + ".log");
         pid_ = ::fork();
         if (pid_ == 0) {
-            const std::string cmd = std::string(TMX_BINARY) + " serve --model " + *dir_ / "ckpt" +
+            const std::string cmd = std::string(TMX_BINARY) + " serve --model " +
+                                    (model.empty() ? *dir_ / "ckpt" : model) +
                                     " --backend cpu --port 0 " + flags + " 2>" + log_ +
                                     " >/dev/null </dev/null";
             ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
@@ -431,6 +436,94 @@ TEST_F(ServeCli, ADisconnectedStreamFreesItsSlot) {
         post("/v1/completions", {{"prompt", "the fox"}, {"max_tokens", 4}, {"ignore_eos", true}});
     EXPECT_EQ(r["usage"]["completion_tokens"], 4);
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+}
+
+// A second server on a port in use fails with a clear message instead of sharing the port.
+TEST_F(ServeCli, APortInUseIsRefused) {
+    ASSERT_GT(start(), 0);
+    const std::string err = *dir_ / "second.err";
+    const int status =
+        std::system(("timeout 60 " + std::string(TMX_BINARY) + " serve --model " + *dir_ / "ckpt" +
+                     " --backend cpu --port " + std::to_string(port_) + " 2>" + err + " </dev/null")
+                        .c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+    EXPECT_NE(read_file(err).find("cannot listen there"), std::string::npos) << read_file(err);
+}
+
+// A connection that sends part of a request and stalls, and one that sends nothing, are closed
+// after --timeout; requests on other connections are served meanwhile.
+TEST_F(ServeCli, SlowAndIdleConnectionsAreClosedWithoutStallingOthers) {
+    ASSERT_GT(start("--timeout 1"), 0);
+    auto connect_raw = [&] {
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port_));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+        timeval tv{30, 0};  // recv gives up after 30 s: the server never closed it
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        return fd;
+    };
+    const int slow = connect_raw(), idle = connect_raw();
+    const std::string part = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
+    ASSERT_EQ(::send(slow, part.data(), part.size(), 0), static_cast<ssize_t>(part.size()));
+    const json r =
+        post("/v1/completions", {{"prompt", "the fox"}, {"max_tokens", 3}, {"ignore_eos", true}});
+    EXPECT_EQ(r["usage"]["completion_tokens"], 3);
+    for (int fd : {slow, idle}) {
+        char buf[256];
+        ssize_t n = 0;
+        while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) {
+        }
+        EXPECT_EQ(n, 0) << "the server kept the connection open (errno " << errno << ")";
+        ::close(fd);
+    }
+}
+
+// A model whose logits are not finite (one output row overflows fp32): each request fails with a
+// 500 and the error object (a stream: an error event, then [DONE]); the server stays up.
+TEST_F(ServeCli, ARequestTheModelFailsOnGetsA500AndTheServerStaysUp) {
+    namespace fs = std::filesystem;
+    const fs::path bad = fs::path(*dir_ / "poisoned");
+    fs::remove_all(bad);
+    fs::copy(fs::path(*dir_ / "ckpt"), bad, fs::copy_options::recursive);
+    {
+        std::string bytes = read_file(bad / "model.safetensors");
+        uint64_t n = 0;
+        std::memcpy(&n, bytes.data(), 8);
+        const json header = json::parse(bytes.substr(8, n));
+        const json& e = header.at("model.embed_tokens.weight");  // tied: also the output rows
+        ASSERT_EQ(e.at("dtype"), "F32");
+        const int64_t d = e.at("shape")[1];
+        const size_t row = 8 + n + e.at("data_offsets")[0].get<size_t>() + 17 * d * 4;
+        for (int64_t i = 0; i < d; ++i) {
+            const float v = (i % 2 ? -3e38f : 3e38f);
+            std::memcpy(bytes.data() + row + 4 * i, &v, 4);
+        }
+        write_file_atomic(bad / "model.safetensors", bytes);
+    }
+    ASSERT_GT(start("", bad.string()), 0);
+    const json body = {{"prompt", "the fox"}, {"max_tokens", 4}};
+    const json r = post("/v1/completions", body, 500);
+    EXPECT_EQ(r["error"]["type"], "server_error") << r.dump();
+    EXPECT_EQ(r["error"]["code"], "backend_error") << r.dump();
+    EXPECT_NE(r["error"]["message"].get<std::string>().find("not finite"), std::string::npos)
+        << r.dump();
+    bool done = false;
+    const std::vector<json> events = stream("/v1/completions", body, &done);
+    EXPECT_TRUE(done);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back()["error"]["code"], "backend_error") << events.back().dump();
+    auto c = client();
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+    auto metrics = c.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    EXPECT_NE(metrics->body.find("outcome=\"server_error\"} 2"), std::string::npos)
+        << metrics->body;
+    EXPECT_EQ(stop(), 0);
 }
 
 // SIGTERM with streams running: each gets a complete answer (finished within the grace period)
