@@ -524,6 +524,11 @@ TEST_F(ServeCli, ARequestTheModelFailsOnGetsA500AndTheServerStaysUp) {
     EXPECT_NE(metrics->body.find("outcome=\"server_error\"} 2"), std::string::npos)
         << metrics->body;
     EXPECT_EQ(stop(), 0);
+    // tmx generate, on the same scheduler, stops with the same reason.
+    const test::CommandResult g =
+        test::run_tmx("generate --model " + bad.string() + " --prompt fox --max-new-tokens 3");
+    EXPECT_EQ(g.exit_code, 1);
+    EXPECT_NE(g.err.find("not finite"), std::string::npos) << g.err;
 }
 
 // SIGTERM with streams running: each gets a complete answer (finished within the grace period)

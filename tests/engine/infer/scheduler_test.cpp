@@ -236,20 +236,31 @@ struct FaultyCpu : CpuBackend {
     }
 };
 
+// A test-tiny-swiglu model (window 8) on a FaultyCpu.
+struct FaultyModel {
+    FaultyCpu be;
+    const ModelConfig c = test::test_config("test-tiny-swiglu");
+    std::unique_ptr<Model> model;
+    explicit FaultyModel(uint64_t seed) {
+        be.vocab = c.vocab_size;
+        model = test::spread_model(c, be, seed);
+    }
+    std::vector<int32_t> prompt(Rng& rng, int64_t n) const {
+        return test::random_ints(rng, n, 0, static_cast<int32_t>(c.vocab_size));
+    }
+};
+
 TEST(Scheduler, NonFiniteLogitsFailThatSequenceAloneAndTheOthersGoOn) {
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
-    FaultyCpu be;
-    const ModelConfig c = test::test_config("test-tiny-swiglu");
-    be.vocab = c.vocab_size;
-    auto model = test::spread_model(c, be, seed);
+    FaultyModel fm(seed);
+    FaultyCpu& be = fm.be;
     Rng rng(seed);
     std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 3; ++i)
-        prompts.push_back(test::random_ints(rng, 2 + i, 0, static_cast<int32_t>(c.vocab_size)));
+    for (int i = 0; i < 3; ++i) prompts.push_back(fm.prompt(rng, 2 + i));
     SchedulerOptions so;
     so.slots = 3;
-    Scheduler s(*model, so);
+    Scheduler s(*fm.model, so);
     std::vector<Recorded> r(3);
     for (int i = 0; i < 3; ++i) s.submit(request(prompts[i], 12, 10 + i, r[i]));
     s.step();  // prefills, first tokens, one decode step
@@ -263,7 +274,7 @@ TEST(Scheduler, NonFiniteLogitsFailThatSequenceAloneAndTheOthersGoOn) {
     for (int i : {0, 2}) {
         SCOPED_TRACE("sequence " + std::to_string(i));
         Recorded alone;
-        Scheduler fresh(*model, so);
+        Scheduler fresh(*fm.model, so);
         fresh.submit(request(prompts[static_cast<size_t>(i)], 12, 10 + i, alone));
         fresh.run_until_idle();
         expect_same(r[static_cast<size_t>(i)], alone);
@@ -297,19 +308,16 @@ struct Outcomes {
 };
 
 TEST(ServeLoop, AFailedStepFailsItsRequestsAndTheNextAreServed) {
-    FaultyCpu be;
-    const ModelConfig c = test::test_config("test-tiny-swiglu");
-    be.vocab = c.vocab_size;
-    auto model = test::spread_model(c, be, test::fresh_seed());
+    FaultyModel fm(test::fresh_seed());
     Rng rng(test::fresh_seed());
-    auto prompt = [&] { return test::random_ints(rng, 4, 0, static_cast<int32_t>(c.vocab_size)); };
+    auto prompt = [&] { return fm.prompt(rng, 4); };
     SchedulerOptions so;
     so.slots = 2;
     Outcomes out;
     std::string gave_up;
     {
-        be.throws = ServeLoop::kMaxFailedSteps - 1;  // fewer than the loop gives up at
-        ServeLoop loop(*model, so, 8, [&](const std::string& why) { gave_up = why; });
+        fm.be.throws = ServeLoop::kMaxFailedSteps - 1;  // fewer than the loop gives up at
+        ServeLoop loop(*fm.model, so, 8, [&](const std::string& why) { gave_up = why; });
         for (int k : {0, 1}) {  // a failed step each
             ASSERT_TRUE(loop.submit(out.request(prompt(), k, 5)));
             const TokenGeneration failed = out.wait(k);
@@ -331,10 +339,7 @@ TEST(ServeLoop, AFailedStepFailsItsRequestsAndTheNextAreServed) {
 }
 
 TEST(ServeLoop, StepsFailingInARowEndEveryRequestAndTheLoop) {
-    FaultyCpu be;
-    const ModelConfig c = test::test_config("test-tiny-swiglu");
-    be.vocab = c.vocab_size;
-    auto model = test::spread_model(c, be, test::fresh_seed());
+    FaultyModel fm(test::fresh_seed());
     Rng rng(test::fresh_seed());
     SchedulerOptions so;
     so.slots = 1;
@@ -342,15 +347,14 @@ TEST(ServeLoop, StepsFailingInARowEndEveryRequestAndTheLoop) {
     std::mutex m;
     std::condition_variable cv;
     std::string gave_up;
-    be.throws = 1000;
-    ServeLoop loop(*model, so, 64, [&](const std::string& why) {
+    fm.be.throws = 1000;
+    ServeLoop loop(*fm.model, so, 64, [&](const std::string& why) {
         std::lock_guard<std::mutex> lock(m);
         gave_up = why;
         cv.notify_all();
     });
     for (int k = 0; k < 6; ++k)  // more than the steps it takes to give up: some wait
-        ASSERT_TRUE(loop.submit(
-            out.request(test::random_ints(rng, 3, 0, static_cast<int32_t>(c.vocab_size)), k, 4)));
+        ASSERT_TRUE(loop.submit(out.request(fm.prompt(rng, 3), k, 4)));
     {
         std::unique_lock<std::mutex> lock(m);
         ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return !gave_up.empty(); }));
