@@ -310,9 +310,10 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                     "(default 0: the model's attention window)")
         ->check(in_range<int64_t>(0, int64_t{1} << 30));
     sub->add_option("--timeout", o->timeout,
-                    "Seconds a connection may take to send its request or to take the next "
-                    "piece of the response before it is closed (a stream's sequence is then "
-                    "cancelled); an idle connection closes after 5 s (or --timeout rounded up, "
+                    "Seconds a connection may wait between two pieces of its request, or take "
+                    "to accept the next piece of the response, before it is closed (a stream's "
+                    "sequence is then cancelled); an idle connection closes after 5 s (or "
+                    "--timeout rounded up, "
                     "when shorter)")
         ->check(CLI::Range(0.1, 3600.0))
         ->capture_default_str();
@@ -504,6 +505,10 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                 for (size_t i = 0; i < job->choices.size(); ++i) {
                                     Choice& c = job->choices[i];
                                     if (c.pending.empty() && !(c.done && !finished[i])) continue;
+                                    if (c.pending.empty() && !c.error.empty()) {
+                                        finished[i] = true;  // its error event ends the stream
+                                        continue;
+                                    }
                                     json ch = {{"index", i}, {"finish_reason", nullptr}};
                                     if (chat) {
                                         ch["delta"] = json::object();
@@ -522,7 +527,9 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                     announced[i] = true;
                                     c.pending.clear();
                                     if (c.done) {
-                                        ch["finish_reason"] = c.finish_reason;
+                                        // A failed choice has no OpenAI finish_reason: the
+                                        // error event after it says what happened.
+                                        if (c.error.empty()) ch["finish_reason"] = c.finish_reason;
                                         finished[i] = true;
                                     }
                                     chunks.push_back(ch);
