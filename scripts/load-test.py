@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -89,7 +90,8 @@ def main():
     ap.add_argument("--max-growth-mb", type=float, default=64)
     ap.add_argument("--rss-after", type=int, default=None,
                     help="requests after which the server's first RSS is read (default: a tenth)")
-    ap.add_argument("--prefill-budget", type=int, default=None, help="the server's --prefill-budget")
+    ap.add_argument("--serve-args", default="",
+                    help="more flags for the server, e.g. '--prefill-budget 64 --stream-interval 10'")
     args = ap.parse_args()
 
     server = None
@@ -100,7 +102,7 @@ def main():
             [args.tmx, "serve", "--model", args.model, "--backend", args.backend, "--port", "0",
              "--parallel", str(parallel), "--queue", str(max(64, args.clients)),
              "--max-tokens-limit", str(max(2048, args.max_tokens))]
-            + (["--prefill-budget", str(args.prefill_budget)] if args.prefill_budget else []),
+            + shlex.split(args.serve_args),
             stderr=subprocess.PIPE, text=True)
         for line in server.stderr:
             m = re.search(r"listening on (http://[0-9.]+:\d+)", line)
