@@ -84,12 +84,15 @@ int64_t Scheduler::running() const {
     return std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
 }
 
-void Scheduler::finish(size_t slot, StopReason reason, std::string error) {
-    std::unique_ptr<Sequence> s = std::move(slots_[slot]);
+void Scheduler::end_sequence(std::unique_ptr<Sequence> s, StopReason reason, std::string error) {
     s->result.stop_reason = reason;
     s->result.error = std::move(error);
     if (s->decoding) s->result.decode_seconds = seconds_since(s->decode_start);
     if (s->request.on_done) s->request.on_done(std::move(s->result));
+}
+
+void Scheduler::finish(size_t slot, StopReason reason, std::string error) {
+    end_sequence(std::move(slots_[slot]), reason, std::move(error));
 }
 
 void Scheduler::fail_running(const std::string& why) {
@@ -101,11 +104,7 @@ void Scheduler::fail_all(const std::string& why) {
     fail_running(why);
     std::deque<std::unique_ptr<Sequence>> queued;
     queued.swap(queue_);
-    for (auto& s : queued) {
-        s->result.stop_reason = StopReason::Failed;
-        s->result.error = why;
-        if (s->request.on_done) s->request.on_done(std::move(s->result));
-    }
+    for (auto& s : queued) end_sequence(std::move(s), StopReason::Failed, why);
 }
 
 void Scheduler::admit() {
@@ -216,8 +215,7 @@ bool Scheduler::step() {
         if (queued != queue_.end()) {
             std::unique_ptr<Sequence> s = std::move(*queued);
             queue_.erase(queued);
-            s->result.stop_reason = StopReason::Cancelled;
-            if (s->request.on_done) s->request.on_done(std::move(s->result));
+            end_sequence(std::move(s), StopReason::Cancelled);
             continue;
         }
         for (size_t b = 0; b < slots_.size(); ++b)

@@ -119,6 +119,8 @@ class Scheduler {
     void decode();
     // Samples the slot's next token from its logits; ends the sequence when it stops.
     void draw(size_t slot, const float* logits);
+    // Ends a sequence (its on_done runs); finish() the one in a slot, freeing it.
+    void end_sequence(std::unique_ptr<Sequence> s, StopReason reason, std::string error = {});
     void finish(size_t slot, StopReason reason, std::string error = {});
 
     Model& model_;

@@ -119,15 +119,9 @@ void ServeLoop::give_up(const std::string& error) {
     }
     const std::string why = "the backend failed " + std::to_string(kMaxFailedSteps) +
                             " steps in a row (is the device gone?): " + error;
+    // Requests not handed to the scheduler yet end through it too (submit() checked them).
+    for (auto& [ticket, request] : unsubmitted) scheduler_.submit(std::move(request));
     scheduler_.fail_all(why);
-    for (auto& [ticket, request] : unsubmitted) {
-        if (!request.on_done) continue;
-        TokenGeneration g;
-        g.prompt_ids = request.prompt;
-        g.stop_reason = StopReason::Failed;
-        g.error = why;
-        request.on_done(std::move(g));
-    }
     if (on_failure_) on_failure_(error);
 }
 
