@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
@@ -219,11 +221,13 @@ TEST(Scheduler, ThePrefillBudgetTakesTheOldestPromptsFirstAndAtLeastOneChunk) {
 // results): a NaN written into one sequence's row, or an exception as a failing device gives.
 struct FaultyCpu : CpuBackend {
     int64_t vocab = 0;
-    int64_t nan_row = -1;  // in the next logits download
-    int throws = 0;        // logits downloads left to fail
+    int64_t nan_row = -1;           // in the next logits download
+    int throws = 0;                 // logits downloads left to fail
+    std::atomic<bool> hold{false};  // while true, a logits download waits (a step in progress)
   protected:
     void download_impl(const Tensor& src, void* host) override {
         const bool logits = src.rank() >= 1 && src.dim(-1) == vocab;
+        while (logits && hold) std::this_thread::yield();
         if (logits && throws > 0) {
             --throws;
             throw Error("injected device fault");
@@ -348,13 +352,15 @@ TEST(ServeLoop, StepsFailingInARowEndEveryRequestAndTheLoop) {
     std::condition_variable cv;
     std::string gave_up;
     fm.be.throws = 1000;
+    fm.be.hold = true;  // the first step waits until every request is in
     ServeLoop loop(*fm.model, so, 64, [&](const std::string& why) {
         std::lock_guard<std::mutex> lock(m);
         gave_up = why;
         cv.notify_all();
     });
     for (int k = 0; k < 6; ++k)  // more than the steps it takes to give up: some wait
-        ASSERT_TRUE(loop.submit(out.request(fm.prompt(rng, 3), k, 4)));
+        EXPECT_TRUE(loop.submit(out.request(fm.prompt(rng, 3), k, 4)));
+    fm.be.hold = false;
     {
         std::unique_lock<std::mutex> lock(m);
         ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return !gave_up.empty(); }));
