@@ -22,11 +22,10 @@ namespace {
 }
 
 int64_t integer(const json& v, const std::string& param, int64_t lo, int64_t hi) {
-    if (!v.is_number_integer())
-        bad(param, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
-                       ", got " + v.dump());
-    if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
-                               : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+    // nlohmann keeps every non-negative literal as unsigned; above INT64_MAX it would wrap.
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
+        v.get<int64_t>() < lo || v.get<int64_t>() > hi)
         bad(param, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
                        ", got " + v.dump());
     return v.get<int64_t>();

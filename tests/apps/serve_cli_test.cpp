@@ -339,6 +339,8 @@ TEST_F(ServeCli, BadRequestsGetTheErrorObjectNamingTheField) {
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 51}}, 400, key),
                  "max_tokens");
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"n", 99}}, 400, key), "n");
+    // 0 parses as an unsigned literal: the lower bound holds for those too.
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"n", 0}}, 400, key), "n");
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"temperature", 3}}, 400, key),
                  "temperature");
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"stop", {1}}}, 400, key), "stop[0]");
