@@ -131,33 +131,6 @@ std::string pad_right(const std::string& s, size_t w) {
     return s.size() >= w ? s : s + std::string(w - s.size(), ' ');
 }
 
-// Rows of cells aligned per `align` ('l' or 'r' per column; default: the first column left,
-// the others right); an empty row is a rule.
-void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows,
-                 const std::string& align = "") {
-    const std::string indent = "  ";
-    std::vector<size_t> w;
-    for (const auto& row : rows) {
-        if (w.size() < row.size()) w.resize(row.size(), 0);
-        for (size_t c = 0; c < row.size(); ++c) w[c] = std::max(w[c], row[c].size());
-    }
-    size_t width = 0;
-    for (size_t c : w) width += c + 2;
-    for (const auto& row : rows) {
-        if (row.empty()) {
-            out << indent << std::string(width - 2, '-') << "\n";
-            continue;
-        }
-        std::string line;
-        for (size_t c = 0; c < row.size(); ++c) {
-            const bool left = c < align.size() ? align[c] == 'l' : c == 0;
-            line += (c ? "  " : "") + (left ? pad_right(row[c], w[c]) : pad_left(row[c], w[c]));
-        }
-        while (!line.empty() && line.back() == ' ') line.pop_back();
-        out << indent << line << "\n";
-    }
-}
-
 // The per-layer cell: the value when every layer has the same, per stack for an
 // encoder-decoder whose stacks differ, "N (k of L layers)" when only some layers have it.
 std::string per_layer_cell(const ModelCount& m, ParamGroup g) {
@@ -187,6 +160,35 @@ std::string per_layer_cell(const ModelCount& m, ParamGroup g) {
 }
 
 }  // namespace
+
+namespace report_detail {
+
+void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows,
+                 const std::string& align) {
+    const std::string indent = "  ";
+    std::vector<size_t> w;
+    for (const auto& row : rows) {
+        if (w.size() < row.size()) w.resize(row.size(), 0);
+        for (size_t c = 0; c < row.size(); ++c) w[c] = std::max(w[c], row[c].size());
+    }
+    size_t width = 0;
+    for (size_t c : w) width += c + 2;
+    for (const auto& row : rows) {
+        if (row.empty()) {
+            out << indent << std::string(width - 2, '-') << "\n";
+            continue;
+        }
+        std::string line;
+        for (size_t c = 0; c < row.size(); ++c) {
+            const bool left = c < align.size() ? align[c] == 'l' : c == 0;
+            line += (c ? "  " : "") + (left ? pad_right(row[c], w[c]) : pad_left(row[c], w[c]));
+        }
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        out << indent << line << "\n";
+    }
+}
+
+}  // namespace report_detail
 
 std::string format_param_report(const ParamReport& r) {
     const ModelCount& m = r.model;

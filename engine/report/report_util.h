@@ -1,11 +1,13 @@
 // Internal helpers of the parameter report shared by the counters, the figures and the rendering:
-// the group index, the overflow-checked counting arithmetic and number formatting.
+// the group index, the overflow-checked counting arithmetic, number formatting and text tables.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "engine/core/checked_math.h"
 #include "engine/core/format.h"
@@ -46,5 +48,10 @@ inline std::string fmt_si(double v, const char* unit) {
     std::snprintf(buf, sizeof buf, "%.2f %s%s", v, prefixes[p], unit);
     return buf;
 }
+
+// Rows of cells aligned per `align` ('l' or 'r' per column; default: the first column left,
+// the others right), indented by two spaces; an empty row is a rule.
+void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows,
+                 const std::string& align = "");
 
 }  // namespace tmx::report_detail
