@@ -401,8 +401,13 @@ TEST_F(ServeCli, ConcurrentRequestsGiveWhatEachGivesAloneAndAFullQueueIs429) {
                 .dump(),
             "application/json");
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // Until the hog holds the slot (a fixed wait is too short on a loaded machine).
     auto c = client();
+    for (int i = 0; i < 600; ++i) {
+        auto m = c.Get("/metrics");
+        if (m && m->body.find("\ntmx_active_slots 1\n") != std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     auto res = c.Post("/v1/completions", json{{"prompt", "y"}, {"max_tokens", 2}}.dump(),
                       "application/json");
     ASSERT_TRUE(res);
