@@ -11,7 +11,7 @@ drift=()
 while IFS= read -r -d '' f; do
   clang-format --dry-run -Werror "$f" > /dev/null 2>&1 || drift+=("$f")
 done < <(git ls-files -z -- '*.cpp' '*.h' '*.cu' '*.cuh' 2> /dev/null ||
-         find engine backends apps tests benchmarks \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print0)
+         find engine backends dist apps tests benchmarks \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print0)
 if [ ${#drift[@]} -gt 0 ]; then
   echo "check-format: ${#drift[@]} files drift from .clang-format (clang-format -i fixes them):" >&2
   printf '  %s\n' "${drift[@]}" >&2

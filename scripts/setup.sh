@@ -28,6 +28,7 @@ packages=(
   libopenblas-dev libopenblas0-openmp
   libsentencepiece-dev libcpp-httplib-dev
   libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
+  libopenmpi-dev openmpi-bin
 )
 
 source "$root/scripts/lib/packages.sh"

@@ -1,7 +1,7 @@
 // The direction of dependencies (docs/architecture.md), checked over every #include of the
-// source tree: apps -> backends -> engine, and inside engine/ each room uses only itself and the
-// rooms before it: core, compute, model, data, train, infer, report, interop. A file that breaks
-// the order fails this test, which prints each offending line.
+// source tree: apps -> dist -> backends -> engine, and inside engine/ each room uses only itself
+// and the rooms before it: core, compute, model, data, dist, train, infer, report, interop. A
+// file that breaks the order fails this test, which prints each offending line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,10 +20,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // The rooms of engine/, each allowed to include itself and those before it.
-const std::vector<std::string> kEngineRooms = {"core",  "compute", "model",  "data",
+const std::vector<std::string> kEngineRooms = {"core",  "compute", "model",  "data",   "dist",
                                                "train", "infer",   "report", "interop"};
 // The top-level layers, each allowed to include itself and those before it.
-const std::vector<std::string> kLayers = {"engine", "backends", "apps"};
+const std::vector<std::string> kLayers = {"engine", "backends", "dist", "apps"};
 
 int index_of(const std::vector<std::string>& list, const std::string& name) {
     auto it = std::find(list.begin(), list.end(), name);
@@ -46,7 +46,7 @@ struct Include {
 std::vector<Include> project_includes(const std::string& root) {
     std::vector<Include> out;
     const std::regex include_re(R"re(^\s*#\s*include\s+"([^"]+)")re");
-    for (const char* top : {"engine", "backends", "apps"}) {
+    for (const char* top : {"engine", "backends", "dist", "apps"}) {
         for (const auto& e : fs::recursive_directory_iterator(fs::path(root) / top)) {
             const std::string ext = e.path().extension().string();
             if (!e.is_regular_file() ||
@@ -97,8 +97,8 @@ TEST(Layering, EveryIncludePointsOneWay) {
     }
     std::cout
         << "[          ] " << includes.size() << " #include lines checked, " << bad
-        << " against the order engine/{core, compute, model, data, train, infer, report, interop}"
-        << " -> backends -> apps\n";
+        << " against the order engine/{core, compute, model, data, dist, train, infer, report,"
+        << " interop} -> backends -> dist -> apps\n";
 }
 
 // The check itself: includes that break the order are found.
@@ -107,11 +107,17 @@ TEST(Layering, TheCheckFindsIncludesAgainstTheOrder) {
     EXPECT_NE(violation({"engine/train/trainer.cpp", 1, "engine/report/param_report.h"}), "");
     EXPECT_NE(violation({"engine/model/model.cpp", 1, "backends/registry.h"}), "");
     EXPECT_NE(violation({"backends/cpu/norm.cpp", 1, "apps/commands.h"}), "");
+    EXPECT_NE(violation({"backends/cuda/nccl_communicator.cpp", 1, "dist/open_communicator.h"}),
+              "");
+    EXPECT_NE(violation({"engine/dist/communicator.h", 1, "engine/train/trainer.h"}), "");
     EXPECT_NE(violation({"engine/model/x.h", 1, "engine/newroom/y.h"}), "");
     EXPECT_EQ(violation({"engine/report/bench.cpp", 1, "engine/core/rng.h"}), "");
     EXPECT_EQ(violation({"engine/model/model.cpp", 1, "engine/model/model.h"}), "");
     EXPECT_EQ(violation({"backends/cuda/norm.cu", 1, "engine/compute/backend.h"}), "");
     EXPECT_EQ(violation({"apps/cmd_train.cpp", 1, "backends/registry.h"}), "");
+    EXPECT_EQ(violation({"dist/open_communicator.cpp", 1, "backends/cuda/nccl_communicator.h"}),
+              "");
+    EXPECT_EQ(violation({"engine/train/trainer.cpp", 1, "engine/dist/communicator.h"}), "");
     EXPECT_EQ(violation({"backends/cuda/norm.cu", 1, "cuda_common.cuh"}), "");
 }
 
