@@ -75,7 +75,8 @@ std::string with_device(const std::string& name, int device) {
 
 std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
     const std::string name = resolve_backend(backend, training);
-    auto be = make_backend(with_device(name, device));
+    const bool gpu = name == "vulkan" || name == "cuda";
+    auto be = make_backend(with_device(name, device >= 0 || !gpu ? device : default_device));
     if (training && !be->supports_training())
         throw UsageError(
             "--backend " + backend + ": the " + be->name() +

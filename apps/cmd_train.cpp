@@ -1,14 +1,22 @@
 // tmx train: train a model on a token dataset, resumable.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "apps/commands.h"
+#include "dist/open_communicator.h"
 #include "engine/core/errors.h"
+#include "engine/core/format.h"
+#include "engine/core/threads.h"
+#include "engine/dist/communicator.h"
 #include "engine/train/trainer.h"
 
 namespace tmx::cli {
@@ -72,10 +80,14 @@ std::string format_duration(double s) {
 void print_report(const TrainReport& r) {
     std::fprintf(
         stderr,
-        "step %lld/%lld | loss %.4f | aux %.3f | %s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s\n",
+        "step %lld/%lld | loss %.4f | aux %.3f | %s | lr %.2e | gnorm %.3f | %.0f tok/s%s | ETA "
+        "%s\n",
         static_cast<long long>(r.step), static_cast<long long>(r.max_steps), r.loss, r.aux,
         r.val_loss ? ("val " + std::to_string(*r.val_loss).substr(0, 6)).c_str() : "val -", r.lr,
-        r.grad_norm, r.tokens_per_s, format_duration(r.eta_s).c_str());
+        r.grad_norm, r.tokens_per_s,
+        r.comm_share ? (" (comm " + std::to_string(std::lround(100 * *r.comm_share)) + "%)").c_str()
+                     : "",
+        format_duration(r.eta_s).c_str());
     if (r.skipped > 0)
         std::fprintf(stderr,
                      "  skipped %lld non-finite step(s) since the last line (--skip-nonfinite)\n",
@@ -96,15 +108,115 @@ void print_report(const TrainReport& r) {
     if (!r.checkpoint.empty()) std::fprintf(stderr, "  checkpoint %s\n", r.checkpoint.c_str());
 }
 
+struct Options {
+    std::string config, resume, out;
+    uint64_t init_seed = 0;
+    TrainOptions train;
+    BackendChoice backend;
+    bool shard_optimizer = false;
+    double collective_timeout = 600.0;
+};
+
+// Name -> flag, for the options --resume may override.
+struct Flag {
+    const char* key;
+    CLI::Option* opt;
+};
+
+// Trains on this process's share of the job: `comm` (a rank of a data-parallel job, or one
+// process) becomes the backend's device communicator once the backend is open.
+void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Communicator>& comm) {
+    // Announced once the trainer has set the precision (a resumed run keeps its own).
+    auto backend = o.backend.open(/*announce=*/false);
+    comm = open_device_communicator(*backend, std::move(comm),
+                                    {.collective_timeout_s = o.collective_timeout});
+    const DataParallel dp = {.comm = comm.get(), .shard_optimizer = o.shard_optimizer};
+    const bool root = comm->rank() == 0;
+    std::unique_ptr<Trainer> trainer;
+    if (!o.resume.empty()) {
+        if (!o.out.empty() || !o.train.data_dir.empty() || !o.train.val_dir.empty())
+            throw UsageError(
+                "--resume continues a run where it was: drop --out, --data and --val-data");
+        nlohmann::json overrides = nlohmann::json::object();
+        const nlohmann::json given = train_options_to_json(o.train);
+        for (const Flag& f : flags)
+            if (f.opt->count() > 0) overrides[f.key] = given[f.key];
+        // --grad-accum is per rank; the run keeps the micro-batches of all ranks.
+        if (overrides.contains("grad_accum"))
+            overrides["grad_accum"] = o.train.grad_accum * comm->size();
+        // The run keeps the precision it started with unless --precision says otherwise
+        // (which Trainer::resume refuses: it would change the run's math).
+        if (o.backend.precision_given())
+            overrides["precision"] = to_string(backend->matmul_precision());
+        trainer = Trainer::resume(o.resume, *backend, overrides, dp);
+        if (root) {
+            o.backend.announce(*backend);
+            std::fprintf(stderr, "resuming %s at step %lld of %lld (%s matmuls)\n",
+                         trainer->run_dir().c_str(), static_cast<long long>(trainer->step()),
+                         static_cast<long long>(trainer->max_steps()),
+                         to_string(backend->matmul_precision()));
+        }
+    } else {
+        if (o.config.empty()) throw UsageError("give --config CFG for a new run, or --resume RUN");
+        if (o.out.empty()) throw UsageError("--out: the run directory is required");
+        o.train.precision = backend->matmul_precision();  // --precision, resolved
+        o.train.grad_accum *= comm->size();               // the run's global batch
+        trainer = Trainer::start(load_config(o.config), o.train, o.out, o.init_seed, *backend, dp);
+        if (root) {
+            o.backend.announce(*backend);
+            std::fprintf(stderr, "training %lld parameters for %lld steps into %s (%s matmuls)\n",
+                         static_cast<long long>(trainer->model().num_params()),
+                         static_cast<long long>(trainer->max_steps()), o.out.c_str(),
+                         to_string(backend->matmul_precision()));
+        }
+    }
+    const TrainOptions& run = trainer->options();
+    if (root && comm->size() > 1)
+        std::fprintf(stderr,
+                     "data parallel: %s; global batch %lld sequences (--batch-size %lld x "
+                     "--grad-accum %lld x %d ranks); AdamW moments %s per rank%s\n",
+                     comm->description().c_str(),
+                     static_cast<long long>(run.batch_size * run.grad_accum),
+                     static_cast<long long>(run.batch_size),
+                     static_cast<long long>(run.grad_accum / comm->size()), comm->size(),
+                     fmt_bytes(static_cast<double>(trainer->optimizer_bytes())).c_str(),
+                     o.shard_optimizer ? " (sharded)" : "");
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;  // the file writes in flight finish rather than fail with EINTR
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    TrainReport last = trainer->run(print_report, &g_stop);
+    // The run ends early only when stopped: by a signal here or, under mpirun, to another rank.
+    if (trainer->step() < trainer->max_steps()) {
+        const int sig = g_signal.load() ? g_signal.load() : SIGTERM;
+        const char* by = !g_signal.load()      ? "a signal to another rank"
+                         : g_signal == SIGTERM ? "SIGTERM"
+                                               : "SIGINT";
+        if (!root) throw Interrupted{128 + sig};
+        if (trainer->last_checkpoint().empty())
+            std::fprintf(stderr,
+                         "stopped by %s before the first step; no checkpoint to resume from\n", by);
+        else
+            std::fprintf(stderr,
+                         "stopped by %s at step %lld; checkpoint %s\n"
+                         "resume with: tmx train --resume %s\n",
+                         by, static_cast<long long>(last.step), trainer->last_checkpoint().c_str(),
+                         trainer->run_dir().c_str());
+        throw Interrupted{128 + sig};
+    }
+    if (!root) return;
+    std::fprintf(stderr,
+                 "done: %lld steps; checkpoints in %s (best/ has the lowest validation loss)\n",
+                 static_cast<long long>(last.step), trainer->run_dir().c_str());
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& app, CommonOptions& common) {
-    struct Options {
-        std::string config, resume, out;
-        uint64_t init_seed = 0;
-        TrainOptions train;
-        BackendChoice backend;
-    };
     auto o = std::make_shared<Options>();
     TrainOptions& t = o->train;
     CLI::App* sub = app.add_subcommand(
@@ -118,11 +230,6 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--out", o->out, "Run directory of a new run (checkpoints, metrics.jsonl)");
     sub->add_option("--data", t.data_dir, "Token dataset directory (its train split trains)");
     sub->add_option("--val-data", t.val_dir, "Dataset whose val split evaluates (default: --data)");
-    // Name -> flag, for the options --resume may override.
-    struct Flag {
-        const char* key;
-        CLI::Option* opt;
-    };
     std::vector<Flag> flags = {
         {"batch_size", sub->add_option("--batch-size", t.batch_size, "Sequences per micro-batch")
                            ->check(in_range<int64_t>(1))
@@ -132,7 +239,9 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
                         ->check(in_range<int64_t>(0))
                         ->capture_default_str()},
         {"grad_accum",
-         sub->add_option("--grad-accum", t.grad_accum, "Micro-batches per optimizer step")
+         sub->add_option("--grad-accum", t.grad_accum,
+                         "Micro-batches per optimizer step, per rank (mpirun -np N: the global "
+                         "batch is --batch-size x --grad-accum x N sequences)")
              ->check(in_range<int64_t>(1))
              ->capture_default_str()},
         {"max_steps", sub->add_option("--max-steps", t.max_steps, "Budget in optimizer steps")
@@ -186,69 +295,41 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--init-seed", o->init_seed, "Weight initialisation seed of a new run")
         ->check(in_range<uint64_t>(0))
         ->capture_default_str();
+    sub->add_flag("--shard-optimizer", o->shard_optimizer,
+                  "Under mpirun: each rank keeps its share of the AdamW moments only (ZeRO-1), "
+                  "the optimizer memory per rank divided by the rank count, the same steps");
+    sub->add_option("--collective-timeout", o->collective_timeout,
+                    "Under mpirun: seconds a rank waits in a collective before it ends the job "
+                    "(another rank hung or died; 0: wait forever)")
+        ->check(CLI::Range(0.0, 1e6))
+        ->capture_default_str();
     add_backend_options(*sub, o->backend, /*training=*/true);
     add_common_options(*sub, common);
-    sub->callback([o, flags]() {
-        // Announced once the trainer has set the precision (a resumed run keeps its own).
-        auto backend = o->backend.open(/*announce=*/false);
-        std::unique_ptr<Trainer> trainer;
-        if (!o->resume.empty()) {
-            if (!o->out.empty() || !o->train.data_dir.empty() || !o->train.val_dir.empty())
-                throw UsageError(
-                    "--resume continues a run where it was: drop --out, --data and --val-data");
-            nlohmann::json overrides = nlohmann::json::object();
-            const nlohmann::json given = train_options_to_json(o->train);
-            for (const Flag& f : flags)
-                if (f.opt->count() > 0) overrides[f.key] = given[f.key];
-            // The run keeps the precision it started with unless --precision says otherwise
-            // (which Trainer::resume refuses: it would change the run's math).
-            if (o->backend.precision_given())
-                overrides["precision"] = to_string(backend->matmul_precision());
-            trainer = Trainer::resume(o->resume, *backend, overrides);
-            o->backend.announce(*backend);
-            std::fprintf(stderr, "resuming %s at step %lld of %lld (%s matmuls)\n",
-                         trainer->run_dir().c_str(), static_cast<long long>(trainer->step()),
-                         static_cast<long long>(trainer->max_steps()),
-                         to_string(backend->matmul_precision()));
-        } else {
-            if (o->config.empty())
-                throw UsageError("give --config CFG for a new run, or --resume RUN");
-            if (o->out.empty()) throw UsageError("--out: the run directory is required");
-            o->train.precision = backend->matmul_precision();  // --precision, resolved
-            trainer =
-                Trainer::start(load_config(o->config), o->train, o->out, o->init_seed, *backend);
-            o->backend.announce(*backend);
-            std::fprintf(stderr, "training %lld parameters for %lld steps into %s (%s matmuls)\n",
-                         static_cast<long long>(trainer->model().num_params()),
-                         static_cast<long long>(trainer->max_steps()), o->out.c_str(),
-                         to_string(backend->matmul_precision()));
+    sub->callback([o, flags, &common]() {
+        // Under mpirun, before the backend: the rank picks its GPU and its share of the cores.
+        const LaunchEnv launch = detect_launch_env();
+        std::unique_ptr<Communicator> comm =
+            open_host_communicator({.collective_timeout_s = o->collective_timeout});
+        if (comm->size() > 1) {
+            o->backend.default_device = launch.local_rank;
+            if (common.threads == 0)
+                set_num_threads(std::max(
+                    1, static_cast<int>(std::thread::hardware_concurrency()) / launch.local_size));
         }
-        struct sigaction sa {};
-        sa.sa_handler = on_stop_signal;
-        sa.sa_flags = SA_RESTART;  // the file writes in flight finish rather than fail with EINTR
-        sigemptyset(&sa.sa_mask);
-        sigaddset(&sa.sa_mask, SIGINT);
-        sigaddset(&sa.sa_mask, SIGTERM);
-        sigaction(SIGINT, &sa, nullptr);
-        sigaction(SIGTERM, &sa, nullptr);
-        TrainReport last = trainer->run(print_report, &g_stop);
-        if (g_stop.load()) {
-            const char* by = g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT";
-            if (trainer->last_checkpoint().empty())
-                std::fprintf(stderr,
-                             "stopped by %s before the first step; no checkpoint to resume from\n",
-                             by);
-            else
-                std::fprintf(stderr,
-                             "stopped by %s at step %lld; checkpoint %s\n"
-                             "resume with: tmx train --resume %s\n",
-                             by, static_cast<long long>(last.step),
-                             trainer->last_checkpoint().c_str(), trainer->run_dir().c_str());
-            throw Interrupted{128 + g_signal.load()};
+        try {
+            run_training(*o, flags, comm);
+        } catch (const Interrupted&) {
+            comm.reset();  // every rank stopped at the same step: finalize, not unwinding
+            throw;
+        } catch (const std::exception& e) {
+            if (comm->size() == 1) throw;
+            // A rank that cannot go on ends every rank, which would otherwise wait in their
+            // next collective. Where every rank fails alike (a non-finite step), rank 0's
+            // message is the one to read first.
+            if (comm->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+            const bool usage = dynamic_cast<const UsageError*>(&e) != nullptr;
+            comm->abort(std::string(usage ? "" : "error: ") + e.what(), usage ? 2 : 1);
         }
-        std::fprintf(stderr,
-                     "done: %lld steps; checkpoints in %s (best/ has the lowest validation loss)\n",
-                     static_cast<long long>(last.step), trainer->run_dir().c_str());
     });
 }
 

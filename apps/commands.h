@@ -59,6 +59,9 @@ void add_checkpoint_out_options(CLI::App& sub, CheckpointOutOptions& o);
 struct BackendChoice {
     std::string backend = "auto";
     int device = -1;
+    // The GPU a GPU backend opens when --device is not given (a data-parallel job's node-local
+    // rank); -1: the backend's default.
+    int default_device = -1;
     bool training = false;
     std::string precision = "auto";  // --precision: auto, fp32 or bf16
     // Creates the backend with its matmul precision set and, with announce, says on stderr

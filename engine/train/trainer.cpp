@@ -18,6 +18,7 @@
 #include "engine/core/format.h"
 #include "engine/core/json_fields.h"
 #include "engine/core/rng.h"
+#include "engine/dist/communicator.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/safetensors.h"
 #include "engine/train/metrics_plot.h"
@@ -70,11 +71,20 @@ double Trainer::learning_rate(const TrainOptions& o, int64_t step, int64_t max_s
 }
 
 Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string run_dir,
-                 Backend& backend)
+                 Backend& backend, DataParallel dp)
     : model_(std::move(model)),
       options_(std::move(options)),
       run_dir_(std::move(run_dir)),
       backend_(backend) {
+    if (!dp.comm) solo_ = std::make_unique<SoloCommunicator>();
+    comm_ = dp.comm ? dp.comm : solo_.get();
+    const int64_t N = comm_->size();
+    if (options_.grad_accum % N != 0)
+        throw UsageError("the run's global batch is " + std::to_string(options_.grad_accum) +
+                         " micro-batches of " + std::to_string(options_.batch_size) +
+                         " sequences per step, which " + std::to_string(N) +
+                         " ranks cannot share evenly: run it on a number of ranks that divides " +
+                         std::to_string(options_.grad_accum));
     if (!backend_.supports_training())
         throw Error("the " + backend_.name() +
                     " backend runs inference only (it has no "
@@ -88,8 +98,11 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
                      ? options_.max_steps
                      : options_.max_tokens / per_step + (options_.max_tokens % per_step != 0);
     const int64_t P = model_->num_params();
-    adam_m_ = backend_.alloc({P});
-    adam_v_ = backend_.alloc({P});
+    sharded_ = dp.shard_optimizer && N > 1;
+    shard_ = sharded_ ? P / N : P;
+    tail_ = sharded_ ? P - N * shard_ : 0;
+    adam_m_ = backend_.alloc({shard_ + tail_});
+    adam_v_ = backend_.alloc({shard_ + tail_});
     backend_.fill(adam_m_, 0.0f);
     backend_.fill(adam_v_, 0.0f);
 }
@@ -119,9 +132,10 @@ void Trainer::open_data() {
 
 std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOptions& options,
                                         const std::string& run_dir, uint64_t init_seed,
-                                        Backend& backend) {
+                                        Backend& backend, DataParallel dp) {
     validate_train_options(options, config);
     check_run_memory(config, options, backend);
+    const bool root = !dp.comm || dp.comm->rank() == 0;
     return filesystem_errors_as_errors([&] {
         const std::string refusal = run_dir +
                                     ": exists and is not empty (continue a run with --resume " +
@@ -132,13 +146,15 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
                 if (entry.path().filename() != kLockFile) return true;
             return false;
         };
-        if (fs::exists(run_dir) && !fs::is_directory(run_dir))
+        if (root && fs::exists(run_dir) && !fs::is_directory(run_dir))
             throw Error("--out " + run_dir + ": exists and is not a directory");
-        if (fs::exists(run_dir) && holds_more_than_a_lock()) throw Error(refusal);
+        if (root && fs::exists(run_dir) && holds_more_than_a_lock()) throw Error(refusal);
+        // Every rank makes the same weights from the seed: nothing to broadcast.
         auto model = std::make_unique<Model>(config, backend);
         model->init_random(init_seed);
-        std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend));
+        std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend, dp));
         t->open_data();
+        if (!root) return t;  // rank 0 alone writes the run directory
         std::error_code ec;
         fs::create_directories(run_dir, ec);
         if (ec)
@@ -151,14 +167,22 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
 }
 
 std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backend,
-                                         const json& overrides) {
+                                         const json& overrides, DataParallel dp) {
+    const bool root = !dp.comm || dp.comm->rank() == 0;
     return filesystem_errors_as_errors([&] {
         // Lock before reading: the run's holder may be writing the checkpoint. Resolve again
-        // under the lock, since a holder that just ended may have written a newer one.
-        const std::string run_dir = parent_or_dot(resolve_run_checkpoint(path)).string();
-        auto lock = std::make_unique<RunDirLock>(run_dir);
-        remove_leftovers(run_dir);
-        const std::string ckpt = resolve_run_checkpoint(path);
+        // under the lock, since a holder that just ended may have written a newer one. The
+        // other ranks read the checkpoint rank 0 chose, once it holds the lock.
+        std::unique_ptr<RunDirLock> lock;
+        std::string ckpt;
+        if (root) {
+            const std::string dir = parent_or_dot(resolve_run_checkpoint(path)).string();
+            lock = std::make_unique<RunDirLock>(dir);
+            remove_leftovers(dir);
+            ckpt = resolve_run_checkpoint(path);
+        }
+        if (dp.comm) dp.comm->broadcast(ckpt, 0);
+        const std::string run_dir = parent_or_dot(ckpt).string();
         const std::string state_path = (fs::path(ckpt) / kStateFile).string();
         const json state = read_json_file(state_path);
         json options_json =
@@ -195,7 +219,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         check_run_memory(config, options, backend);
         auto model = std::make_unique<Model>(config, backend);
         load_checkpoint_weights(*model, ckpt);
-        std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend));
+        std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend, dp));
         t->lock_ = std::move(lock);
         t->open_data();
         t->restore_state(state, state_path);
@@ -203,18 +227,19 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
 
         SafetensorsFile opt((fs::path(ckpt) / kOptimizerFile).string());
         const int64_t P = t->model_->num_params();
-        for (const auto& [name, tensor] :
-             {std::pair{"exp_avg", &t->adam_m_}, {"exp_avg_sq", &t->adam_v_}}) {
+        std::vector<float> moments[2];
+        for (int i = 0; i < 2; ++i) {
+            const char* name = i == 0 ? "exp_avg" : "exp_avg_sq";
             auto it = opt.entries().find(name);
             if (it == opt.entries().end() || it->second.shape != Shape{P})
                 throw Error(opt.path() + ": missing or mis-shaped optimizer tensor '" + name + "'");
-            std::vector<float> host(static_cast<size_t>(P));
-            opt.read_f32(name, host.data());
+            moments[i].resize(static_cast<size_t>(P));
+            opt.read_f32(name, moments[i].data());
             // NaN moments would turn the first step's update, and every weight, into NaN.
-            check_finite_tensor(opt.path(), name, {P}, host.data(), "optimizer moments");
-            backend.upload(*tensor, host.data());
+            check_finite_tensor(opt.path(), name, {P}, moments[i].data(), "optimizer moments");
         }
-        t->trim_metrics();
+        t->moments_from_host(moments[0], moments[1]);
+        if (root) t->trim_metrics();
         return t;
     });
 }
@@ -296,37 +321,77 @@ void Trainer::sample_batch(int64_t step, int64_t micro, std::vector<int32_t>& in
     }
 }
 
+int Trainer::rank() const {
+    return comm_->rank();
+}
+
+int Trainer::ranks() const {
+    return comm_->size();
+}
+
+template <class F>
+void Trainer::timed(F&& collective) {
+    const auto start = std::chrono::steady_clock::now();
+    collective();
+    comm_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+bool Trainer::stop_requested(const StopPredicate& should_stop) {
+    const bool mine = should_stop && should_stop();
+    if (ranks() == 1) return mine;
+    std::vector<double> any = {mine ? 1.0 : 0.0};
+    timed([&] { comm_->all_reduce_sum(any); });
+    return any[0] > 0.0;
+}
+
 Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     Model& m = *model_;
     m.zero_grads();
     std::vector<int32_t> inputs, targets;
-    std::vector<std::vector<int64_t>> slots;
-    double loss = 0.0, aux = 0.0;
+    // Per layer and expert (MoE): sized alike on every rank, for the sum over them.
+    const ModelConfig& c = m.config();
+    std::vector<std::vector<int64_t>> slots(
+        c.is_moe() ? static_cast<size_t>(c.n_layers) : 0,
+        std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(c.n_experts, 0)), 0));
+    // This rank's share of the step: loss, aux, and how many micro-batches had a non-finite
+    // loss or aux loss (after which this rank computes no more of the step).
+    double loss = 0.0, aux = 0.0, bad_loss = 0.0, bad_aux = 0.0;
     const float micro_scale = 1.0f / static_cast<float>(options_.grad_accum);
-    for (int64_t micro = 0; micro < options_.grad_accum; ++micro) {
+    const int64_t local_micros = options_.grad_accum / ranks();
+    for (int64_t micro = 0; micro < local_micros; ++micro) {
         // Nothing of the step is applied yet: dropping it here loses nothing a resume redoes.
-        if (should_stop && should_stop()) return StepOutcome::Interrupted;
-        sample_batch(step_, micro, inputs, targets);
+        if (stop_requested(should_stop)) return StepOutcome::Interrupted;
+        if (bad_loss + bad_aux > 0) continue;  // still polled with the others above
+        sample_batch(step_, rank() * local_micros + micro, inputs, targets);
         ForwardResult r = m.forward(inputs, options_.batch_size, seq_len_, &targets, true);
-        if (!std::isfinite(r.loss) || !std::isfinite(r.aux))
-            return reject_nonfinite(std::isfinite(r.loss) ? "aux loss" : "loss", r.loss, r.aux,
-                                    std::nullopt);
-        m.backward(micro_scale);
         loss += r.loss * micro_scale;
         aux += r.aux * micro_scale;
+        if (!std::isfinite(r.loss) || !std::isfinite(r.aux)) {
+            (std::isfinite(r.loss) ? bad_aux : bad_loss) += 1.0;
+            continue;
+        }
+        m.backward(micro_scale);
         add_slots(slots, r.expert_slots);
     }
-    Tensor sq = backend_.alloc({1});
-    backend_.sum_squares(m.grads(), sq);
-    float sumsq = 0.0f;
-    backend_.download(sq, &sumsq);
-    const double grad_norm = std::sqrt(static_cast<double>(sumsq));
+    // The step's figures over all ranks: every rank decides alike whether to apply it.
+    std::vector<double> figures = {loss, aux, bad_loss, bad_aux};
+    const size_t experts = c.is_moe() ? static_cast<size_t>(c.n_experts) : 1;
+    for (const auto& layer : slots)
+        for (int64_t count : layer) figures.push_back(static_cast<double>(count));
+    timed([&] { comm_->all_reduce_sum(figures); });
+    loss = figures[0];
+    aux = figures[1];
+    if (figures[2] > 0 || figures[3] > 0)
+        return reject_nonfinite(figures[2] > 0 ? "loss" : "aux loss", loss, aux, std::nullopt);
+    for (size_t i = 4; i < figures.size(); ++i)  // counts, exact in a double
+        slots[(i - 4) / experts][(i - 4) % experts] = static_cast<int64_t>(figures[i]);
+    const double grad_norm = reduce_gradients();
     if (!std::isfinite(grad_norm)) return reject_nonfinite("gradient norm", loss, aux, grad_norm);
     // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
     const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
     const double lr = learning_rate(options_, step_, max_steps_);
-    adamw_step(
-        m, adam_m_, adam_v_,
+    optimizer_step(
         {.lr = static_cast<float>(lr),
          .beta1 = static_cast<float>(options_.beta1),
          .beta2 = static_cast<float>(options_.beta2),
@@ -343,6 +408,88 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     window_.grad_norm_sum += grad_norm;
     add_slots(window_.expert_slots, slots);
     return StepOutcome::Applied;
+}
+
+double Trainer::reduce_gradients() {
+    const Tensor& grads = model_->grads();
+    Tensor sq = backend_.alloc({1});
+    float sumsq = 0.0f;
+    if (!sharded_) {
+        timed([&] { comm_->all_reduce_sum(backend_, grads); });
+        backend_.sum_squares(grads, sq);
+        backend_.download(sq, &sumsq);
+        return std::sqrt(static_cast<double>(sumsq));
+    }
+    const int64_t N = ranks();
+    const Tensor own = grads.slice(rank() * shard_, {shard_});
+    timed([&] { comm_->reduce_scatter_sum(backend_, grads.slice(0, {N * shard_}), own); });
+    backend_.sum_squares(own, sq);
+    backend_.download(sq, &sumsq);
+    std::vector<double> total = {static_cast<double>(sumsq)};
+    if (tail_ > 0) {
+        const Tensor tail = grads.slice(N * shard_, {tail_});
+        timed([&] { comm_->all_reduce_sum(backend_, tail); });
+        if (is_root()) {  // every rank has the tail: counted once
+            backend_.sum_squares(tail, sq);
+            backend_.download(sq, &sumsq);
+            total[0] += static_cast<double>(sumsq);
+        }
+    }
+    timed([&] { comm_->all_reduce_sum(total); });
+    return std::sqrt(total[0]);
+}
+
+void Trainer::optimizer_step(const Backend::AdamWParams& hp) {
+    if (!sharded_) {
+        adamw_step(*model_, adam_m_, adam_v_, hp);
+        return;
+    }
+    const int64_t N = ranks();
+    adamw_step(*model_, adam_m_.slice(0, {shard_}), adam_v_.slice(0, {shard_}), hp,
+               rank() * shard_);
+    if (tail_ > 0)
+        adamw_step(*model_, adam_m_.slice(shard_, {tail_}), adam_v_.slice(shard_, {tail_}), hp,
+                   N * shard_);
+    const Tensor& params = model_->params();
+    timed([&] {
+        comm_->all_gather(backend_, params.slice(rank() * shard_, {shard_}),
+                          params.slice(0, {N * shard_}));
+    });
+}
+
+void Trainer::moments_to_host(std::vector<float>& m, std::vector<float>& v) {
+    const int64_t P = model_->num_params();
+    m.clear();
+    v.clear();
+    if (!sharded_) {
+        if (!is_root()) return;
+        m.resize(static_cast<size_t>(P));
+        v.resize(static_cast<size_t>(P));
+        backend_.download(adam_m_, m.data());
+        backend_.download(adam_v_, v.data());
+        return;
+    }
+    const int64_t N = ranks();
+    Tensor full = backend_.alloc({N * shard_});  // for the time of the gather only
+    for (auto [moment, host] : {std::pair{&adam_m_, &m}, {&adam_v_, &v}}) {
+        comm_->all_gather(backend_, moment->slice(0, {shard_}), full);
+        if (!is_root()) continue;
+        host->resize(static_cast<size_t>(P));
+        backend_.download(full, host->data());
+        if (tail_ > 0) backend_.download(moment->slice(shard_, {tail_}), host->data() + N * shard_);
+    }
+}
+
+void Trainer::moments_from_host(const std::vector<float>& m, const std::vector<float>& v) {
+    for (auto [moment, host] : {std::pair{&adam_m_, &m}, {&adam_v_, &v}}) {
+        if (!sharded_) {
+            backend_.upload(*moment, host->data());
+            continue;
+        }
+        backend_.upload(moment->slice(0, {shard_}), host->data() + rank() * shard_);
+        if (tail_ > 0)
+            backend_.upload(moment->slice(shard_, {tail_}), host->data() + ranks() * shard_);
+    }
 }
 
 Trainer::StepOutcome Trainer::reject_nonfinite(const std::string& what, double loss, double aux,
@@ -362,7 +509,7 @@ Trainer::StepOutcome Trainer::reject_nonfinite(const std::string& what, double l
     if (grad_norm) line["grad_norm"] = metrics_value(*grad_norm);
     const double value = what == "loss" ? loss : what == "aux loss" ? aux : *grad_norm;
     if (skip) {
-        append_metrics(line);
+        if (is_root()) append_metrics(line);
         // The step is consumed (its batch is never used) without touching weights or moments.
         ++nonfinite_skipped_;
         ++window_.skipped;
@@ -393,16 +540,20 @@ double Trainer::evaluate() {
 }
 
 std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) {
-    // Consecutive windows from the start of the validation stream: the same every time.
-    const int64_t B = options_.batch_size, T = seq_len_;
+    // Consecutive windows from the start of the validation stream: the same every time. The
+    // ranks take turns over its batches (rank r: batches r, r + N, ...), in rounds, so that they
+    // agree on a stop between batches; the sums are then added over the ranks.
+    const int64_t B = options_.batch_size, T = seq_len_, N = ranks();
     const int64_t available =
         static_cast<int64_t>((val_data_->size() - 1) / static_cast<uint64_t>(T));
     const int64_t windows = std::min(options_.eval_batches * B, available);
-    double total = 0.0;
-    int64_t count = 0;
+    const int64_t batches = (windows + B - 1) / B;
+    double total = 0.0, count = 0.0;
     std::vector<int32_t> window(static_cast<size_t>(T + 1)), inputs, targets;
-    for (int64_t w0 = 0; w0 < windows; w0 += B) {
-        if (should_stop && should_stop()) return std::nullopt;
+    for (int64_t round = 0; round * N < batches; ++round) {
+        if (stop_requested(should_stop)) return std::nullopt;
+        const int64_t w0 = (round * N + rank()) * B;
+        if (w0 >= windows) continue;
         const int64_t rows = std::min(B, windows - w0);
         inputs.resize(static_cast<size_t>(rows * T));
         targets.resize(static_cast<size_t>(rows * T));
@@ -414,18 +565,26 @@ std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) 
         }
         ForwardResult res = model_->forward_loss(inputs, rows, T, targets);
         total += res.loss * static_cast<double>(res.n_targets);
-        count += res.n_targets;
+        count += static_cast<double>(res.n_targets);
     }
-    return total / static_cast<double>(count);
+    std::vector<double> sums = {total, count};
+    comm_->all_reduce_sum(sums);
+    return sums[0] / sums[1];
 }
 
 std::string Trainer::save(bool best) {
     const std::string dir =
         (fs::path(run_dir_) / (best ? std::string(kBestDir) : step_dir_name(step_))).string();
     const int64_t P = model_->num_params();
-    std::vector<float> m(static_cast<size_t>(P)), v(static_cast<size_t>(P));
-    backend_.download(adam_m_, m.data());
-    backend_.download(adam_v_, v.data());
+    std::vector<float> m, v;
+    moments_to_host(m, v);  // a collective when sharded: before rank 0 goes its own way
+    if (!is_root()) {       // rank 0 alone writes, what every rank holds alike
+        if (!best) {
+            last_checkpoint_ = dir;
+            unsaved_ = false;
+        }
+        return dir;
+    }
     // A checkpoint must be a state worth resuming. A finite loss and gradient do not prove finite
     // weights (an update can overflow), so they are checked here, once per checkpoint.
     const auto refuse_nonfinite = [&](const std::vector<float>& values, const char* what) {
@@ -503,6 +662,7 @@ void Trainer::append_metrics(const json& line) {
 std::string Trainer::log_before_error(const json& line) {
     // The error that follows is what the user must see (and no checkpoint may follow it, as a
     // metrics failure would have), so a failure to log only adds to its message.
+    if (!is_root()) return "";
     try {
         append_metrics(line);
         return "";
@@ -564,6 +724,8 @@ bool Trainer::finish_step(const StopPredicate& should_stop,
         report.skipped = window_.skipped;
         report.lr = learning_rate(options_, step_ - 1, max_steps_);
         report.tokens_per_s = static_cast<double>(timed_steps * per_step) / std::max(dt, 1e-9);
+        if (ranks() > 1) report.comm_share = std::min(comm_seconds_ / std::max(dt, 1e-9), 1.0);
+        comm_seconds_ = 0.0;
         report.elapsed_s = elapsed;
         report.eta_s = run_steps > 0
                            ? elapsed / static_cast<double>(run_steps) *
@@ -587,22 +749,27 @@ bool Trainer::finish_step(const StopPredicate& should_stop,
                      {"expert_load", report.expert_load}};
         if (report.val_loss) line["val_loss"] = *report.val_loss;
         if (report.skipped) line["skipped_steps"] = report.skipped;
-        append_metrics(line);
+        if (report.comm_share) line["comm_share"] = *report.comm_share;
+        if (is_root()) append_metrics(line);
         window_ = ReportWindow{};
     }
     finish_pending_ = false;
     unsaved_ = true;
     if (ckpt_now) {
         report.checkpoint = save(false);
-        prune_checkpoints();
+        if (is_root()) prune_checkpoints();
     }
-    if (report_now) on_report(report);
+    if (report_now && is_root()) on_report(report);
     return true;
 }
 
 void Trainer::stop_after_metrics_failure(const Error& failure) {
     std::string outcome;
-    if (!unsaved_) {
+    if (ranks() > 1) {
+        // Rank 0 alone saw it, while the others went on to the next collective: no checkpoint
+        // can be agreed on; the job ends at the last one.
+        outcome = "(" + last_checkpoint_phrase() + ")";
+    } else if (!unsaved_) {
         outcome = "its checkpoint " + last_checkpoint_ + " is current";
     } else {
         try {
@@ -640,7 +807,7 @@ TrainReport Trainer::run(const std::function<void(const TrainReport&)>& on_repor
         }
         if (unsaved_) {
             report.checkpoint = save(false);
-            prune_checkpoints();
+            if (is_root()) prune_checkpoints();
         }
         report.step = step_;
         report.max_steps = max_steps_;

@@ -8,6 +8,14 @@
 // loss, every option). Batches are a pure function of (seed, step), so a run stopped at step k
 // and resumed continues exactly as the uninterrupted run would have.
 //
+// Data parallelism (`mpirun -np N tmx train`): the run defines its global batch and its data
+// order, not the number of ranks. options().grad_accum counts the micro-batches of one optimizer
+// step over all ranks; rank r computes the micro-batches [r * L, (r + 1) * L) of each step, L =
+// grad_accum / N, and the gradients are summed over the ranks before the step. So N ranks take
+// the steps of one process accumulating all grad_accum micro-batches (equal up to the order of
+// the sums), and a run may resume on any N that divides grad_accum. Rank 0 alone writes the run
+// directory (lock, metrics, checkpoints in the format of a one-process run) and reports.
+//
 // A trainer holds RUN/train.lock while it lives, so two processes never write one run; a
 // checkpoint write that was killed leaves a temporary sibling (step_N.tmp-PID) that is never
 // taken for a checkpoint and is removed by the next trainer of the run. No non-finite value
@@ -43,7 +51,11 @@ struct TrainReport {
     double loss = 0.0, aux = 0.0;    // mean over the steps since the last report
     std::optional<double> val_loss;  // when this step evaluated
     double lr = 0.0, grad_norm = 0.0;
-    double tokens_per_s = 0.0, eta_s = 0.0, elapsed_s = 0.0;
+    double tokens_per_s = 0.0, eta_s = 0.0, elapsed_s = 0.0;  // tokens of all ranks
+    // Under data parallelism: the share of the time since the last report this rank spent in
+    // collectives, as the host sees it (waiting for slower ranks included; MPI's collectives
+    // block, NCCL's are only enqueued and show up in the next read from the device).
+    std::optional<double> comm_share;
     // Per layer, the share of routed (token, choice) slots each expert received since the last
     // report (MoE models).
     std::vector<std::vector<double>> expert_load;
@@ -51,8 +63,20 @@ struct TrainReport {
     std::string checkpoint;  // a checkpoint written at this step, if any
 };
 
-// Polled before every micro-batch and every evaluation batch: true stops the run.
+// Polled before every micro-batch and every evaluation batch: true stops the run. Under data
+// parallelism the ranks stop together when any of them sees true.
 using StopPredicate = std::function<bool()>;
+
+class Communicator;
+
+// How a run spreads over the ranks of a data-parallel job.
+struct DataParallel {
+    Communicator* comm = nullptr;  // nullptr: one process
+    // ZeRO-1: each rank keeps and steps its share of the AdamW moments only (the gradients are
+    // reduce-scattered, the stepped weights all-gathered). The same steps as replicated moments,
+    // up to the order of the gradient norm's sum; no effect on one rank.
+    bool shard_optimizer = false;
+};
 
 class RunDirLock;
 
@@ -62,11 +86,11 @@ class Trainer {
     // there is refused).
     static std::unique_ptr<Trainer> start(const ModelConfig& config, const TrainOptions& options,
                                           const std::string& run_dir, uint64_t init_seed,
-                                          Backend& backend);
+                                          Backend& backend, DataParallel dp = {});
     // Continues a run from a run directory (its latest checkpoint) or one of its checkpoints.
     // `overrides` may change the budget and the cadence options (not the math).
     static std::unique_ptr<Trainer> resume(const std::string& path, Backend& backend,
-                                           const nlohmann::json& overrides);
+                                           const nlohmann::json& overrides, DataParallel dp = {});
 
     ~Trainer();
 
@@ -92,8 +116,14 @@ class Trainer {
     // Learning rate at a 0-based step: linear warmup, then cosine decay to min_lr at max_steps.
     static double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps);
 
-    // Mean cross-entropy over the validation windows.
+    // Mean cross-entropy over the validation windows (a collective under data parallelism).
     double evaluate();
+
+    // This rank's index and the number of ranks (0 and 1 in one process).
+    int rank() const;
+    int ranks() const;
+    // Bytes of AdamW moments this rank holds (smaller by the rank count when sharded).
+    int64_t optimizer_bytes() const { return 2 * adam_m_.bytes(); }
 
   private:
     // The steps since the last progress report: what its averages are made of. Saved in
@@ -107,7 +137,19 @@ class Trainer {
     enum class StepOutcome { Applied, Skipped, Interrupted };
 
     Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string run_dir,
-            Backend& backend);
+            Backend& backend, DataParallel dp);
+    bool is_root() const { return rank() == 0; }
+    // should_stop, agreed over the ranks.
+    bool stop_requested(const StopPredicate& should_stop);
+    // Sums the micro-batches' gradients over the ranks (each rank's own share of them when the
+    // optimizer is sharded) and returns the global gradient norm.
+    double reduce_gradients();
+    // The AdamW step of this rank's moments, then (sharded) the all-gather of the weights.
+    void optimizer_step(const Backend::AdamWParams& hp);
+    // The full moments on rank 0 (a collective when sharded; empty on the other ranks).
+    void moments_to_host(std::vector<float>& m, std::vector<float>& v);
+    // This rank's part of the full moments `m`, `v` (host, num_params each) to the device.
+    void moments_from_host(const std::vector<float>& m, const std::vector<float>& v);
     void open_data();
     // The micro-batch `micro` of optimizer step `step`: inputs and shifted targets.
     void sample_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
@@ -142,6 +184,12 @@ class Trainer {
     TrainOptions options_;
     std::string run_dir_;
     Backend& backend_;
+    std::unique_ptr<Communicator> solo_;  // the communicator of a one-process run
+    Communicator* comm_ = nullptr;
+    // Sharded moments: this rank owns the parameters [rank * shard_, (rank + 1) * shard_) and,
+    // like every rank, the tail [ranks * shard_, num_params) that does not divide evenly.
+    bool sharded_ = false;
+    int64_t shard_ = 0, tail_ = 0;
     std::unique_ptr<RunDirLock> lock_;
     std::string tokenizer_path_;
     std::optional<TokenDataset> train_data_, val_data_;
@@ -157,6 +205,10 @@ class Trainer {
     // Timing of the current run() call, for the reports' throughput and ETA.
     std::chrono::steady_clock::time_point run_start_, last_report_time_;
     int64_t run_start_step_ = 0, last_report_step_ = 0;
+    double comm_seconds_ = 0.0;  // in collectives since the last report
+    // Runs a collective, adding its time to comm_seconds_.
+    template <class F>
+    void timed(F&& collective);
 };
 
 }  // namespace tmx
