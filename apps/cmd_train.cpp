@@ -171,16 +171,18 @@ void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Co
         }
     }
     const TrainOptions& run = trainer->options();
-    if (root && comm->size() > 1)
+    // Said whenever a communicator runs (TMX_FORCE_NCCL runs one on a single rank).
+    if (root && dynamic_cast<const SoloCommunicator*>(comm.get()) == nullptr)
         std::fprintf(stderr,
                      "data parallel: %s; global batch %lld sequences (--batch-size %lld x "
-                     "--grad-accum %lld x %d ranks); AdamW moments %s per rank%s\n",
+                     "--grad-accum %lld x %d rank%s); AdamW moments %s per rank%s\n",
                      comm->description().c_str(),
                      static_cast<long long>(run.batch_size * run.grad_accum),
                      static_cast<long long>(run.batch_size),
                      static_cast<long long>(run.grad_accum / comm->size()), comm->size(),
+                     comm->size() == 1 ? "" : "s",
                      fmt_bytes(static_cast<double>(trainer->optimizer_bytes())).c_str(),
-                     o.shard_optimizer ? " (sharded)" : "");
+                     o.shard_optimizer && comm->size() > 1 ? " (sharded)" : "");
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;  // the file writes in flight finish rather than fail with EINTR

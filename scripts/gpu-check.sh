@@ -29,7 +29,8 @@
 #               CUDA and Vulkan tests), sanitizers, bench (tmx bench: both precisions, the
 #               GEMM, Vulkan's profile), fit (the largest batch under 20 GB), flow
 #               (scripts/user-flow.sh on CUDA: generate, prepare, train, SIGINT, resume,
-#               eval, a refused batch), torch (PyTorch), l4 (the compute_89 PTX build's CUDA
+#               eval, a refused batch), dist (scripts/dist-check.sh: data-parallel training on
+#               NCCL, one GPU and, where there are several, all of them), torch (PyTorch), l4 (the compute_89 PTX build's CUDA
 #               tests and memcheck, run through the driver's JIT; not part of the default set).
 #               The full check takes longer than one 10-minute command on a lent machine;
 #               split it, e.g. `--only tests,sanitizers`, then `--only bench,flow`, then
@@ -69,8 +70,8 @@ done
 [ -n "$report" ] || { echo "usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--quick] [--only GROUPS]" >&2; exit 2; }
 for group in ${only//,/ }; do
   case "$group" in
-    tests|sanitizers|bench|fit|flow|torch|l4) ;;
-    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, flow, torch, l4)" >&2; exit 2 ;;
+    tests|sanitizers|bench|fit|flow|dist|torch|l4) ;;
+    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, flow, dist, torch, l4)" >&2; exit 2 ;;
   esac
 done
 # wanted GROUP: whether --only includes it (everything but l4 without --only).
@@ -208,6 +209,8 @@ if build "$build_dir" main; then
   # A user's commands on CUDA with their defaults (bf16), end to end; its files stay in the
   # build directory (checkpoints are too large for a report).
   wanted flow && step user-flow 300 bash "$root/scripts/user-flow.sh" "$tmx" cuda "$build_dir/user-flow"
+  # Data-parallel training: NCCL on one GPU against no communicator; N ranks where N GPUs are.
+  wanted dist && step dist 300 bash "$root/scripts/dist-check.sh" "$tmx" "$build_dir/dist-check"
   if [ $quick -eq 0 ] && wanted fit; then
     # Does training fit an L4? The largest batch (a multiple of 8) at T512 whose tensors, as
     # `tmx params` counts them in bf16, stay within 18 GiB, timed; fit-check then holds under

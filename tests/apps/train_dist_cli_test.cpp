@@ -124,6 +124,12 @@ class TrainDist : public ::testing::Test {
         return tmp_ / (run + "/step_" + std::string(8 - n.size(), '0') + n);
     }
 
+    // A shell loop that waits (up to 30 s) until the run has a step checkpoint.
+    std::string wait_for_checkpoint(const std::string& run) const {
+        return "for i in $(seq 300); do ls " + (tmp_ / run) +
+               " 2>/dev/null | grep -q '^step_[0-9]*$' && break; sleep 0.1; done\n";
+    }
+
     // The step of the run's latest step checkpoint, or -1.
     int64_t latest_step(const std::string& run) const {
         int64_t last = -1;
@@ -238,12 +244,8 @@ TEST_F(TrainDist, AKilledRankEndsTheJobAndTheLastCheckpointLoads) {
     // A long run; once its first checkpoint exists, rank 1 is killed with SIGKILL.
     const Shell r = script(
         "killed", mpirun(2) + cmd("killed", "--max-steps 1000000 --checkpoint-every 5", 0) +
-                      " &\njob=$!\n"
-                      "for i in $(seq 300); do [ -d " +
-                      ckpt("killed", 5) +
-                      " ] && break; sleep 0.1; done\n"
-                      "for p in $(pgrep -f -- '--out " +
-                      (tmp_ / "killed") +
+                      " &\njob=$!\n" + wait_for_checkpoint("killed") +
+                      "for p in $(pgrep -f -- '--out " + (tmp_ / "killed") +
                       " '); do\n"
                       "  grep -qz '^OMPI_COMM_WORLD_RANK=1$' /proc/$p/environ && kill -KILL $p\n"
                       "done\n"
@@ -268,11 +270,35 @@ TEST_F(TrainDist, AKilledRankEndsTheJobAndTheLastCheckpointLoads) {
     EXPECT_TRUE(fs::exists(ckpt("killed", static_cast<int>(last + 1)))) << resumed.log;
 }
 
+TEST_F(TrainDist, AHungRankEndsTheJobAfterTheCollectiveTimeout) {
+    // Rank 1 stopped (SIGSTOP) mid-run: rank 0 waits in its next collective, and after
+    // --collective-timeout ends the job, saying why.
+    const Shell r = script(
+        "hung",
+        mpirun(2) +
+            cmd("hung", "--max-steps 1000000 --checkpoint-every 5 --collective-timeout 3", 0, 100) +
+            " &\njob=$!\n" + wait_for_checkpoint("hung") + "for p in $(pgrep -f -- '--out " +
+            (tmp_ / "hung") +
+            " '); do\n"
+            "  grep -qz '^OMPI_COMM_WORLD_RANK=1$' /proc/$p/environ && kill -STOP $p\n"
+            "done\n"
+            "start=$(date +%s)\n"
+            "wait $job; rc=$?\n"
+            "echo \"ended after $(( $(date +%s) - start )) s\"\n"
+            "exit $rc\n");
+    EXPECT_NE(r.exit_code, 0) << r.log;
+    EXPECT_NE(r.log.find("tmx: rank 0: no progress in"), std::string::npos) << r.log;
+    const size_t at = r.log.find("ended after ");
+    ASSERT_NE(at, std::string::npos) << r.log;
+    EXPECT_LE(std::stoi(r.log.substr(at + 12)), 30) << r.log;
+    EXPECT_GE(latest_step("hung"), 5);
+}
+
 TEST_F(TrainDist, SigtermToTheLauncherWritesOneCheckpointAndTheRunResumes) {
     // mpirun passes SIGTERM to the ranks, then kills them after odls_base_sigkill_timeout
     // seconds (1 by default): the README says to give the checkpoint longer.
     const Shell r = script("stopped",
-                           "mpirun --mca odls_base_sigkill_timeout 10 --allow-run-as-root "
+                           "mpirun --mca odls_base_sigkill_timeout 5 --allow-run-as-root "
                            "--oversubscribe -np 2 " +
                                cmd("stopped", "--max-steps 1000000 --checkpoint-every 0", 0, 100) +
                                " &\njob=$!\nsleep 3\nkill -TERM $job\nwait $job\n");
