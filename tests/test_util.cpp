@@ -115,6 +115,15 @@ CommandResult run_tmx(const std::string& args) {
     return r;
 }
 
+std::string flat(const std::string& text) {
+    std::string out;
+    for (char c : text) {
+        const bool space = c == ' ' || c == '\n';
+        if (!space || (!out.empty() && out.back() != ' ')) out.push_back(space ? ' ' : c);
+    }
+    return out;
+}
+
 std::string source_dir() {
     return TMX_SOURCE_DIR;
 }

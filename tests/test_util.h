@@ -77,6 +77,10 @@ std::string shared_dir();
 
 void write_text(const std::string& path, const std::string& text);
 
+// The text with every run of spaces and newlines as one space: a phrase of a report is found
+// wherever the report wraps its lines.
+std::string flat(const std::string& text);
+
 // Token ids from a file of comma- or newline-separated integers (the fixtures' tokens.txt).
 std::vector<int32_t> read_token_file(const std::string& path);
 

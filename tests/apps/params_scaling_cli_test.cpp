@@ -14,16 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-// The text with every run of whitespace as one space: phrases survive the line wrapping.
-std::string flat(const std::string& text) {
-    std::string out;
-    for (char c : text) {
-        const bool space = c == ' ' || c == '\n';
-        if (!space || (!out.empty() && out.back() != ' ')) out.push_back(space ? ' ' : c);
-    }
-    return out;
-}
-
 std::string tiny_mixtral() {
     return test::source_dir() + "/assets/configs/tiny-mixtral.json";
 }
@@ -37,7 +27,7 @@ TEST(ParamsScalingCli, PrintsTheSectionOnlyWhenAskedFor) {
                       " --ranks 2,4,8 --interconnect nvlink,pcie4 --step-time 0.074 "
                       "--tokens-per-step 16384");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::string out = flat(r.out);
+    const std::string out = test::flat(r.out);
     for (const char* s :
          {"ESTIMATES from a simple model, not measurements", "172,442,624 parameters",
           "689,770,496 B", "74.00 ms per step, measured (--step-time)",
@@ -52,8 +42,9 @@ TEST(ParamsScalingCli, PrintsTheSectionOnlyWhenAskedFor) {
     // step estimated at an assumed peak and MFU).
     r = test::run_tmx("params --config " + tiny_mixtral() + " --mfu 0.1");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(flat(r.out).find("989 TFLOP/s peak (assumed: H100 SXM dense bf16) x MFU 0.1 (--mfu)"),
-              std::string::npos)
+    EXPECT_NE(
+        test::flat(r.out).find("989 TFLOP/s peak (assumed: H100 SXM dense bf16) x MFU 0.1 (--mfu)"),
+        std::string::npos)
         << r.out;
     EXPECT_NE(r.out.find("NVLink 4"), std::string::npos) << r.out;
 }

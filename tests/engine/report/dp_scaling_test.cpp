@@ -36,16 +36,6 @@ std::string usage_error(F f) {
     return "";
 }
 
-// The text with every run of whitespace as one space: phrases survive the line wrapping.
-std::string flat(const std::string& text) {
-    std::string out;
-    for (char c : text) {
-        const bool space = c == ' ' || c == '\n';
-        if (!space || (!out.empty() && out.back() != ' ')) out.push_back(space ? ' ' : c);
-    }
-    return out;
-}
-
 // A bandwidth given as a number, with the latency set to `latency_us` per ring step.
 ScalingOptions custom(double gb_per_s, double latency_us, std::vector<int64_t> ranks) {
     ScalingOptions o;
@@ -296,7 +286,7 @@ TEST(DpScaling, TextAndJsonSayTheyAreEstimates) {
     ScalingOptions o;
     o.interconnects = parse_interconnect_list("nvlink,pcie4", "--interconnect");
     const ScalingReport s = build_scaling_report(r, o);
-    const std::string text = flat(format_scaling_report(s));
+    const std::string text = test::flat(format_scaling_report(s));
     EXPECT_NE(text.find("ESTIMATES"), std::string::npos) << text;
     EXPECT_NE(text.find("not measurements"), std::string::npos) << text;
     EXPECT_NE(text.find("450 GB/s per-GPU bus bandwidth"), std::string::npos) << text;
