@@ -100,13 +100,14 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
                 std::snprintf(mfu, sizeof mfu, ", MFU %.1f%% of %.0f TFLOP/s (%s)", 100 * t.mfu,
                               t.peak_tflops,
                               t.peak_from_spec ? "the device's published peak" : "--peak-tflops");
+            char cpu[64] = "not checked: --no-train-check";
+            if (t.cpu_loss) std::snprintf(cpu, sizeof cpu, "cpu %.6f", *t.cpu_loss);
             std::printf(
                 "  training step (%s matmuls): %.0f tokens/s, %.2f model TFLOP/s%s, peak "
-                "memory %s (the step's engine tensors %s); loss %.6f (cpu "
-                "%.6f)\n",
+                "memory %s (the step's engine tensors %s); loss %.6f (%s)\n",
                 to_string(t.precision), t.tokens_per_s, t.model_tflops, mfu,
                 fmt_bytes(static_cast<double>(t.peak_bytes)).c_str(),
-                fmt_bytes(t.engine_bytes).c_str(), t.loss, t.cpu_loss);
+                fmt_bytes(t.engine_bytes).c_str(), t.loss, cpu);
         }
     }
 }
@@ -171,7 +172,7 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                 {"peak_bytes", t.peak_bytes},
                 {"engine_bytes", t.engine_bytes},
                 {"loss", t.loss},
-                {"cpu_loss", t.cpu_loss}};
+                {"cpu_loss", t.cpu_loss ? nlohmann::json(*t.cpu_loss) : nlohmann::json(nullptr)}};
     }
     return j;
 }
@@ -209,6 +210,10 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         ->check(in_range<int64_t>(1));
     sub->add_option("--train-seq", b.train_seq, "Tokens per sequence of the training step")
         ->check(in_range<int64_t>(1));
+    sub->add_flag_callback(
+        "--no-train-check", [&b] { b.train_check = false; },
+        "Do not check the training step's loss against an untimed CPU step on the same "
+        "batch (minutes on the CPU at a GPU's batch sizes)");
     sub->add_option("--precision", opts->precision,
                     "Matmul and attention precision of every measurement (but --gemm's fp32): auto "
                     "(each backend's default: bf16 on CUDA, fp32 elsewhere), fp32 or bf16; each "

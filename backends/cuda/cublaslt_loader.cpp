@@ -19,6 +19,7 @@
     X(cublasLtGetStatusName) \
     X(cublasLtGetStatusString) \
     X(cublasLtMatmul) \
+    X(cublasLtMatmulAlgoCheck) \
     X(cublasLtMatmulAlgoGetHeuristic) \
     X(cublasLtMatmulDescCreate) \
     X(cublasLtMatmulDescSetAttribute) \
@@ -121,6 +122,13 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatm
                                            size_t workspace_bytes, cudaStream_t stream) {
     return library().cublasLtMatmul(handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D,
                                     Ddesc, algo, workspace, workspace_bytes, stream);
+}
+cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoCheck(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result) {
+    return library().cublasLtMatmulAlgoCheck(handle, desc, Adesc, Bdesc, Cdesc, Ddesc, algo,
+                                             result);
 }
 cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,

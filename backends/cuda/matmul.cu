@@ -6,8 +6,10 @@
 // tolerances). The heuristic's algorithm is cached per problem (shape, precision, options,
 // pointer alignments, device); descriptors are cheap host objects made per call.
 //
-// Grouped: the expert offsets live on the device and are never read by the host (no sync), so
-// the kernels find their expert themselves. In fp32: 128x128 output tiles, 8-deep reduction
+// Grouped: at training's sizes in bf16, one cuBLASLt matmul per expert, after the host reads the
+// expert offsets (lt_grouped(): one sync per product). Otherwise own kernels: the offsets stay
+// on the device and are never read by the host (no sync), so the kernels find their expert
+// themselves. In fp32: 128x128 output tiles, 8-deep reduction
 // steps staged in shared memory, 256 threads computing 8x8 outputs each; row tiles are cut per
 // expert, so a tile never straddles two experts. Decode (a few slots) takes a matrix-vector
 // kernel instead. Every output element is summed by one thread in a fixed order:
@@ -29,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_common.cuh"
@@ -83,9 +86,21 @@ struct LtKey {
 std::mutex lt_cache_mutex;
 std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_cache;
 
+// The next power of two >= n (n >= 1): one cache entry for a range of sizes.
+int64_t size_bucket(int64_t n) {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    return b;
+}
+
 // out [M, N] = op(a) . op(b) (+ bias[N] through the BIAS epilogue) + beta * out, on cuBLASLt;
 // a and b hold operand_type elements (fp32, or bf16 with fp32 accumulation), out and bias fp32.
 // Returns false, having launched nothing, when the heuristic has no algorithm for it.
+//
+// varying_size: M and K change from call to call (an expert's share of the slots), so the
+// algorithm is cached per power-of-two bucket of M and K (one heuristic query per bucket, not
+// per routing) and checked for the exact problem (cublasLtMatmulAlgoCheck) before it runs; a
+// problem it does not fit asks the heuristic afresh.
 //
 // cuBLASLt is column-major: the row-major out [M, N] is the column-major out^T [N, M], so it
 // computes out^T = op(b)^T [N, K] . op(a)^T [K, M]. Its A operand is our b: stored [K, N]
@@ -95,7 +110,7 @@ std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_cache;
 // (ld N). The epilogue's bias runs along D's rows, i.e. along our N: bias[n] for out[:, n].
 bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a, const void* b,
                float* out, const float* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-               bool trans_b, float beta) {
+               bool trans_b, float beta, bool varying_size = false) {
     const char* op = "matmul";
     LtMatmulDesc desc;
     TMX_CUDA_CHECK(op, cublasLtMatmulDescCreate(&desc.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -130,9 +145,9 @@ bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a
     const LtKey key{
         .device = be.device().index,
         .operand_type = operand_type,
-        .M = M,
+        .M = varying_size ? size_bucket(M) : M,
         .N = N,
-        .K = K,
+        .K = varying_size ? size_bucket(K) : K,
         .trans_a = trans_a,
         .trans_b = trans_b,
         .bias_epilogue = bias != nullptr,
@@ -141,41 +156,54 @@ bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a
         .align_out = pointer_alignment(out),
         .align_bias = bias ? pointer_alignment(bias) : 0,
     };
+    const auto ask_heuristic = [&]() -> std::optional<cublasLtMatmulAlgo_t> {
+        LtPreference pref;
+        TMX_CUDA_CHECK(op, cublasLtMatmulPreferenceCreate(&pref.h));
+        const uint64_t workspace = be.cublaslt_workspace_bytes();
+        TMX_CUDA_CHECK(op, cublasLtMatmulPreferenceSetAttribute(
+                               pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                               sizeof(workspace)));
+        // cuBLASLt's A is our b, its B our a; C and D are both out.
+        const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out}};
+        for (const auto& [attr, value] : aligns)
+            TMX_CUDA_CHECK(
+                op, cublasLtMatmulPreferenceSetAttribute(pref.h, attr, &value, sizeof(value)));
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        // NOT_SUPPORTED means no algorithm for this configuration: cached as such.
+        const cublasStatus_t status =
+            cublasLtMatmulAlgoGetHeuristic(be.cublaslt(), desc.h, layout_b.h, layout_a.h,
+                                           layout_out.h, layout_out.h, pref.h, 1, &result, &found);
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+            cuda::check(status, op, "cublasLtMatmulAlgoGetHeuristic");
+        if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS)
+            return result.algo;
+        return std::nullopt;
+    };
     std::optional<cublasLtMatmulAlgo_t> algo;
+    bool asked = false;
     {
         std::lock_guard<std::mutex> lock(lt_cache_mutex);
         auto it = lt_cache.find(key);
-        if (it != lt_cache.end()) {
-            algo = it->second;
-        } else {
-            LtPreference pref;
-            TMX_CUDA_CHECK(op, cublasLtMatmulPreferenceCreate(&pref.h));
-            const uint64_t workspace = be.cublaslt_workspace_bytes();
-            TMX_CUDA_CHECK(op, cublasLtMatmulPreferenceSetAttribute(
-                                   pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                   sizeof(workspace)));
-            // cuBLASLt's A is our b, its B our a; C and D are both out.
-            const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
-                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
-                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out},
-                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out}};
-            for (const auto& [attr, value] : aligns)
-                TMX_CUDA_CHECK(
-                    op, cublasLtMatmulPreferenceSetAttribute(pref.h, attr, &value, sizeof(value)));
-            cublasLtMatmulHeuristicResult_t result{};
-            int found = 0;
-            // NOT_SUPPORTED means no algorithm for this configuration: cached as such.
-            const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-                be.cublaslt(), desc.h, layout_b.h, layout_a.h, layout_out.h, layout_out.h, pref.h,
-                1, &result, &found);
-            if (status != CUBLAS_STATUS_NOT_SUPPORTED)
-                cuda::check(status, op, "cublasLtMatmulAlgoGetHeuristic");
-            if (status == CUBLAS_STATUS_SUCCESS && found > 0 &&
-                result.state == CUBLAS_STATUS_SUCCESS)
-                algo = result.algo;
-            lt_cache.emplace(key, algo);
+        if (it == lt_cache.end()) {
+            it = lt_cache.emplace(key, ask_heuristic()).first;
+            asked = true;
         }
+        algo = it->second;
+    }
+    if (varying_size && !asked) {
+        // The bucket's algorithm was chosen for another size in it: run it only where it fits.
+        cublasLtMatmulHeuristicResult_t check{};
+        const bool fits =
+            algo &&
+            cublasLtMatmulAlgoCheck(be.cublaslt(), desc.h, layout_b.h, layout_a.h, layout_out.h,
+                                    layout_out.h, &*algo, &check) == CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= be.cublaslt_workspace_bytes();
+        if (!fits) algo = ask_heuristic();
     }
     if (!algo) return false;
     const float alpha = 1.0f;
@@ -197,6 +225,13 @@ __global__ void bias_rows_kernel(float* out, const float* bias, int64_t M, int64
         const float base = keep ? out[i] : 0.0f;
         out[i] = bias ? base + bias[i % N] : base;
     }
+}
+void launch_bias_rows(CudaBackend& be, float* out, const float* bias, int64_t M, int64_t N,
+                      bool keep, const char* op) {
+    const unsigned blocks = std::min<unsigned>(cuda::blocks_for(M * N, kThreads),
+                                               static_cast<unsigned>(be.device().sm_count) * 8);
+    bias_rows_kernel<<<blocks, kThreads, 0, be.stream()>>>(out, bias, M, N, keep);
+    be.check_launch(op);
 }
 
 // ---- bias_backward: column sums of d_out [M, N]
@@ -699,6 +734,90 @@ dim3 weight_grad_grid(int E, int Nout, int K, const char* op) {
                 static_cast<unsigned>(E));
 }
 
+// ---- grouped matmul: one cuBLASLt matmul per expert for training's batches
+
+// From this many slots per expert on average, bf16 grouped products run as one cuBLASLt matmul
+// per expert (Hopper's wgmma kernels: several times the tiled kernels' rate at training
+// shapes). The host then needs the offsets: one copy and stream sync per product, which costs
+// a few microseconds against products of a millisecond, and none below this size (decoding).
+constexpr int64_t kLtMinSlotsPerExpert = 256;
+
+// Whether the grouped products take the cuBLASLt path: bf16, enough slots, rows of a multiple
+// of 8 elements (so every expert's rows start 16-byte aligned in the contiguous bf16 operands),
+// and no CUDA graph being captured (the host cannot read the offsets inside one).
+bool lt_grouped(const CudaBackend& be, int64_t S, int64_t E, int64_t Nout, int64_t K,
+                const char* op) {
+    if (be.matmul_precision() != Precision::BF16 || S < kLtMinSlotsPerExpert * E || Nout % 8 != 0 ||
+        K % 8 != 0)
+        return false;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TMX_CUDA_CHECK(op, cudaStreamIsCapturing(be.stream(), &capture));
+    return capture == cudaStreamCaptureStatusNone;
+}
+
+// Expert e's slots [begin, end), as the kernels read the offsets (slot_bound): clamped to
+// [0, S], an end before its begin meaning no slots. Waits for the stream.
+std::vector<std::pair<int64_t, int64_t>> expert_slot_ranges(CudaBackend& be, const int32_t* offsets,
+                                                            int E, int S, const char* op) {
+    std::vector<int32_t> host(static_cast<size_t>(E) + 1);
+    TMX_CUDA_CHECK(op, cudaMemcpyAsync(host.data(), offsets, host.size() * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, be.stream()));
+    TMX_CUDA_CHECK(op, cudaStreamSynchronize(be.stream()));
+    const auto bound = [&](int e) { return std::clamp<int64_t>(host[e], 0, S); };
+    std::vector<std::pair<int64_t, int64_t>> ranges(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) ranges[e] = {bound(e), std::max(bound(e), bound(e + 1))};
+    return ranges;
+}
+
+void lt_grouped_matmul(const CudaBackend& be, const void* a, const void* b, float* out,
+                       const float* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+                       bool trans_b, float beta, const char* op) {
+    if (!lt_matmul(be, CUDA_R_16BF, a, b, out, bias, M, N, K, trans_a, trans_b, beta, true))
+        throw Error(std::string("cuda: ") + op + ": cuBLASLt has no bf16 algorithm for M=" +
+                    std::to_string(M) + ", N=" + std::to_string(N) + ", K=" + std::to_string(K));
+}
+
+// out[begin_e.., :] = x_e . w[e]^T (+ bias[e]) per expert. x [S, K] and w [E, Nout, K] as
+// contiguous bf16 rows (gemm_rows with K a multiple of 8).
+void lt_grouped_forward(CudaBackend& be, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                        const float* bias, const int32_t* offsets, int E, int S, int Nout, int K,
+                        float* out, const char* op) {
+    const auto ranges = expert_slot_ranges(be, offsets, E, S, op);
+    for (int e = 0; e < E; ++e) {
+        const auto [begin, end] = ranges[e];
+        if (begin == end) continue;
+        const int64_t rows = end - begin;
+        const float* b = bias ? bias + static_cast<int64_t>(e) * Nout : nullptr;
+        float* o = out + begin * Nout;
+        const __nv_bfloat16* xe = x + begin * K;
+        const __nv_bfloat16* we = w + static_cast<int64_t>(e) * Nout * K;
+        if (b && cuda::aligned16(b)) {  // the bias through the epilogue, as the dense matmul
+            lt_grouped_matmul(be, xe, we, o, b, rows, Nout, K, false, true, 0.0f, op);
+            continue;
+        }
+        if (b) launch_bias_rows(be, o, b, rows, Nout, false, op);
+        lt_grouped_matmul(be, xe, we, o, nullptr, rows, Nout, K, false, true, b ? 1.0f : 0.0f, op);
+    }
+}
+
+// Per expert: d_x[begin_e.., :] += d_out_e . w[e] and d_w[e] += d_out_e^T . x_e. d_out [S, Nout],
+// x [S, K], w [E, Nout, K] as contiguous bf16 rows.
+void lt_grouped_backward(CudaBackend& be, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                         const __nv_bfloat16* d_out, const int32_t* offsets, int E, int S, int Nout,
+                         int K, float* d_x, float* d_w, const char* op) {
+    const auto ranges = expert_slot_ranges(be, offsets, E, S, op);
+    for (int e = 0; e < E; ++e) {
+        const auto [begin, end] = ranges[e];
+        if (begin == end) continue;  // no slots: nothing to add (as the CPU skips the expert)
+        const int64_t rows = end - begin, w_offset = static_cast<int64_t>(e) * Nout * K;
+        const __nv_bfloat16* dy = d_out + begin * Nout;
+        lt_grouped_matmul(be, dy, w + w_offset, d_x + begin * K, nullptr, rows, K, Nout, false,
+                          false, 1.0f, op);
+        lt_grouped_matmul(be, dy, x + begin * K, d_w + w_offset, nullptr, Nout, K, rows, true,
+                          false, 1.0f, op);
+    }
+}
+
 }  // namespace
 
 cuda::Bf16Rows cuda::pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t cols, int64_t ld,
@@ -731,12 +850,7 @@ void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& ou
     if (M == 0 || N == 0) return;
     float* o = data<float>(out);
     const float* bias_p = bias.defined() ? data<float>(bias) : nullptr;
-    const auto bias_rows = [&](bool keep) {
-        const unsigned blocks = std::min<unsigned>(cuda::blocks_for(M * N, kThreads),
-                                                   static_cast<unsigned>(device().sm_count) * 8);
-        bias_rows_kernel<<<blocks, kThreads, 0, stream()>>>(o, bias_p, M, N, keep);
-        check_launch(op);
-    };
+    const auto bias_rows = [&](bool keep) { launch_bias_rows(*this, o, bias_p, M, N, keep, op); };
     if (K == 0) {  // an empty sum: out = bias or 0, or unchanged (+ bias) with accumulate
         if (!opts.accumulate || bias_p) bias_rows(opts.accumulate);
         return;
@@ -824,6 +938,11 @@ void CudaBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Te
                                                     Nout, K, bf16, data<float>(out));
             });
         });
+    } else if (lt_grouped(*this, S, E, Nout, K, op)) {
+        const cuda::Bf16Rows xa = gemm_rows(*this, x, K, op), wa = gemm_rows(*this, w, K, op);
+        lt_grouped_forward(*this, xa.data, wa.data, bias_p, data<int32_t>(offsets), E, S, Nout, K,
+                           data<float>(out), op);
+        return;
     } else if (bf16) {
         const cuda::Bf16Rows xa = gemm_rows(*this, x, K, op), wa = gemm_rows(*this, w, K, op);
         const GroupedBf16Args args{.a = as_operand(xa),
@@ -886,7 +1005,12 @@ void CudaBackend::grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w,
                                                int K, const Tensor& d_out, const Tensor& d_x,
                                                const Tensor& d_w, const Tensor& d_bias) {
     const char* op = "grouped_matmul_backward";
-    if (K > 0) {
+    if (K > 0 && lt_grouped(*this, S, E, Nout, K, op)) {
+        const cuda::Bf16Rows dy = gemm_rows(*this, d_out, Nout, op);
+        const cuda::Bf16Rows wa = gemm_rows(*this, w, K, op), xa = gemm_rows(*this, x, K, op);
+        lt_grouped_backward(*this, xa.data, wa.data, dy.data, offsets, E, S, Nout, K,
+                            data<float>(d_x), data<float>(d_w), op);
+    } else if (K > 0) {
         const cuda::Bf16Rows dy = gemm_rows(*this, d_out, Nout, op);
         {
             const cuda::Bf16Rows wa = gemm_rows(*this, w, K, op);

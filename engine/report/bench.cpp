@@ -63,7 +63,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             const Backend& be = other ? *other : *cpu;
             if (!be.supports_training()) continue;
             check(be, precision_of(be));
-            check(*cpu, precision_of(be));  // the reference step
+            if (o.train_check) check(*cpu, precision_of(be));  // the reference step
         }
     }
     Model cpu_model(config, *cpu);
@@ -128,8 +128,9 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
         compare_with_cpu(r.model, run, ref.run);
         if (o.train_batch > 0 && be.supports_training()) {
             r.train = measure_training(config, weights, be, o, precision);
-            r.train.cpu_loss = r.train.loss;
-            if (&be != cpu.get()) {  // the CPU's loss on the same batch, one untimed step
+            if (&be == cpu.get()) {
+                r.train.cpu_loss = r.train.loss;
+            } else if (o.train_check) {  // the CPU's loss on the same batch, one untimed step
                 BenchOptions once = o;
                 once.warmup = 0;
                 once.repeats = 1;

@@ -28,6 +28,9 @@ struct BenchOptions {
     // > 0: also time training steps (forward, backward, gradient norm, AdamW) of train_batch
     // sequences of train_seq tokens, on the backends that train.
     int64_t train_batch = 0, train_seq = 0;
+    // false: the training step's loss is not checked against an untimed CPU step on the same
+    // batch (which takes minutes at a GPU's batch sizes); TrainBench::cpu_loss stays unset.
+    bool train_check = true;
     // > 0: the device's peak for the training step's MFU; else the backend's published one
     // (Backend::spec_peak_tflops), where it knows it.
     double peak_tflops = 0;
@@ -91,8 +94,8 @@ struct TrainBench {
     // the backend's scratch inside ops, and whatever else the backend holds (the CPU: the
     // bench's reference model).
     double engine_bytes = 0;
-    double loss = 0;  // the step's cross-entropy, and the CPU's on the same batch
-    double cpu_loss = 0;
+    double loss = 0;                 // the step's cross-entropy, and the CPU's on the same batch
+    std::optional<double> cpu_loss;  // unset without BenchOptions::train_check
 };
 
 struct BackendBench {

@@ -140,9 +140,12 @@ TEST_P(Bf16Matmuls, GroupedMultipliesTheRoundedOperandsInFp32) {
         {65, 3, {4, 9, 1, 6, 2}},
         {128, 96, {0, 31, 33, 0, 1, 0, 64, 0}},
         {512, 260, {300, 0, 7, 200}},  // several tiles per expert, rows read as vectors
+        // >= 256 slots an expert, rows of a multiple of 8: one cuBLASLt matmul per expert on CUDA
+        {64, 40, {700, 0, 1, 600}},
+        {24, 16, {513, 511}},
     };
     for (const Case& c : cases)
-        for (bool with_bias : {false, true}) {
+        for (int with_bias : {0, 1, 2}) {  // none, a tensor of its own, a view at an odd offset
             const int64_t E = static_cast<int64_t>(c.counts.size());
             const Ids offsets = expert_offsets(c.counts);
             const int64_t S = offsets[E];
@@ -150,8 +153,13 @@ TEST_P(Bf16Matmuls, GroupedMultipliesTheRoundedOperandsInFp32) {
                          " bias=" + std::to_string(with_bias));
             const auto x = normal(S * c.K), w = normal(E * c.Nout * c.K), bias = normal(E * c.Nout);
             Tensor out = poisoned(be(), {S, c.Nout});
-            be().grouped_matmul(up(be(), x, {S, c.K}), up(be(), w, {E, c.Nout, c.K}),
-                                with_bias ? up(be(), bias, {E, c.Nout}) : Tensor{},
+            auto padded_bias = bias;  // with a first element outside the odd view
+            padded_bias.insert(padded_bias.begin(), 1.0f);
+            const Tensor bias_t =
+                with_bias == 0   ? Tensor{}
+                : with_bias == 1 ? up(be(), bias, {E, c.Nout})
+                                 : up(be(), padded_bias, {E * c.Nout + 1}).slice(1, {E, c.Nout});
+            be().grouped_matmul(up(be(), x, {S, c.K}), up(be(), w, {E, c.Nout, c.K}), bias_t,
                                 up_ids(be(), offsets, {E + 1}), out);
             const Vec bias_d = ref::to_double(bias);
             const Vec want = ref::grouped_matmul(rounded_d(x), S, c.K, rounded_d(w), E, c.Nout,
@@ -173,7 +181,8 @@ TEST_P(Bf16Matmuls, GroupedBackwardMultipliesTheRoundedOperandsInFp32) {
         {37, 65, {0, 20, 0, 17}},
         {129, 77, {64, 0, 1, 65}},
         {255, 193, {300, 0, 511, 190, 1, 0}},
-        {256, 136, {150, 0, 300}},  // rows read as vectors
+        {256, 136, {150, 0, 300}},   // rows read as vectors
+        {64, 40, {700, 0, 1, 600}},  // one cuBLASLt matmul per expert on CUDA (as above)
     };
     for (const Case& c : cases) {
         const int64_t E = static_cast<int64_t>(c.counts.size());

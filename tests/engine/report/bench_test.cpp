@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -84,7 +85,8 @@ void expect_equal_to_its_reference(const BackendBench& r) {
     EXPECT_EQ(r.model.greedy_matching, 4);
     ASSERT_TRUE(r.train.measured);
     EXPECT_EQ(r.train.precision, r.precision);
-    EXPECT_NEAR(r.train.loss, r.train.cpu_loss, 1e-6 * r.train.cpu_loss);
+    ASSERT_TRUE(r.train.cpu_loss.has_value());
+    EXPECT_NEAR(r.train.loss, *r.train.cpu_loss, 1e-6 * *r.train.cpu_loss);
 }
 
 TEST(BenchPrecision, EachBackendRunsInItsDefaultAndIsCheckedAgainstTheCpuInIt) {
@@ -98,6 +100,18 @@ TEST(BenchPrecision, EachBackendRunsInItsDefaultAndIsCheckedAgainstTheCpuInIt) {
     for (const BackendBench& r : results) expect_equal_to_its_reference(r);
     // The two precisions' runs are different computations: the bf16 loss is not the fp32 one.
     EXPECT_NE(results[0].train.loss, results[1].train.loss);
+}
+
+// Without the check the step is timed as before and no CPU step is taken: no CPU loss.
+TEST(BenchPrecision, WithoutTheTrainingCheckTheStepHasNoCpuLoss) {
+    BenchOptions o = tiny_bench({"cpu-bf16"});
+    o.train_check = false;
+    const std::vector<BackendBench> results = run_bench(test::test_config("test-tiny"), {}, o);
+    ASSERT_EQ(results.size(), 1u);
+    ASSERT_TRUE(results[0].train.measured);
+    EXPECT_GT(results[0].train.tokens_per_s, 0);
+    EXPECT_TRUE(std::isfinite(results[0].train.loss));
+    EXPECT_FALSE(results[0].train.cpu_loss.has_value());
 }
 
 TEST(BenchPrecision, AGivenPrecisionAppliesToEveryBackend) {
