@@ -1,7 +1,7 @@
-// Matmuls with a handful of rows against a weight matrix: the shape of decoding, where each
-// step multiplies one token per sequence by every weight matrix. The time is the one pass over
-// the weights that any method needs; BLAS's GEMM would first pack the weights into a buffer,
-// reading them once more and writing a copy, which roughly doubles a decode step.
+// Matmuls with a few rows (up to kSmallGemmRows) against a weight matrix: the shape of decoding,
+// where each step multiplies one token per sequence by every weight matrix. The time is the one
+// pass over the weights that any method needs; BLAS's GEMM would first pack the weights into a
+// buffer, reading them once more and writing a copy, which roughly doubles a decode step.
 #include <algorithm>
 
 #include "backends/cpu/cpu_backend.h"

@@ -412,31 +412,40 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
 
 double Trainer::reduce_gradients() {
     const Tensor& grads = model_->grads();
+    const int64_t N = ranks(), P = model_->num_params();
+    // The norm is summed from the parts the sharded optimizer owns (P / N elements each, then
+    // the tail), each part's sum of squares on the device and their total in double in part
+    // order: the same bits whether the optimizer is sharded or not, so clipping, and with it
+    // the whole run, is the same either way. One process: one part.
+    const int64_t part = P / N, tail = P - N * part;
+    std::vector<double> parts(static_cast<size_t>(N + 1), 0.0);
     Tensor sq = backend_.alloc({1});
-    float sumsq = 0.0f;
+    const auto sum_squares = [&](const Tensor& t) {
+        float sumsq = 0.0f;
+        backend_.sum_squares(t, sq);
+        backend_.download(sq, &sumsq);
+        return static_cast<double>(sumsq);
+    };
     if (!sharded_) {
         timed([&] { comm_->all_reduce_sum(backend_, grads); });
-        backend_.sum_squares(grads, sq);
-        backend_.download(sq, &sumsq);
-        return std::sqrt(static_cast<double>(sumsq));
-    }
-    const int64_t N = ranks();
-    const Tensor own = grads.slice(rank() * shard_, {shard_});
-    timed([&] { comm_->reduce_scatter_sum(backend_, grads.slice(0, {N * shard_}), own); });
-    backend_.sum_squares(own, sq);
-    backend_.download(sq, &sumsq);
-    std::vector<double> total = {static_cast<double>(sumsq)};
-    if (tail_ > 0) {
-        const Tensor tail = grads.slice(N * shard_, {tail_});
-        timed([&] { comm_->all_reduce_sum(backend_, tail); });
-        if (is_root()) {  // every rank has the tail: counted once
-            backend_.sum_squares(tail, sq);
-            backend_.download(sq, &sumsq);
-            total[0] += static_cast<double>(sumsq);
+        for (int64_t r = 0; r < N && part > 0; ++r)
+            parts[r] = sum_squares(grads.slice(r * part, {part}));
+        if (tail > 0) parts[N] = sum_squares(grads.slice(N * part, {tail}));
+    } else {
+        const Tensor own = grads.slice(rank() * shard_, {shard_});
+        timed([&] { comm_->reduce_scatter_sum(backend_, grads.slice(0, {N * shard_}), own); });
+        parts[rank()] = sum_squares(own);
+        if (tail_ > 0) {
+            const Tensor tail_grads = grads.slice(N * shard_, {tail_});
+            timed([&] { comm_->all_reduce_sum(backend_, tail_grads); });
+            if (is_root()) parts[N] = sum_squares(tail_grads);  // every rank has it: counted once
         }
+        // Each part has one contributor and zeros elsewhere: the sum over ranks is exact.
+        timed([&] { comm_->all_reduce_sum(parts); });
     }
-    timed([&] { comm_->all_reduce_sum(total); });
-    return std::sqrt(total[0]);
+    double total = 0.0;
+    for (double p : parts) total += p;
+    return std::sqrt(total);
 }
 
 void Trainer::optimizer_step(const Backend::AdamWParams& hp) {

@@ -308,7 +308,9 @@ TEST_P(OpTest, Matmul) {
          {65, 33, 3},
          {64, 64, 64},
          {130, 7, 257},
-         {2, 300, 129}},
+         {2, 300, 129},
+         {16, 37, 130},   // the CPU's few-rows path at its largest row count
+         {9, 521, 515}},  // the same with its threads (a weight matrix of 1 MB or more)
         [&](const MatmulVariant& v) {
             auto a = normal(v.M * v.K), b = normal(v.K * v.N);
             auto bias = normal(v.N), init = normal(v.M * v.N);
