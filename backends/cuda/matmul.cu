@@ -98,9 +98,9 @@ int64_t size_bucket(int64_t n) {
 // Returns false, having launched nothing, when the heuristic has no algorithm for it.
 //
 // varying_size: M and K change from call to call (an expert's share of the slots), so the
-// algorithm is cached per power-of-two bucket of M and K (one heuristic query per bucket, not
-// per routing) and checked for the exact problem (cublasLtMatmulAlgoCheck) before it runs; a
-// problem it does not fit asks the heuristic afresh.
+// algorithm is the heuristic's for the power-of-two bucket of M and K (one query per bucket, not
+// per routing), checked for the exact problem (cublasLtMatmulAlgoCheck) before it runs; a
+// problem it does not fit asks the heuristic for its own size.
 //
 // cuBLASLt is column-major: the row-major out [M, N] is the column-major out^T [N, M], so it
 // computes out^T = op(b)^T [N, K] . op(a)^T [K, M]. Its A operand is our b: stored [K, N]
@@ -137,10 +137,16 @@ bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a
         TMX_CUDA_CHECK(op, cublasLtMatrixLayoutCreate(&layout.h, type, static_cast<uint64_t>(rows),
                                                       static_cast<uint64_t>(cols), rows));
     };
-    LtLayout layout_b, layout_a, layout_out;  // cuBLASLt's A (our b), B (our a), C = D (out)
-    make_layout(layout_b, operand_type, trans_b ? K : N, trans_b ? N : K);
-    make_layout(layout_a, operand_type, trans_a ? M : K, trans_a ? K : M);
-    make_layout(layout_out, CUDA_R_32F, N, M);
+    struct Layouts {
+        LtLayout b, a, out;  // cuBLASLt's A (our b), B (our a), C = D (out)
+    };
+    const auto make_layouts = [&](Layouts& l, int64_t m, int64_t k) {
+        make_layout(l.b, operand_type, trans_b ? k : N, trans_b ? N : k);
+        make_layout(l.a, operand_type, trans_a ? m : k, trans_a ? k : m);
+        make_layout(l.out, CUDA_R_32F, N, m);
+    };
+    Layouts exact;
+    make_layouts(exact, M, K);
 
     const LtKey key{
         .device = be.device().index,
@@ -156,7 +162,7 @@ bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a
         .align_out = pointer_alignment(out),
         .align_bias = bias ? pointer_alignment(bias) : 0,
     };
-    const auto ask_heuristic = [&]() -> std::optional<cublasLtMatmulAlgo_t> {
+    const auto ask_heuristic = [&](const Layouts& l) -> std::optional<cublasLtMatmulAlgo_t> {
         LtPreference pref;
         TMX_CUDA_CHECK(op, cublasLtMatmulPreferenceCreate(&pref.h));
         const uint64_t workspace = be.cublaslt_workspace_bytes();
@@ -175,9 +181,8 @@ bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
         // NOT_SUPPORTED means no algorithm for this configuration: cached as such.
-        const cublasStatus_t status =
-            cublasLtMatmulAlgoGetHeuristic(be.cublaslt(), desc.h, layout_b.h, layout_a.h,
-                                           layout_out.h, layout_out.h, pref.h, 1, &result, &found);
+        const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+            be.cublaslt(), desc.h, l.b.h, l.a.h, l.out.h, l.out.h, pref.h, 1, &result, &found);
         if (status != CUBLAS_STATUS_NOT_SUPPORTED)
             cuda::check(status, op, "cublasLtMatmulAlgoGetHeuristic");
         if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS)
@@ -185,31 +190,33 @@ bool lt_matmul(const CudaBackend& be, cudaDataType_t operand_type, const void* a
         return std::nullopt;
     };
     std::optional<cublasLtMatmulAlgo_t> algo;
-    bool asked = false;
     {
         std::lock_guard<std::mutex> lock(lt_cache_mutex);
         auto it = lt_cache.find(key);
         if (it == lt_cache.end()) {
-            it = lt_cache.emplace(key, ask_heuristic()).first;
-            asked = true;
+            // A bucket's algorithm is the heuristic's for the bucket's own size, whatever size
+            // came first: the same in every process (a resumed run multiplies as the first did).
+            Layouts bucket;
+            if (varying_size) make_layouts(bucket, key.M, key.K);
+            it = lt_cache.emplace(key, ask_heuristic(varying_size ? bucket : exact)).first;
         }
         algo = it->second;
     }
-    if (varying_size && !asked) {
-        // The bucket's algorithm was chosen for another size in it: run it only where it fits.
+    if (varying_size) {
+        // The bucket's algorithm, run only where it fits this size; else this size's own.
         cublasLtMatmulHeuristicResult_t check{};
         const bool fits =
             algo &&
-            cublasLtMatmulAlgoCheck(be.cublaslt(), desc.h, layout_b.h, layout_a.h, layout_out.h,
-                                    layout_out.h, &*algo, &check) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoCheck(be.cublaslt(), desc.h, exact.b.h, exact.a.h, exact.out.h,
+                                    exact.out.h, &*algo, &check) == CUBLAS_STATUS_SUCCESS &&
             check.workspaceSize <= be.cublaslt_workspace_bytes();
-        if (!fits) algo = ask_heuristic();
+        if (!fits) algo = ask_heuristic(exact);
     }
     if (!algo) return false;
     const float alpha = 1.0f;
     TMX_CUDA_CHECK(
-        op, cublasLtMatmul(be.cublaslt(), desc.h, &alpha, b, layout_b.h, a, layout_a.h, &beta, out,
-                           layout_out.h, out, layout_out.h, &*algo, be.cublaslt_workspace(),
+        op, cublasLtMatmul(be.cublaslt(), desc.h, &alpha, b, exact.b.h, a, exact.a.h, &beta, out,
+                           exact.out.h, out, exact.out.h, &*algo, be.cublaslt_workspace(),
                            be.cublaslt_workspace_bytes(), be.stream()));
     return true;
 }
