@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include "engine/core/errors.h"
+#include "engine/core/threads.h"
 
 namespace tmx {
 
@@ -10,7 +11,10 @@ ServeLoop::ServeLoop(Model& model, const SchedulerOptions& options, int64_t max_
                      std::function<void(const std::string&)> on_failure)
     : scheduler_(model, options), max_waiting_(max_waiting), on_failure_(std::move(on_failure)) {
     stats_.slots = scheduler_.slots();
-    thread_ = std::thread([this] {
+    // OpenMP's thread count is per thread: a new thread starts from the default (every core),
+    // not from what this one was given (--threads), so the engine thread sets it again.
+    thread_ = std::thread([this, threads = num_threads()] {
+        set_num_threads(threads);
         // Named for top -H and profilers; the backend's worker threads it starts inherit it.
         pthread_setname_np(pthread_self(), "tmx-engine");
         run();

@@ -17,6 +17,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "engine/core/errors.h"
+#include "engine/core/threads.h"
 #include "engine/infer/serve_loop.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"
@@ -310,6 +311,32 @@ struct Outcomes {
         return done[key];
     }
 };
+
+// The engine thread computes with the thread count its creator was given (`tmx serve --threads`),
+// not OpenMP's default for a new thread (every core). 3 is neither this machine's default nor 1.
+TEST(ServeLoop, TheEngineThreadTakesItsCreatorsThreadCount) {
+    FaultyModel fm(test::fresh_seed());
+    Rng rng(test::fresh_seed());
+    SchedulerOptions so;
+    so.slots = 1;
+    Outcomes out;
+    const int before = num_threads();
+    const int wanted = before == 3 ? 4 : 3;
+    set_num_threads(wanted);
+    std::atomic<int> seen{0};
+    {
+        ServeLoop loop(*fm.model, so, 8, {});
+        SequenceRequest q = out.request(fm.prompt(rng, 3), 0, 2);
+        q.on_token = [&](int32_t, std::span<const float>) {  // runs on the engine thread
+            seen = num_threads();
+            return false;
+        };
+        ASSERT_TRUE(loop.submit(std::move(q)));
+        EXPECT_EQ(out.wait(0).stop_reason, StopReason::Length);
+    }
+    set_num_threads(before);
+    EXPECT_EQ(seen.load(), wanted);
+}
 
 TEST(ServeLoop, AFailedStepFailsItsRequestsAndTheNextAreServed) {
     FaultyModel fm(test::fresh_seed());
