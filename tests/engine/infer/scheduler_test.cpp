@@ -320,8 +320,11 @@ TEST(ServeLoop, TheEngineThreadTakesItsCreatorsThreadCount) {
     SchedulerOptions so;
     so.slots = 1;
     Outcomes out;
-    const int before = num_threads();
-    const int wanted = before == 3 ? 4 : 3;
+    struct RestoreThreads {  // the other tests of this process keep their count, on any exit
+        int before = num_threads();
+        ~RestoreThreads() { set_num_threads(before); }
+    } restore;
+    const int wanted = restore.before == 3 ? 4 : 3;
     set_num_threads(wanted);
     std::atomic<int> seen{0};
     {
@@ -334,7 +337,6 @@ TEST(ServeLoop, TheEngineThreadTakesItsCreatorsThreadCount) {
         ASSERT_TRUE(loop.submit(std::move(q)));
         EXPECT_EQ(out.wait(0).stop_reason, StopReason::Length);
     }
-    set_num_threads(before);
     EXPECT_EQ(seen.load(), wanted);
 }
 
