@@ -419,27 +419,31 @@ double Trainer::reduce_gradients() {
     // the whole run, is the same either way. One process: one part.
     const int64_t part = P / N, tail = P - N * part;
     std::vector<double> parts(static_cast<size_t>(N + 1), 0.0);
-    Tensor sq = backend_.alloc({1});
-    const auto sum_squares = [&](const Tensor& t) {
-        float sumsq = 0.0f;
-        backend_.sum_squares(t, sq);
-        backend_.download(sq, &sumsq);
-        return static_cast<double>(sumsq);
+    // Each part's sum of squares into its own element of sq, then one download for them all.
+    Tensor sq = backend_.alloc({N + 1});
+    backend_.fill(sq, 0.0f);
+    const auto download_parts = [&] {
+        std::vector<float> host(static_cast<size_t>(N + 1));
+        backend_.download(sq, host.data());
+        for (size_t i = 0; i < host.size(); ++i) parts[i] = static_cast<double>(host[i]);
     };
     if (!sharded_) {
         timed([&] { comm_->all_reduce_sum(backend_, grads); });
         for (int64_t r = 0; r < N && part > 0; ++r)
-            parts[r] = sum_squares(grads.slice(r * part, {part}));
-        if (tail > 0) parts[N] = sum_squares(grads.slice(N * part, {tail}));
+            backend_.sum_squares(grads.slice(r * part, {part}), sq.slice(r, {1}));
+        if (tail > 0) backend_.sum_squares(grads.slice(N * part, {tail}), sq.slice(N, {1}));
+        download_parts();
     } else {
         const Tensor own = grads.slice(rank() * shard_, {shard_});
         timed([&] { comm_->reduce_scatter_sum(backend_, grads.slice(0, {N * shard_}), own); });
-        parts[rank()] = sum_squares(own);
+        backend_.sum_squares(own, sq.slice(rank(), {1}));
         if (tail_ > 0) {
             const Tensor tail_grads = grads.slice(N * shard_, {tail_});
             timed([&] { comm_->all_reduce_sum(backend_, tail_grads); });
-            if (is_root()) parts[N] = sum_squares(tail_grads);  // every rank has it: counted once
+            // Every rank has the tail: counted once.
+            if (is_root()) backend_.sum_squares(tail_grads, sq.slice(N, {1}));
         }
+        download_parts();
         // Each part has one contributor and zeros elsewhere: the sum over ranks is exact.
         timed([&] { comm_->all_reduce_sum(parts); });
     }
