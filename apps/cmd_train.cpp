@@ -114,6 +114,7 @@ struct Options {
     TrainOptions train;
     BackendChoice backend;
     bool shard_optimizer = false;
+    double grad_bucket_mib = 16.0;
     double collective_timeout = 600.0;
 };
 
@@ -123,6 +124,16 @@ struct Flag {
     CLI::Option* opt;
 };
 
+// How the gradients are summed over the ranks, for the data-parallel line.
+std::string gradient_sums(const Options& o, int ranks) {
+    if (o.shard_optimizer && ranks > 1) return "gradients reduce-scattered after the backward pass";
+    if (o.grad_bucket_mib <= 0) return "gradients summed after the backward pass";
+    char text[96];
+    std::snprintf(text, sizeof text, "gradients summed during the backward pass in %g MiB buckets",
+                  o.grad_bucket_mib);
+    return text;
+}
+
 // Trains on this process's share of the job: `comm` (a rank of a data-parallel job, or one
 // process) becomes the backend's device communicator once the backend is open.
 void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Communicator>& comm) {
@@ -130,7 +141,10 @@ void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Co
     auto backend = o.backend.open(/*announce=*/false);
     comm = open_device_communicator(*backend, std::move(comm),
                                     {.collective_timeout_s = o.collective_timeout});
-    const DataParallel dp = {.comm = comm.get(), .shard_optimizer = o.shard_optimizer};
+    const DataParallel dp = {
+        .comm = comm.get(),
+        .shard_optimizer = o.shard_optimizer,
+        .bucket_bytes = static_cast<int64_t>(std::llround(o.grad_bucket_mib * (1 << 20)))};
     const bool root = comm->rank() == 0;
     std::unique_ptr<Trainer> trainer;
     if (!o.resume.empty()) {
@@ -175,14 +189,15 @@ void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Co
     if (root && dynamic_cast<const SoloCommunicator*>(comm.get()) == nullptr)
         std::fprintf(stderr,
                      "data parallel: %s; global batch %lld sequences (--batch-size %lld x "
-                     "--grad-accum %lld x %d rank%s); AdamW moments %s per rank%s\n",
+                     "--grad-accum %lld x %d rank%s); AdamW moments %s per rank%s; %s\n",
                      comm->description().c_str(),
                      static_cast<long long>(run.batch_size * run.grad_accum),
                      static_cast<long long>(run.batch_size),
                      static_cast<long long>(run.grad_accum / comm->size()), comm->size(),
                      comm->size() == 1 ? "" : "s",
                      fmt_bytes(static_cast<double>(trainer->optimizer_bytes())).c_str(),
-                     o.shard_optimizer && comm->size() > 1 ? " (sharded)" : "");
+                     o.shard_optimizer && comm->size() > 1 ? " (sharded)" : "",
+                     gradient_sums(o, comm->size()).c_str());
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;  // the file writes in flight finish rather than fail with EINTR
@@ -300,6 +315,13 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
     sub->add_flag("--shard-optimizer", o->shard_optimizer,
                   "Under mpirun: each rank keeps its share of the AdamW moments only (ZeRO-1), "
                   "the optimizer memory per rank divided by the rank count, the same steps");
+    sub->add_option("--grad-bucket-mb", o->grad_bucket_mib,
+                    "Under mpirun: the gradients are summed over the ranks in buckets of this "
+                    "many MiB, each started as soon as the backward pass has finished it, so the "
+                    "sums overlap the rest of the pass (0: one sum after the pass; the same "
+                    "results either way; --shard-optimizer reduce-scatters after the pass)")
+        ->check(CLI::Range(0.0, 1e6))
+        ->capture_default_str();
     sub->add_option("--collective-timeout", o->collective_timeout,
                     "Under mpirun: seconds a rank waits in a collective before it ends the job "
                     "(another rank hung or died; 0: wait forever)")

@@ -108,7 +108,38 @@ size_t ceil_div(size_t a, size_t b) {
     return (a + b - 1) / b;
 }
 
+// out = shares[0] + shares[1] + ... + shares[ranks - 1], element by element in that order, where
+// shares holds `ranks` runs of `count` floats: the one order every rank and every collective
+// here sums in.
+void sum_in_rank_order(const float* shares, size_t count, size_t ranks, float* out) {
+    std::copy(shares, shares + count, out);
+    for (size_t r = 1; r < ranks; ++r) {
+        const float* share = shares + r * count;
+        for (size_t i = 0; i < count; ++i) out[i] += share[i];
+    }
+}
+
 }  // namespace
+
+// Started sums exchange and gather on communicators of their own: each bucket's all-gather
+// starts when its exchange has completed on this rank, which differs between ranks, while
+// MPI wants the collectives of one communicator started in the same order everywhere. On
+// these two, each kind starts in bucket order on every rank.
+struct MpiCommunicator::SumComms {
+    MPI_Comm exchange = MPI_COMM_NULL, gather = MPI_COMM_NULL;
+};
+
+struct MpiCommunicator::Sum {
+    enum class Stage { Exchanging, Gathering, Done };
+    Backend* backend = nullptr;
+    Tensor piece;             // the bucket's elements of the tensor
+    size_t part = 0;          // elements per rank's part (the bucket padded to ranks * part)
+    std::vector<float> out;   // [ranks][part]: this rank's bucket, then every part's sum
+    std::vector<float> in;    // [ranks][part]: every rank's share of this rank's part
+    std::vector<float> mine;  // [part]: this rank's part, summed
+    MPI_Request request = MPI_REQUEST_NULL;
+    Stage stage = Stage::Done;
+};
 
 MpiCommunicator::MpiCommunicator(const MpiOptions& options) : bucket_(options.bucket_elements) {
     if (!(options.collective_timeout_s >= 0) || !std::isfinite(options.collective_timeout_s))
@@ -129,6 +160,10 @@ MpiCommunicator::MpiCommunicator(const MpiOptions& options) : bucket_(options.bu
     // Longer than anyone waits: a bound std::chrono can represent.
     const double timeout_s = std::min(options.collective_timeout_s, 1e9);
     if (timeout_s > 0) watchdog_ = std::make_unique<Watchdog>(rank_, timeout_s);
+    sum_comms_ = std::make_unique<SumComms>();
+    Watch watch(watchdog_.get(), "MPI_Comm_dup");
+    MPI_Comm_dup(MPI_COMM_WORLD, &sum_comms_->exchange);
+    MPI_Comm_dup(MPI_COMM_WORLD, &sum_comms_->gather);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -180,25 +215,72 @@ void MpiCommunicator::barrier() {
 
 void MpiCommunicator::all_reduce_sum(Backend& backend, const Tensor& t) {
     check_collective_tensors("all_reduce_sum", t, nullptr, size_);
+    start_all_reduce_sum(backend, t);
+    finish_sums();
+}
+
+void MpiCommunicator::start_all_reduce_sum(Backend& backend, const Tensor& t) {
+    check_collective_tensors("start_all_reduce_sum", t, nullptr, size_);
     const size_t n = static_cast<size_t>(t.numel()), ranks = static_cast<size_t>(size_);
     for (size_t at = 0; at < n; at += bucket_) {
-        const size_t len = std::min(bucket_, n - at);
-        // Reduce-scatter wants equal parts: pad with zeros to a multiple of the rank count.
-        const size_t part = ceil_div(len, ranks);
-        staging_.resize(std::max(staging_.size(), part * ranks));
-        part_.resize(std::max(part_.size(), part));
-        const Tensor piece = t.slice(static_cast<int64_t>(at), {static_cast<int64_t>(len)});
-        backend.download(piece, staging_.data());
-        std::fill(staging_.begin() + len, staging_.begin() + part * ranks, 0.0f);
-        {
-            Watch watch(watchdog_.get(), "all_reduce_sum");
-            MPI_Reduce_scatter_block(staging_.data(), part_.data(), as_count(part), MPI_FLOAT,
-                                     MPI_SUM, MPI_COMM_WORLD);
-            MPI_Allgather(part_.data(), as_count(part), MPI_FLOAT, staging_.data(), as_count(part),
-                          MPI_FLOAT, MPI_COMM_WORLD);
+        while (sums_.size() >= kSumsInFlight) advance_sums(/*wait=*/true);
+        std::unique_ptr<Sum> sum;
+        if (spare_.empty()) {
+            sum = std::make_unique<Sum>();
+        } else {
+            sum = std::move(spare_.back());
+            spare_.pop_back();
         }
-        backend.upload(piece, staging_.data());
+        const size_t len = std::min(bucket_, n - at);
+        // Parts of equal size: the bucket padded with zeros to a multiple of the rank count.
+        sum->part = ceil_div(len, ranks);
+        sum->out.resize(sum->part * ranks);
+        sum->in.resize(sum->part * ranks);
+        sum->mine.resize(sum->part);
+        sum->backend = &backend;
+        sum->piece = t.slice(static_cast<int64_t>(at), {static_cast<int64_t>(len)});
+        backend.download(sum->piece, sum->out.data());
+        std::fill(sum->out.begin() + len, sum->out.end(), 0.0f);
+        MPI_Ialltoall(sum->out.data(), as_count(sum->part), MPI_FLOAT, sum->in.data(),
+                      as_count(sum->part), MPI_FLOAT, sum_comms_->exchange, &sum->request);
+        sum->stage = Sum::Stage::Exchanging;
+        sums_.push_back(std::move(sum));
     }
+}
+
+void MpiCommunicator::advance_sums(bool wait) {
+    if (sums_.empty()) return;
+    if (wait) {
+        Watch watch(watchdog_.get(), "all_reduce_sum");
+        MPI_Wait(&sums_.front()->request, MPI_STATUS_IGNORE);  // then tested as done below
+    }
+    const size_t ranks = static_cast<size_t>(size_);
+    for (auto& sum : sums_) {
+        int done = 0;
+        if (sum->stage == Sum::Stage::Exchanging) {
+            MPI_Test(&sum->request, &done, MPI_STATUS_IGNORE);
+            // The later buckets are exchanging too: their gathers start after this one's.
+            if (!done) break;
+            sum_in_rank_order(sum->in.data(), sum->part, ranks, sum->mine.data());
+            MPI_Iallgather(sum->mine.data(), as_count(sum->part), MPI_FLOAT, sum->out.data(),
+                           as_count(sum->part), MPI_FLOAT, sum_comms_->gather, &sum->request);
+            sum->stage = Sum::Stage::Gathering;
+        } else if (sum->stage == Sum::Stage::Gathering) {
+            MPI_Test(&sum->request, &done, MPI_STATUS_IGNORE);
+            if (!done) continue;
+            sum->backend->upload(sum->piece, sum->out.data());
+            sum->stage = Sum::Stage::Done;
+        }
+    }
+    while (!sums_.empty() && sums_.front()->stage == Sum::Stage::Done) {
+        sums_.front()->piece = Tensor{};
+        spare_.push_back(std::move(sums_.front()));
+        sums_.pop_front();
+    }
+}
+
+void MpiCommunicator::finish_sums() {
+    while (!sums_.empty()) advance_sums(/*wait=*/true);
 }
 
 void MpiCommunicator::reduce_scatter_sum(Backend& backend, const Tensor& t, const Tensor& shard) {
@@ -213,11 +295,13 @@ void MpiCommunicator::reduce_scatter_sum(Backend& backend, const Tensor& t, cons
         for (size_t r = 0; r < ranks; ++r)
             backend.download(t.slice(static_cast<int64_t>(r * n + at), {static_cast<int64_t>(len)}),
                              staging_.data() + r * len);
+        received_.resize(std::max(received_.size(), len * ranks));
         {
             Watch watch(watchdog_.get(), "reduce_scatter_sum");
-            MPI_Reduce_scatter_block(staging_.data(), part_.data(), as_count(len), MPI_FLOAT,
-                                     MPI_SUM, MPI_COMM_WORLD);
+            MPI_Alltoall(staging_.data(), as_count(len), MPI_FLOAT, received_.data(), as_count(len),
+                         MPI_FLOAT, MPI_COMM_WORLD);
         }
+        sum_in_rank_order(received_.data(), len, ranks, part_.data());
         backend.upload(shard.slice(static_cast<int64_t>(at), {static_cast<int64_t>(len)}),
                        part_.data());
     }

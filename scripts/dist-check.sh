@@ -33,16 +33,21 @@ sys.exit(0 if worst <= tol else 1)
 PY
 }
 train one-gpu
-TMX_FORCE_NCCL=1 train one-gpu-nccl 2>&1 | tee "$work/nccl.log"
+# The gradient sums started during the backward pass (1 MiB buckets: several per pass of the
+# demo model, on NCCL's own stream), then one sum after the pass.
+TMX_FORCE_NCCL=1 train one-gpu-nccl --grad-bucket-mb 1 2>&1 | tee "$work/nccl.log"
 grep -q "NCCL" "$work/nccl.log" || { echo "dist-check: the NCCL communicator was not used" >&2; exit 1; }
 compare one-gpu one-gpu-nccl 0
+TMX_FORCE_NCCL=1 train one-gpu-nccl-after --grad-bucket-mb 0
+compare one-gpu one-gpu-nccl-after 0
 gpus=$(nvidia-smi -L | wc -l)
 if [ "$gpus" -ge 2 ] && command -v mpirun > /dev/null; then
   mpi=(mpirun --allow-run-as-root -np "$gpus")
   train accumulated --grad-accum "$gpus"
   "${mpi[@]}" "$tmx" train --config "$root/assets/demo/config.json" --data "$work/data" \
     --out "$work/ranks" --backend cuda --precision fp32 --batch-size 4 --seq-len 64 \
-    --max-steps 20 --log-every 1 --eval-every 10 --eval-batches 2 --warmup-steps 5
+    --max-steps 20 --log-every 1 --eval-every 10 --eval-batches 2 --warmup-steps 5 \
+    --grad-bucket-mb 1
   compare accumulated ranks 1e-4
   "${mpi[@]}" "$tmx" train --config "$root/assets/demo/config.json" --data "$work/data" \
     --out "$work/sharded" --backend cuda --precision fp32 --batch-size 4 --seq-len 64 \

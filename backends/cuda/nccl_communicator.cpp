@@ -83,6 +83,8 @@ NcclCommunicator::NcclCommunicator(CudaBackend& backend, std::unique_ptr<Communi
 }
 
 NcclCommunicator::~NcclCommunicator() {
+    if (sum_ready_) cudaEventDestroy(sum_ready_);
+    if (sum_stream_) cudaStreamDestroy(sum_stream_);  // returns at once; freed once idle
     if (!comm_) return;
     // Leaving on an error: peers may never finish with us, so do not wait for them.
     if (std::uncaught_exceptions() > 0) {
@@ -128,8 +130,8 @@ void NcclCommunicator::wait_issued(const char* op, int result) {
     if (state != ncclSuccess) fail(op, nccl_error(state));
 }
 
-void NcclCommunicator::wait_done(const char* op) {
-    const cudaStream_t stream = backend_.stream();
+void NcclCommunicator::wait_done(const char* op, cudaStream_t stream) {
+    if (!stream) stream = backend_.stream();
     cudaError_t cuda = cudaSuccess;
     ncclResult_t state = ncclSuccess;
     const bool settled = poll_until(timeout_s_, [&] {
@@ -143,6 +145,11 @@ void NcclCommunicator::wait_done(const char* op) {
     if (!settled) fail(op, "");
     if (state != ncclSuccess && state != ncclInProgress) fail(op, nccl_error(state));
     if (cuda != cudaSuccess) fail(op, std::string("CUDA: ") + cudaGetErrorString(cuda));
+}
+
+void NcclCommunicator::check_cuda(const char* op, const char* call, int error) {
+    const auto e = static_cast<cudaError_t>(error);
+    if (e != cudaSuccess) fail(op, std::string(call) + ": " + cudaGetErrorString(e));
 }
 
 void NcclCommunicator::fail(const char* op, const std::string& why) {
@@ -170,6 +177,35 @@ void NcclCommunicator::all_reduce_sum(Backend& backend, const Tensor& t) {
     wait_issued(op, ncclAllReduce(p, p, static_cast<size_t>(t.numel()), ncclFloat32, ncclSum, comm_,
                                   backend_.stream()));
     wait_done(op);
+}
+
+void NcclCommunicator::start_all_reduce_sum(Backend& backend, const Tensor& t) {
+    const char* op = "start_all_reduce_sum";
+    check_backend(backend, op);
+    check_collective_tensors(op, t, nullptr, size_);
+    if (t.numel() == 0) return;
+    if (!sum_stream_) {
+        check_cuda(op, "cudaStreamCreateWithFlags",
+                   cudaStreamCreateWithFlags(&sum_stream_, cudaStreamNonBlocking));
+        check_cuda(op, "cudaEventCreateWithFlags",
+                   cudaEventCreateWithFlags(&sum_ready_, cudaEventDisableTiming));
+    }
+    // After what the backend's stream has been given so far (t's last writes among it); what
+    // it is given next runs beside the sum.
+    check_cuda(op, "cudaEventRecord", cudaEventRecord(sum_ready_, backend_.stream()));
+    check_cuda(op, "cudaStreamWaitEvent", cudaStreamWaitEvent(sum_stream_, sum_ready_, 0));
+    float* p = CudaBackend::data<float>(t);
+    wait_issued(op, ncclAllReduce(p, p, static_cast<size_t>(t.numel()), ncclFloat32, ncclSum, comm_,
+                                  sum_stream_));
+    sums_started_ = true;
+}
+
+void NcclCommunicator::finish_sums() {
+    if (!sums_started_) return;
+    sums_started_ = false;
+    // The host waits for the sums (bounded, watching NCCL's error state), so whatever the
+    // backend's stream is given from here on runs after them.
+    wait_done("finish_sums", sum_stream_);
 }
 
 void NcclCommunicator::reduce_scatter_sum(Backend& backend, const Tensor& t, const Tensor& shard) {

@@ -10,7 +10,10 @@
 //
 // A tensor collective returns once its result is on the device (it waits for the backend's
 // stream, so also for the work enqueued before it). NCCL's all-reduce algorithms all end by
-// sending one reduced copy to every rank, so every rank gets the same bits.
+// sending one reduced copy to every rank, so every rank gets the same bits. A started sum
+// (start_all_reduce_sum) runs on a stream of its own after the work the backend's stream had
+// when it started, so the kernels enqueued afterwards (the rest of a backward pass) run beside
+// it; finish_sums() waits for it, bounded like the others.
 #pragma once
 
 #include <memory>
@@ -19,7 +22,9 @@
 
 #include "engine/dist/communicator.h"
 
-struct ncclComm;  // nccl.h: ncclComm_t is a pointer to it
+struct ncclComm;     // nccl.h: ncclComm_t is a pointer to it
+struct CUstream_st;  // cuda_runtime.h: cudaStream_t is a pointer to it
+struct CUevent_st;   // and cudaEvent_t to this
 
 namespace tmx {
 
@@ -49,6 +54,9 @@ class NcclCommunicator final : public Communicator {
     void all_gather(Backend& backend, const Tensor& shard, const Tensor& t) override;
     void broadcast(Backend& backend, const Tensor& t, int root) override;
 
+    void start_all_reduce_sum(Backend& backend, const Tensor& t) override;
+    void finish_sums() override;
+
     [[noreturn]] void abort(const std::string& message, int code) override;
 
   private:
@@ -56,8 +64,10 @@ class NcclCommunicator final : public Communicator {
     // After an NCCL call that returned `result` (an ncclResult_t): waits, bounded, until NCCL
     // has finished the call's host side (ncclInProgress on a non-blocking communicator).
     void wait_issued(const char* op, int result);
-    // Waits, bounded, until the backend's stream has run the collective.
-    void wait_done(const char* op);
+    // Waits, bounded, until `stream` (the backend's by default) has run the collective.
+    void wait_done(const char* op, CUstream_st* stream = nullptr);
+    // A CUDA runtime call's error code: fail() unless it is cudaSuccess (0).
+    void check_cuda(const char* op, const char* call, int error);
     [[noreturn]] void fail(const char* op, const std::string& why);
 
     CudaBackend& backend_;
@@ -65,6 +75,11 @@ class NcclCommunicator final : public Communicator {
     ncclComm* comm_ = nullptr;
     int rank_ = 0, size_ = 1;
     double timeout_s_ = 0;
+    // Started sums: their stream, made on first use, and the event that orders it after the
+    // backend's stream.
+    CUstream_st* sum_stream_ = nullptr;
+    CUevent_st* sum_ready_ = nullptr;
+    bool sums_started_ = false;
 };
 
 // A NcclCommunicator on `backend`, which must be the CUDA backend (std::logic_error otherwise).

@@ -43,6 +43,21 @@ class Communicator {
     // root's t to every rank.
     virtual void broadcast(Backend& backend, const Tensor& t, int root) = 0;
 
+    // ---- overlapped sums (gradient buckets summed while the backward pass goes on)
+    // Starts summing t over the ranks, in place, with the result bits all_reduce_sum(backend, t)
+    // gives; nothing may read or write t until finish_sums() returns. The work enqueued on the
+    // backend before the call is what is summed (a device backend need not have run it yet).
+    // Every rank starts the same sums in the same order, and calls finish_sums() before its next
+    // other collective. This default sums at once.
+    virtual void start_all_reduce_sum(Backend& backend, const Tensor& t) {
+        all_reduce_sum(backend, t);
+    }
+    // Moves the started sums on without waiting: for transports that progress only inside the
+    // caller's calls (MPI's non-blocking collectives). Cheap; call it between pieces of work.
+    virtual void progress_sums() {}
+    // Returns once every started sum is final (work enqueued on the backend afterwards sees it).
+    virtual void finish_sums() {}
+
     // Ends every rank of the job with exit status `code`, after `message` (printed by this
     // rank, prefixed with its rank, when not empty).
     [[noreturn]] virtual void abort(const std::string& message, int code) = 0;

@@ -649,7 +649,7 @@ ForwardResult Model::run_forward(const std::vector<int32_t>& tokens, int64_t B, 
     return result;
 }
 
-void Model::backward(float loss_scale) {
+void Model::backward(float loss_scale, const GradsFinal& grads_final_from) {
     if (saved_.layers.empty() || !saved_.head.d_normed.defined())
         throw std::logic_error("backward: no forward pass with kept activations since the last");
     const ModelConfig& c = config_;
@@ -678,6 +678,16 @@ void Model::backward(float loss_scale) {
     be.norm_backward(c.norm_type, saved_.h_final, final_norm_w_, d_a, eps, dh,
                      view(g, "model.norm.weight"),
                      c.has_norm_bias() ? view(g, "model.norm.bias") : Tensor{});
+    // Each layer's parameters are one run of the layout, the final norm and an untied head
+    // after the last layer's, the embedding before the first's.
+    const auto finished = [&](int64_t offset) {
+        if (grads_final_from) grads_final_from(offset);
+    };
+    const auto layer_start = [&](int64_t l) {
+        return layout_.find("model.layers." + std::to_string(l) + ".input_layernorm.weight")
+            ->offset;
+    };
+    finished(layout_.find("model.norm.weight")->offset);
 
     for (int64_t l = c.n_layers - 1; l >= 0; --l) {
         const LayerWeights& w = layers_[l];  // norms
@@ -728,8 +738,10 @@ void Model::backward(float loss_scale) {
         be.linear_backward(a.a1, m.wv, d_v, d_a, gw.wv, gw.bv);
         be.norm_backward(c.norm_type, a.h_in, w.input_norm_w, d_a, eps, dh, gw.input_norm_w,
                          gw.input_norm_b);
+        finished(layer_start(l));
     }
     be.embedding_backward(saved_.ids, dh, view(g, "model.embed_tokens.weight"));
+    finished(0);
     saved_ = {};  // the activations are spent: free them before the next step makes its own
 }
 

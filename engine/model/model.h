@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -136,7 +137,13 @@ class Model {
     // Gradients of loss_scale * (mean cross-entropy + router_aux_loss_coef * aux) of the last
     // forward(..., keep_activations = true), accumulated into grads(). The aux gradient flows
     // through the mean router probabilities only.
-    void backward(float loss_scale = 1.0f);
+    //
+    // grads_final_from(offset), where given, is called as the pass goes, each time with a lower
+    // offset: this pass writes no gradient at [offset, num_params()) any more (the head and the
+    // final norm, then each layer from the last, then the embedding: 0). A data-parallel trainer
+    // starts summing those gradients over the ranks while the pass goes on.
+    using GradsFinal = std::function<void(int64_t offset)>;
+    void backward(float loss_scale = 1.0f, const GradsFinal& grads_final_from = {});
     // Frees what the last forward(..., keep_activations = true) kept, when no backward() will
     // follow (a step rejected for a non-finite loss).
     void discard_activations() { saved_ = {}; }

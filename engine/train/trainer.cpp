@@ -101,6 +101,11 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
     sharded_ = dp.shard_optimizer && N > 1;
     shard_ = sharded_ ? P / N : P;
     tail_ = sharded_ ? P - N * shard_ : 0;
+    if (dp.bucket_bytes < 0) throw std::invalid_argument("DataParallel: bucket_bytes < 0");
+    const int64_t bucket = dp.bucket_bytes / static_cast<int64_t>(sizeof(float));
+    // Also on one rank: a one-rank NCCL communicator (TMX_FORCE_NCCL) runs the started sums;
+    // the solo communicator's are no-ops.
+    bucket_elements_ = !sharded_ && dp.bucket_bytes > 0 ? std::max<int64_t>(bucket, 1) : 0;
     adam_m_ = backend_.alloc({shard_ + tail_});
     adam_v_ = backend_.alloc({shard_ + tail_});
     backend_.fill(adam_m_, 0.0f);
@@ -359,6 +364,8 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     double loss = 0.0, aux = 0.0, bad_loss = 0.0, bad_aux = 0.0;
     const float micro_scale = 1.0f / static_cast<float>(options_.grad_accum);
     const int64_t local_micros = options_.grad_accum / ranks();
+    // The last micro-batch's backward pass waits for the step's figures: it may start gradient
+    // sums, which every rank must start alike, so only once every rank knows the step is finite.
     for (int64_t micro = 0; micro < local_micros; ++micro) {
         // Nothing of the step is applied yet: dropping it here loses nothing a resume redoes.
         if (stop_requested(should_stop)) return StepOutcome::Interrupted;
@@ -371,8 +378,8 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
             (std::isfinite(r.loss) ? bad_aux : bad_loss) += 1.0;
             continue;
         }
-        m.backward(micro_scale);
         add_slots(slots, r.expert_slots);
+        if (micro + 1 < local_micros) m.backward(micro_scale);
     }
     // The step's figures over all ranks: every rank decides alike whether to apply it.
     std::vector<double> figures = {loss, aux, bad_loss, bad_aux};
@@ -386,7 +393,10 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
         return reject_nonfinite(figures[2] > 0 ? "loss" : "aux loss", loss, aux, std::nullopt);
     for (size_t i = 4; i < figures.size(); ++i)  // counts, exact in a double
         slots[(i - 4) / experts][(i - 4) % experts] = static_cast<int64_t>(figures[i]);
-    const double grad_norm = reduce_gradients();
+    // Every rank's last micro-batch was finite, so every rank has its backward pass due.
+    const bool overlap = bucket_elements_ > 0;
+    m.backward(micro_scale, overlap ? start_gradient_sums() : Model::GradsFinal{});
+    const double grad_norm = reduce_gradients(overlap);
     if (!std::isfinite(grad_norm)) return reject_nonfinite("gradient norm", loss, aux, grad_norm);
     // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
     const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
@@ -410,7 +420,21 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     return StepOutcome::Applied;
 }
 
-double Trainer::reduce_gradients() {
+Model::GradsFinal Trainer::start_gradient_sums() {
+    // [from, unsent) is final and not yet started; the pass reports lower offsets as it goes.
+    return [this, unsent = model_->num_params()](int64_t from) mutable {
+        const Tensor& grads = model_->grads();
+        timed([&] {
+            if (unsent - from >= bucket_elements_ || (from == 0 && unsent > 0)) {
+                comm_->start_all_reduce_sum(backend_, grads.slice(from, {unsent - from}));
+                unsent = from;
+            }
+            comm_->progress_sums();
+        });
+    };
+}
+
+double Trainer::reduce_gradients(bool started) {
     const Tensor& grads = model_->grads();
     const int64_t N = ranks(), P = model_->num_params();
     // The norm is summed from the parts the sharded optimizer owns (P / N elements each, then
@@ -428,7 +452,10 @@ double Trainer::reduce_gradients() {
         for (size_t i = 0; i < host.size(); ++i) parts[i] = static_cast<double>(host[i]);
     };
     if (!sharded_) {
-        timed([&] { comm_->all_reduce_sum(backend_, grads); });
+        if (started)
+            timed([&] { comm_->finish_sums(); });
+        else
+            timed([&] { comm_->all_reduce_sum(backend_, grads); });
         for (int64_t r = 0; r < N && part > 0; ++r)
             backend_.sum_squares(grads.slice(r * part, {part}), sq.slice(r, {1}));
         if (tail > 0) backend_.sum_squares(grads.slice(N * part, {tail}), sq.slice(N, {1}));

@@ -76,6 +76,11 @@ struct DataParallel {
     // reduce-scattered, the stepped weights all-gathered). The same steps as replicated moments,
     // up to the order of the gradient norm's sum; no effect on one rank.
     bool shard_optimizer = false;
+    // Replicated moments: the last micro-batch's backward pass hands its finished gradients to
+    // the communicator in buckets of at least this many bytes, so that summing them over the
+    // ranks overlaps the rest of the pass. 0: one sum after the pass. The same bits either way.
+    // (Sharded moments reduce-scatter after the pass.)
+    int64_t bucket_bytes = int64_t{16} << 20;
 };
 
 class RunDirLock;
@@ -143,7 +148,12 @@ class Trainer {
     bool stop_requested(const StopPredicate& should_stop);
     // Sums the micro-batches' gradients over the ranks (each rank's own share of them when the
     // optimizer is sharded) and returns the global gradient norm.
-    double reduce_gradients();
+    // The step's gradients summed over the ranks and their global norm. `started`: the backward
+    // pass started the sums of all of them (replicated moments, overlapped buckets).
+    double reduce_gradients(bool started);
+    // The hook the last backward pass of a step calls (Model::GradsFinal): starts summing each
+    // run of finished gradients once it holds bucket_elements_ (and the last run at offset 0).
+    Model::GradsFinal start_gradient_sums();
     // The AdamW step of this rank's moments, then (sharded) the all-gather of the weights.
     void optimizer_step(const Backend::AdamWParams& hp);
     // The full moments on rank 0 (a collective when sharded; empty on the other ranks).
@@ -190,6 +200,8 @@ class Trainer {
     // like every rank, the tail [ranks * shard_, num_params) that does not divide evenly.
     bool sharded_ = false;
     int64_t shard_ = 0, tail_ = 0;
+    // Gradients per overlapped bucket (DataParallel::bucket_bytes); 0: no overlap.
+    int64_t bucket_elements_ = 0;
     std::unique_ptr<RunDirLock> lock_;
     std::string tokenizer_path_;
     std::optional<TokenDataset> train_data_, val_data_;

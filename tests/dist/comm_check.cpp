@@ -1,8 +1,9 @@
 // The MPI communicator as an MPI job runs it (tests/CMakeLists.txt runs it under mpirun).
 //
 //   tmx_dist_check collectives   every collective on the CPU backend, against sums each rank
-//                                computes itself (every rank's data comes from a seed), and
-//                                bit-identical on every rank (compared by hash)
+//                                computes itself (every rank's data comes from a seed): the
+//                                tensor sums bit for bit in rank order, also when started and
+//                                overlapped; every result bit-identical on every rank (hash)
 //   tmx_dist_check watchdog      rank 1 stops answering before a barrier: the others' watchdog
 //                                must end the job (2 s timeout)
 //
@@ -36,11 +37,16 @@ uint64_t splitmix(uint64_t& state) {
     return z ^ (z >> 31);
 }
 
-// Rank `rank`'s data for check `check`: any rank can compute any rank's.
+// Rank `rank`'s data for check `check`: any rank can compute any rank's. Magnitudes from 2^-8
+// to 2^8, so that sums round, and differently in another order.
 std::vector<float> data_of(int check, int rank, size_t n) {
     uint64_t state = static_cast<uint64_t>(check) * 1000003u + static_cast<uint64_t>(rank);
     std::vector<float> v(n);
-    for (float& x : v) x = static_cast<float>(splitmix(state) >> 40) / float(1 << 24) * 2 - 1;
+    for (float& x : v) {
+        const uint64_t bits = splitmix(state);
+        const float unit = static_cast<float>(bits >> 40) / float(1 << 24) * 2 - 1;
+        x = std::ldexp(unit, static_cast<int>(bits % 17) - 8);
+    }
     return v;
 }
 
@@ -79,23 +85,60 @@ class Checker {
         }
     }
 
-    void all_reduce(int check, size_t n) {
-        const std::string what = "all_reduce_sum of " + std::to_string(n);
-        // A view inside a larger tensor: the elements around it must stay as they are.
-        const size_t before = 3, after = 5;
-        Tensor whole = backend_->alloc({static_cast<int64_t>(before + n + after)});
-        std::vector<float> mine = data_of(check, comm_.rank(), n), host(before + n + after, 7.0f);
-        std::copy(mine.begin(), mine.end(), host.begin() + before);
+    // got == the float sum of parts in rank order (parts[0][i] + parts[1][i] + ...), bit for bit,
+    // which the communicator promises whatever its bucketing; and near the exact sum.
+    void rank_order_sum(const std::string& what, const std::vector<float>& got,
+                        const std::vector<std::vector<float>>& parts) {
+        near_sum(what, got, parts);
+        for (size_t i = 0; i < got.size(); ++i) {
+            float want = parts[0][i];
+            for (size_t r = 1; r < parts.size(); ++r) want += parts[r][i];
+            if (std::memcmp(&got[i], &want, sizeof want) != 0)
+                return fail(what + ": element " + std::to_string(i) +
+                            " is not the sum in rank order, bit for bit");
+        }
+    }
+
+    // Sums of views inside one larger tensor, each with untouched elements around it: all of
+    // them with the blocking all_reduce_sum, or all started one after the other (more buckets
+    // than are in flight at once), progressed and finished.
+    void all_reduce(int check, const std::vector<size_t>& sizes, bool started) {
+        std::string what = started ? "started all_reduce_sums of" : "all_reduce_sum of";
+        for (size_t n : sizes) what += " " + std::to_string(n);
+        const size_t gap = 3;
+        size_t total = gap;
+        for (size_t n : sizes) total += n + gap;
+        std::vector<float> host(total, 7.0f);
+        std::vector<size_t> at;
+        for (size_t i = 0, pos = gap; i < sizes.size(); pos += sizes[i] + gap, ++i) {
+            const std::vector<float> mine =
+                data_of(check + static_cast<int>(i), comm_.rank(), sizes[i]);
+            std::copy(mine.begin(), mine.end(), host.begin() + pos);
+            at.push_back(pos);
+        }
+        Tensor whole = backend_->alloc({static_cast<int64_t>(total)});
         backend_->upload(whole, host.data());
-        comm_.all_reduce_sum(*backend_, whole.slice(before, {static_cast<int64_t>(n)}));
+        for (size_t i = 0; i < sizes.size(); ++i) {
+            const Tensor view =
+                whole.slice(static_cast<int64_t>(at[i]), {static_cast<int64_t>(sizes[i])});
+            if (!started) {
+                comm_.all_reduce_sum(*backend_, view);
+                continue;
+            }
+            comm_.start_all_reduce_sum(*backend_, view);
+            comm_.progress_sums();
+        }
+        if (started) comm_.finish_sums();
         backend_->download(whole, host.data());
-        for (size_t i = 0; i < before; ++i)
-            if (host[i] != 7.0f) return fail(what + ": wrote before the tensor");
-        for (size_t i = before + n; i < host.size(); ++i)
-            if (host[i] != 7.0f) return fail(what + ": wrote after the tensor");
-        const std::vector<float> got(host.begin() + before, host.begin() + before + n);
-        near_sum(what, got, every_rank(check, n));
-        same_everywhere(what, got.data(), n * sizeof(float));
+        for (size_t i = 0, pos = 0; i < sizes.size(); pos = at[i] + sizes[i], ++i) {
+            for (size_t j = pos; j < at[i]; ++j)
+                if (host[j] != 7.0f) return fail(what + ": wrote between the tensors");
+            const std::vector<float> got(host.begin() + at[i], host.begin() + at[i] + sizes[i]);
+            rank_order_sum(what, got, every_rank(check + static_cast<int>(i), sizes[i]));
+        }
+        for (size_t j = at.back() + sizes.back(); j < total; ++j)
+            if (host[j] != 7.0f) return fail(what + ": wrote after the tensors");
+        same_everywhere(what, host.data(), total * sizeof(float));
     }
 
     void reduce_scatter(int check, size_t shard_n) {
@@ -111,7 +154,7 @@ class Checker {
         for (auto& p : parts)  // this rank's part of each rank's data
             p = std::vector<float>(p.begin() + comm_.rank() * shard_n,
                                    p.begin() + (comm_.rank() + 1) * shard_n);
-        near_sum(what, got, parts);
+        rank_order_sum(what, got, parts);
         // The shards differ by rank; their sums must agree as the all-reduce's would.
         std::vector<float> all(n);
         MPI_Allgather(got.data(), static_cast<int>(shard_n), MPI_FLOAT, all.data(),
@@ -195,10 +238,14 @@ int collectives() {
     MpiCommunicator comm({.collective_timeout_s = 60, .bucket_elements = kBucket});
     Checker check(comm);
     const int last = comm.size() - 1;
-    int id = 0;
+    int id = 0;  // seeds the checks' data; a multi-tensor check takes one per tensor
     // Sizes below, at and above one bucket, and not multiples of 2 or 3.
     for (size_t n : {size_t{1}, size_t{7}, kBucket - 1, kBucket, kBucket + 1, 2 * kBucket + 501})
-        check.all_reduce(++id, n);
+        check.all_reduce(id += 8, {n}, /*started=*/false);
+    // Started: one bucket, and more buckets than MpiCommunicator::kSumsInFlight over 3 tensors.
+    check.all_reduce(id += 8, {7}, /*started=*/true);
+    check.all_reduce(id += 8, {2 * kBucket + 501, 1, kBucket * 3 + 2}, /*started=*/true);
+    check.all_reduce(id += 8, {kBucket - 1, 5, kBucket + 1}, /*started=*/false);
     for (size_t n : {size_t{1}, size_t{5}, kBucket / 2 + 1, 2 * kBucket + 1})
         check.reduce_scatter(++id, n);
     for (size_t n : {size_t{1}, size_t{5}, kBucket / 2 + 1, 2 * kBucket + 1})
@@ -215,8 +262,8 @@ int collectives() {
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (comm.rank() == 0) {
         if (total == 0)
-            std::printf("tmx_dist_check: %s: every collective agrees (%d checks)\n",
-                        comm.description().c_str(), id);
+            std::printf("tmx_dist_check: %s: every collective agrees\n",
+                        comm.description().c_str());
         else
             std::printf("tmx_dist_check: %d failed checks over %d ranks\n", total, comm.size());
     }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
@@ -158,6 +159,50 @@ TEST(ClassifierChunks, ChunkedGradientsEqualOneChunk) {
         EXPECT_LE(e.max_err, 1e-5 * std::max(1.0, e.max_ref));
     }
 }
+
+// A data-parallel trainer sums gradients the backward pass reports finished while the pass goes
+// on: what it reports at each call must be what the pass ends with, bit for bit.
+class FinishedGrads : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FinishedGrads, AreReportedAsThePassGoesAndNeverWrittenAgain) {
+    const std::string dir = fixture(GetParam());
+    auto be = make_backend("cpu");
+    auto model = load_model(dir, *be);
+    const std::vector<int32_t> tokens = fixture_tokens(dir);
+    std::vector<int32_t> in(tokens.begin(), tokens.end() - 1), tg(tokens.begin() + 1, tokens.end());
+    const int64_t P = model->num_params();
+    // Two passes accumulated, as in a step of two micro-batches: the second one reports.
+    model->zero_grads();
+    model->forward(in, 1, static_cast<int64_t>(in.size()), &tg, true);
+    model->backward(0.5f);
+    model->forward(in, 1, static_cast<int64_t>(in.size()), &tg, true);
+    std::vector<std::pair<int64_t, std::vector<float>>> reported;
+    model->backward(0.5f, [&](int64_t offset) {
+        std::vector<float> g(static_cast<size_t>(P - offset));
+        be->download(model->grads().slice(offset, {P - offset}), g.data());
+        reported.emplace_back(offset, std::move(g));
+    });
+    std::vector<float> final_grads(static_cast<size_t>(P));
+    be->download(model->grads(), final_grads.data());
+    // The head and final norm, each layer, the embedding: lower offsets each time, 0 last.
+    ASSERT_EQ(reported.size(), static_cast<size_t>(model->config().n_layers + 2));
+    EXPECT_EQ(reported.back().first, 0);
+    for (size_t i = 0; i < reported.size(); ++i) {
+        const auto& [offset, g] = reported[i];
+        if (i > 0) EXPECT_LT(offset, reported[i - 1].first);
+        EXPECT_EQ(std::memcmp(g.data(), final_grads.data() + offset, g.size() * sizeof(float)), 0)
+            << "gradients from offset " << offset << " changed after they were reported";
+    }
+    // The layer boundaries: each layer's first parameter.
+    EXPECT_EQ(reported[1].first,
+              model->layout()
+                  .find("model.layers." + std::to_string(model->config().n_layers - 1) +
+                        ".input_layernorm.weight")
+                  ->offset);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FinishedGrads,
+                         ::testing::Values("test-tiny", "test-tiny-swiglu", "test-tiny-dense"));
 
 }  // namespace
 }  // namespace tmx
