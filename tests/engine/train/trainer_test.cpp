@@ -13,6 +13,7 @@
 #include "backends/registry.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/dist/communicator.h"
 #include "engine/model/checkpoint.h"
 #include "engine/train/metrics_plot.h"
 #include "tests/model_scenarios.h"
@@ -111,6 +112,106 @@ TEST(Trainer, StoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {
               read_file(tmp / "whole/step_00000014/model.safetensors"));
     // keep_last 1: the interruption's checkpoint is gone.
     EXPECT_FALSE(fs::exists(tmp / "parts/step_00000005"));
+}
+
+// A one-rank communicator that records the gradient sums a trainer makes, and checks the rule of
+// started sums: nothing writes a started tensor until finish_sums() (it compares each with its
+// bytes at the start).
+class RecordingCommunicator final : public Communicator {
+  public:
+    struct Started {
+        Tensor t;
+        std::vector<float> at_start;
+    };
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    std::string description() const override { return "recording, 1 rank"; }
+    void all_reduce_sum(std::vector<double>&) override {}
+    void broadcast(std::string&, int) override {}
+    void barrier() override {}
+    void all_reduce_sum(Backend&, const Tensor& t) override { summed.push_back(t.numel()); }
+    void reduce_scatter_sum(Backend& be, const Tensor& t, const Tensor& shard) override {
+        solo_.reduce_scatter_sum(be, t, shard);
+    }
+    void all_gather(Backend& be, const Tensor& shard, const Tensor& t) override {
+        solo_.all_gather(be, shard, t);
+    }
+    void broadcast(Backend&, const Tensor&, int) override {}
+    void start_all_reduce_sum(Backend& be, const Tensor& t) override {
+        backend = &be;
+        Started s{t, std::vector<float>(static_cast<size_t>(t.numel()))};
+        be.download(t, s.at_start.data());
+        in_flight.push_back(std::move(s));
+    }
+    void progress_sums() override { ++progress_calls; }
+    void finish_sums() override {
+        for (const Started& s : in_flight) {
+            std::vector<float> now(s.at_start.size());
+            backend->download(s.t, now.data());
+            if (now != s.at_start) ++written_while_started;
+            started.push_back({s.t.offset(), s.t.numel()});
+        }
+        in_flight.clear();
+        ++finishes;
+    }
+    [[noreturn]] void abort(const std::string& message, int code) override {
+        solo_.abort(message, code);
+    }
+
+    std::vector<int64_t> summed;                       // all_reduce_sum's sizes
+    std::vector<std::pair<int64_t, int64_t>> started;  // (offset, numel), in start order
+    std::vector<Started> in_flight;
+    Backend* backend = nullptr;
+    int finishes = 0, progress_calls = 0, written_while_started = 0;
+
+  private:
+    SoloCommunicator solo_;
+};
+
+// The last backward pass of each step starts the gradients' sums in buckets as it finishes them:
+// from the top of the flat gradients down to 0, each exactly once, each bucket (but the last)
+// at least the bucket size, none written after its start; and finished once per step. With no
+// bucket size, one sum after the pass. The same weights either way.
+TEST(Trainer, GradientSumsStartInBucketsAsTheBackwardPassFinishesThem) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    test::TempDir tmp;
+    write_counting_dataset(tmp / "data", seed);
+    auto be = make_backend("cpu");
+    TrainOptions o = small_options(tmp / "data");
+    o.max_steps = 3;
+    o.grad_accum = 2;
+    o.seed = seed;
+    const int64_t bucket = 1000;  // elements: test-tiny's layers hold more, its head less
+    RecordingCommunicator bucketed, after;
+    auto a = Trainer::start(tiny_config(), o, tmp / "bucketed", seed, *be,
+                            {.comm = &bucketed, .bucket_bytes = bucket * 4});
+    a->run([](const TrainReport&) {});
+    auto b = Trainer::start(tiny_config(), o, tmp / "after", seed, *be,
+                            {.comm = &after, .bucket_bytes = 0});
+    b->run([](const TrainReport&) {});
+    const int64_t P = a->model().num_params();
+
+    EXPECT_EQ(bucketed.finishes, 3);
+    EXPECT_EQ(bucketed.written_while_started, 0);
+    EXPECT_TRUE(bucketed.summed.empty());
+    EXPECT_GT(bucketed.progress_calls, 0);
+    ASSERT_EQ(bucketed.started.size() % 3, 0u);
+    const size_t per_step = bucketed.started.size() / 3;
+    EXPECT_GE(per_step, 3u) << "test-tiny's pass should give several buckets";
+    for (size_t step = 0; step < 3; ++step) {
+        int64_t top = P;
+        for (size_t i = 0; i < per_step; ++i) {
+            const auto [offset, numel] = bucketed.started[step * per_step + i];
+            EXPECT_EQ(offset + numel, top) << "bucket " << i << " of step " << step;
+            if (i + 1 < per_step) EXPECT_GE(numel, bucket);
+            top = offset;
+        }
+        EXPECT_EQ(top, 0);
+    }
+    EXPECT_EQ(after.summed, std::vector<int64_t>(3, P));
+    EXPECT_TRUE(after.started.empty());
+    EXPECT_EQ(a->model().params_to_host(), b->model().params_to_host());
 }
 
 // bf16 matmuls on the CPU (its emulation of the GPU's mixed precision): the run learns, its
