@@ -173,6 +173,9 @@ MpiCommunicator::~MpiCommunicator() {
     }
     {
         Watch watch(watchdog_.get(), "MPI_Finalize");
+        // Every started sum was finished (the backend its results go to may be gone by now).
+        MPI_Comm_free(&sum_comms_->exchange);
+        MPI_Comm_free(&sum_comms_->gather);
         MPI_Finalize();
     }
     watchdog_.reset();
