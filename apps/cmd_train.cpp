@@ -144,7 +144,8 @@ void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Co
     const DataParallel dp = {
         .comm = comm.get(),
         .shard_optimizer = o.shard_optimizer,
-        .bucket_bytes = static_cast<int64_t>(std::llround(o.grad_bucket_mib * (1 << 20)))};
+        // Rounded up: any bucket size above 0 overlaps, as the start line says.
+        .bucket_bytes = static_cast<int64_t>(std::ceil(o.grad_bucket_mib * (1 << 20)))};
     const bool root = comm->rank() == 0;
     std::unique_ptr<Trainer> trainer;
     if (!o.resume.empty()) {

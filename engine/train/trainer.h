@@ -73,8 +73,8 @@ class Communicator;
 struct DataParallel {
     Communicator* comm = nullptr;  // nullptr: one process
     // ZeRO-1: each rank keeps and steps its share of the AdamW moments only (the gradients are
-    // reduce-scattered, the stepped weights all-gathered). The same steps as replicated moments,
-    // up to the order of the gradient norm's sum; no effect on one rank.
+    // reduce-scattered, the stepped weights all-gathered). The same steps as replicated moments
+    // (bit for bit on MPI; NCCL may add the ranks in another order); no effect on one rank.
     bool shard_optimizer = false;
     // Replicated moments: the last micro-batch's backward pass hands its finished gradients to
     // the communicator in buckets of at least this many bytes, so that summing them over the
@@ -147,9 +147,8 @@ class Trainer {
     // should_stop, agreed over the ranks.
     bool stop_requested(const StopPredicate& should_stop);
     // Sums the micro-batches' gradients over the ranks (each rank's own share of them when the
-    // optimizer is sharded) and returns the global gradient norm.
-    // The step's gradients summed over the ranks and their global norm. `started`: the backward
-    // pass started the sums of all of them (replicated moments, overlapped buckets).
+    // optimizer is sharded) and returns the global gradient norm. `started`: the backward pass
+    // has started the sums of all of them (replicated moments, overlapped buckets): finish them.
     double reduce_gradients(bool started);
     // The hook the last backward pass of a step calls (Model::GradsFinal): starts summing each
     // run of finished gradients once it holds bucket_elements_ (and the last run at offset 0).
