@@ -2,12 +2,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "apps/commands.h"
 #include "backends/registry.h"
 #include "engine/core/errors.h"
+#include "engine/model/checkpoint.h"
 #include "engine/report/param_report.h"
 
 namespace tmx::cli {
@@ -23,8 +25,10 @@ void add_corpus_options(CLI::App& sub, CorpusOptions& corpus) {
 
 void add_checkpoint_out_options(CLI::App& sub, CheckpointOutOptions& o) {
     sub.add_option("--out", o.out, "Checkpoint directory to write")->required();
-    sub.add_option("--dtype", o.dtype, "Weight storage: f32 or bf16")
-        ->check(CLI::IsMember({"f32", "bf16"}))
+    sub.add_option("--dtype", o.dtype,
+                   "Weight storage: f32, bf16, f16 or q8_0 (8-bit blocks; norms, biases and the "
+                   "router stay f32)")
+        ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}))
         ->capture_default_str();
     sub.add_flag("--force", o.force, "Replace an existing checkpoint in --out");
 }
@@ -89,6 +93,29 @@ std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
 void BackendChoice::announce(const Backend& be) const {
     std::fprintf(stderr, "backend%s: %s\n", backend == "auto" ? " (auto)" : "",
                  be.description().c_str());
+}
+
+void add_weights_option(CLI::App& sub, WeightsChoice& choice) {
+    sub.add_option("--weights", choice.format,
+                   "Format the weights are held in while the model runs: auto (the "
+                   "checkpoint's own where the backend holds it, else f32), f32, bf16, f16 or "
+                   "q8_0 (converted as they load; the cpu backend holds every format, the others "
+                   "f32)")
+        ->capture_default_str();
+}
+
+std::unique_ptr<Model> WeightsChoice::load(const std::string& dir, Backend& backend) const {
+    std::optional<DType> wanted;
+    if (format != "auto") wanted = parse_weight_format(format, "--weights");
+    const DType stored = checkpoint_weight_format(dir);
+    auto model = load_model(dir, backend, wanted);
+    const DType held = model->weight_format();
+    std::string why = wanted ? "as --weights asks" : "as stored";
+    if (!wanted && held != stored)
+        why = "stored as " + std::string(to_string(stored)) + ", which the " + backend.name() +
+              " backend does not hold";
+    std::fprintf(stderr, "weights: %s (%s)\n", to_string(held), why.c_str());
+    return model;
 }
 
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag, int64_t vocab_size) {

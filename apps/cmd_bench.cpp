@@ -65,7 +65,7 @@ void print_profile(const DecodeProfile& p) {
 
 void print_table(const std::vector<BackendBench>& results, const std::string& model,
                  const BenchOptions& o) {
-    std::printf("model: %s\n", model.c_str());
+    std::printf("model: %s, %s weights\n", model.c_str(), to_string(o.weight_format));
     for (const BackendBench& r : results) {
         std::printf("\n%s\n", r.description.c_str());
         std::printf("  %-24s %-34s %10s %10s %9s %10s\n", "op", "shape", "ms", "GFLOP/s", "GB/s",
@@ -115,6 +115,7 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
 nlohmann::json to_json(const std::vector<BackendBench>& results, const std::string& model,
                        const BenchOptions& o) {
     nlohmann::json j = {{"model", model},
+                        {"weights", to_string(o.weight_format)},
                         {"prompt_tokens", o.prompt_tokens},
                         {"decode_tokens", o.decode_tokens},
                         {"batch", o.batch},
@@ -183,6 +184,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     struct Options {
         std::string model, config, backends;
         std::string precision = "auto";
+        std::string weights = "f32";
         int device = -1;
         BenchOptions bench;
         bool json = false;
@@ -220,6 +222,11 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
                     "backend is checked against the CPU in the same precision")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();
+    sub->add_option("--weights", opts->weights,
+                    "Format the prefill and decode models hold their weights in: f32, bf16, f16 "
+                    "or q8_0 (converted from the weights; the cpu backend holds every format, "
+                    "the others f32)")
+        ->capture_default_str();
     sub->add_option("--peak-tflops", b.peak_tflops,
                     "The GPU's peak TFLOP/s in the step's precision, for the training step's "
                     "MFU (default: the published dense peak of the NVIDIA GPUs tmx knows: H100, "
@@ -256,6 +263,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         BenchOptions o = opts->bench;
         if (opts->precision != "auto")
             o.precision = parse_precision(opts->precision, "--precision");
+        o.weight_format = parse_weight_format(opts->weights, "--weights");
         o.backends = opts->backends.empty() ? present_backends() : split_names(opts->backends);
         if (opts->device >= 0)
             for (std::string& name : o.backends)
@@ -269,7 +277,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         std::vector<float> weights;
         if (!opts->model.empty()) {
             auto cpu = make_backend("cpu");
-            auto m = load_model(opts->model, *cpu);
+            auto m = load_model(opts->model, *cpu, DType::F32);
             config = m->config();
             weights = m->params_to_host();
             described = opts->model;

@@ -1,5 +1,5 @@
-// tmx convert: re-save a checkpoint's weights (e.g. as BF16 for shipping), without training
-// state.
+// tmx convert: re-save a checkpoint's weights in another format (bf16, f16 or q8_0 to run and
+// ship in less memory, or back to f32), without training state.
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -15,13 +15,14 @@ void add_convert_command(CLI::App& app, CommonOptions& common) {
     };
     auto o = std::make_shared<Options>();
     CLI::App* sub = app.add_subcommand(
-        "convert", "Re-save a checkpoint's weights as f32 or bf16 (drops optimizer state)");
+        "convert",
+        "Re-save a checkpoint's weights as f32, bf16, f16 or q8_0 (drops optimizer state)");
     sub->add_option("--model", o->model, "Checkpoint directory to read")->required();
     add_checkpoint_out_options(*sub, o->dest);
     add_common_options(*sub, common);
     sub->callback([o]() {
         auto backend = make_backend("cpu");
-        auto model = load_model(o->model, *backend);
+        auto model = load_model(o->model, *backend, DType::F32);
         CheckpointWriteOptions w;
         w.dtype = parse_storage_type(o->dest.dtype);
         w.tokenizer_path = checkpoint_tokenizer(o->model);

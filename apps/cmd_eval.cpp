@@ -40,6 +40,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
     struct Options {
         std::string model, tokens, data, split = "val", text_file;
         BackendChoice backend;
+        WeightsChoice weights;
         bool json = false;
     };
     auto opts = std::make_shared<Options>();
@@ -60,13 +61,14 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
     tokens->excludes(data)->excludes(text);
     data->excludes(text);
     add_backend_options(*sub, opts->backend);
+    add_weights_option(*sub, opts->weights);
     sub->add_flag("--json", opts->json, "Print one JSON object");
     add_common_options(*sub, common);
     sub->callback([opts]() {
         if (opts->tokens.empty() && opts->data.empty() && opts->text_file.empty())
             throw UsageError("give what to score: --tokens, --data or --text-file");
         auto backend = opts->backend.open();
-        auto model = load_model(opts->model, *backend);
+        auto model = opts->weights.load(opts->model, *backend);
         const ModelConfig& c = model->config();
         std::vector<int32_t> tokens;
         int64_t bytes = 0;

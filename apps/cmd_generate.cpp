@@ -40,6 +40,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
     struct Options {
         std::string model, prompt, prompts_file, tokenizer;
         BackendChoice backend;
+        WeightsChoice weights;
         std::vector<std::string> stop;
         GenerationOptions gen;
         bool json = false;
@@ -95,6 +96,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                     "SentencePiece model to use instead of the checkpoint's tokenizer.model")
         ->check(CLI::ExistingFile);
     add_backend_options(*sub, opts->backend);
+    add_weights_option(*sub, opts->weights);
     sub->add_flag("--json", opts->json,
                   "Print one JSON object per prompt (prompt, prompt_ids, text, ids, stop_reason, "
                   "prefill_tokens_per_s, decode_tokens_per_s) and nothing else on stdout");
@@ -114,7 +116,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                         "--tokenizer FILE)");
         const Tokenizer tokenizer = Tokenizer::load(tok_path);
         auto backend = opts->backend.open();
-        auto model = load_model(opts->model, *backend);
+        auto model = opts->weights.load(opts->model, *backend);
 
         const bool single = prompts.size() == 1;
         TextCallback stream;

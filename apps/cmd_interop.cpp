@@ -89,7 +89,7 @@ void add_export_command(CLI::App& app, CommonOptions& common) {
 
 void add_import_command(CLI::App& app, CommonOptions& common) {
     struct Options {
-        std::string from, out, dtype = "f32";
+        std::string from, out, dtype = "auto";
         bool force = false, quiet = false;
     };
     auto o = std::make_shared<Options>();
@@ -99,22 +99,25 @@ void add_import_command(CLI::App& app, CommonOptions& common) {
                     "Hugging Face directory (llama, mistral, mixtral) or .gguf file")
         ->required();
     sub->add_option("--out", o->out, "Checkpoint directory to write")->required();
-    sub->add_option("--dtype", o->dtype, "Weight storage: f32 or bf16")
-        ->check(CLI::IsMember({"f32", "bf16"}))
+    sub->add_option("--dtype", o->dtype,
+                    "Weight storage: auto (the source's own: f32, bf16, f16 or q8_0), f32, bf16, "
+                    "f16 or q8_0 (norms, biases and the router stay f32)")
+        ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8_0"}))
         ->capture_default_str();
     sub->add_flag("--force", o->force, "Replace an existing checkpoint in --out");
     sub->add_flag("--quiet", o->quiet, "No progress on stderr");
     add_common_options(*sub, common);
     sub->callback([o]() {
         interop::ImportOptions opts;
-        opts.dtype = parse_storage_type(o->dtype);
+        if (o->dtype != "auto") opts.dtype = parse_storage_type(o->dtype);
         opts.overwrite = o->force;
         if (!o->quiet) opts.progress = stderr_progress("import");
         const interop::ImportReport r = std::filesystem::is_directory(o->from)
                                             ? interop::import_hf(o->from, o->out, opts)
                                             : interop::import_gguf(o->from, o->out, opts);
         std::printf("wrote %s: %s model, %s parameters, %s\n", o->out.c_str(),
-                    r.source_kind.c_str(), with_thousands(r.params).c_str(), o->dtype.c_str());
+                    r.source_kind.c_str(), with_thousands(r.params).c_str(),
+                    to_string(storage_dtype(r.dtype)));
     });
 }
 

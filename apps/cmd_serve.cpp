@@ -275,6 +275,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         double shutdown_grace = 10, timeout = 30;
         serve::ApiLimits limits;
         BackendChoice backend;
+        WeightsChoice weights;
     };
     auto o = std::make_shared<Options>();
     CLI::App* sub =
@@ -322,6 +323,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         ->check(CLI::Range(0.0, 3600.0))
         ->capture_default_str();
     add_backend_options(*sub, o->backend);
+    add_weights_option(*sub, o->weights);
     add_common_options(*sub, common);
     sub->callback([o]() {
         if (o->api_key.empty())
@@ -343,7 +345,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
         auto backend = o->backend.open();
-        auto model = load_model(o->model, *backend);
+        auto model = o->weights.load(o->model, *backend);
         if (tokenizer.vocab_size() != model->config().vocab_size)
             throw Error(tok_path + ": " + std::to_string(tokenizer.vocab_size()) +
                         " pieces, but the model's vocab_size is " +

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/compute/backend.h"
+#include "engine/model/model.h"
 
 namespace tmx::cli {
 
@@ -74,6 +75,16 @@ struct BackendChoice {
     bool precision_given() const { return precision != "auto"; }
 };
 void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training = false);
+// --weights FORMAT of the commands that run a trained model (generate, eval, serve): the format
+// its weights are held in while it runs. "auto" (the default) keeps the checkpoint's own where
+// the backend can hold it, else f32.
+struct WeightsChoice {
+    std::string format = "auto";
+    // Loads the checkpoint in `dir` so, and says on stderr which format its weights run in.
+    std::unique_ptr<Model> load(const std::string& dir, Backend& backend) const;
+};
+void add_weights_option(CLI::App& sub, WeightsChoice& choice);
+
 // `name` with --device applied: "vulkan" becomes "vulkan:N", "cuda" "cuda:N"; a UsageError for
 // other backends.
 std::string with_device(const std::string& name, int device);

@@ -50,7 +50,7 @@ void add_derivative_times(const float* x, const float* dy, float* dx, int64_t n,
 
 std::byte* CpuBackend::host_ptr(const Tensor& t) {
     auto* buf = static_cast<CpuBuffer*>(t.buffer());
-    return buf->data() + static_cast<size_t>(t.offset()) * dtype_size(t.dtype());
+    return buf->data() + static_cast<size_t>(dtype_bytes(t.dtype(), t.offset()));
 }
 
 uint64_t parse_cgroup_memory_limit(std::string_view text) {
@@ -143,15 +143,16 @@ void CpuOutput::store() {
 }
 
 void CpuBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) {
-    const float* t = data<float>(table);
+    const std::byte* t = data<std::byte>(table);
     const int32_t* id = data<int32_t>(ids);
     float* o = data<float>(out);
     int64_t N = ids.dim(0), d = table.dim(1), V = table.dim(0);
+    const int64_t row_bytes = dtype_bytes(table.dtype(), d);
     for (int64_t n = 0; n < N; ++n) {
         if (id[n] < 0 || id[n] >= V)
             throw std::out_of_range("embedding: token id " + std::to_string(id[n]) +
                                     " outside the vocabulary of " + std::to_string(V));
-        std::memcpy(o + n * d, t + id[n] * d, static_cast<size_t>(d) * sizeof(float));
+        decode_weights(table.dtype(), t + id[n] * row_bytes, d, o + n * d);  // a stored format
     }
 }
 

@@ -22,6 +22,7 @@ class CpuBackend : public Backend {
     }
     bool supports_training() const override { return true; }
     bool supports_precision(Precision) const override { return true; }
+    bool supports_weight_format(DType) const override { return true; }
     // Physical memory, or the cgroup's limit (a container's) when that is lower.
     uint64_t memory_capacity() const override;
     void synchronize() override {}
@@ -33,8 +34,11 @@ class CpuBackend : public Backend {
     }
 
   protected:
-    // Every op (engine/compute/backend_ops.h), training and bf16 conversion included.
+    // Every op (engine/compute/backend_ops.h), training and bf16 conversion included, and a
+    // linear() that reads weights stored in bf16, f16 and q8_0 (cpu_weight_matmul_nt).
     TMX_BACKEND_TRAINING_BACKEND_OVERRIDES
+    void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                     bool accumulate) override;
 
   private:
     static std::byte* host_ptr(const Tensor& t);
@@ -77,5 +81,22 @@ class CpuOutput {
 constexpr int64_t kSmallGemmRows = 16;
 void cpu_small_sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                         const float* B, float beta, float* C);
+
+// y[M, N] = x[M, K] . w^T + beta * y (beta 0: y is not read; beta 1: accumulate), for a weight
+// w [N, K] stored in format `format` (BF16, F16 or Q8_0; for Q8_0 K is a multiple of 32 and row n
+// is K/32 blocks at byte n*K/32*34). Multi-threaded over N (OpenMP), any M; the results do not
+// depend on the thread count. BF16 and F16 are widened exactly and summed in fp32. Q8_0 takes
+// int8 dot products: each row of x is quantized to blocks of 32 (a scale max|x|/127 and int8
+// values, as llama.cpp does), so its result differs from x . dequantized(w) by x's rounding.
+// (backends/cpu/weight_matmul.cpp)
+void cpu_weight_matmul_nt(DType format, int64_t M, int64_t N, int64_t K, const float* x,
+                          const void* w, float beta, float* y);
+// The instruction-set paths of the Q8_0 dot products, and which of them this machine runs.
+enum class CpuQ8Path { Portable, Avx2, AvxVnni, Avx512Vnni };
+const char* to_string(CpuQ8Path p);
+std::vector<CpuQ8Path> cpu_q8_paths_available();  // Portable first, then what the CPU has
+CpuQ8Path cpu_q8_path();  // the one in use: the best available, chosen once at run time
+// For tests and benchmarks; a path the CPU lacks is a std::logic_error.
+void cpu_set_q8_path(CpuQ8Path p);
 
 }  // namespace tmx

@@ -97,13 +97,47 @@ void CpuBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out
               cpu_operand(matmul_precision(), b, b_rounded), beta, o);
 }
 
+namespace {
+
+// Whether w is read by cpu_weight_matmul_nt (a 16- or 8-bit stored weight) rather than widened
+// whole and multiplied by sgemm. A BF16 w in BF16 precision keeps the sgemm, which training
+// (the model's bf16 copy of its weights) has always used.
+bool stored_weight(const Tensor& w, Precision p) {
+    return w.dtype() == DType::F16 || w.dtype() == DType::Q8_0 ||
+           (w.dtype() == DType::BF16 && p == Precision::F32);
+}
+
+}  // namespace
+
+void CpuBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                             bool accumulate) {
+    if (!stored_weight(w, matmul_precision()))
+        return matmul_impl(x, w, y, {.trans_b = true, .accumulate = accumulate}, b);
+    const int64_t M = y.dim(0), N = y.dim(1), K = w.dim(1);
+    float* o = data<float>(y);
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (b.defined()) {
+        if (accumulate) {
+            add_rows(data<float>(b), M, N, o);
+        } else {
+            broadcast_rows(data<float>(b), M, N, o);
+            beta = 1.0f;
+        }
+    }
+    std::vector<float> x_rounded;
+    cpu_weight_matmul_nt(w.dtype(), M, N, K, cpu_operand(matmul_precision(), x, x_rounded),
+                         data<std::byte>(w), beta, o);
+}
+
 void CpuBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
                                      const Tensor& offsets, const Tensor& out) {
     int64_t E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
     const int32_t* off = data<int32_t>(offsets);
     std::vector<float> x_rounded, w_rounded;
     const float* xs = cpu_operand(matmul_precision(), x, x_rounded);
-    const float* ws = cpu_operand(matmul_precision(), w, w_rounded);
+    const bool stored = stored_weight(w, matmul_precision());
+    const float* ws = stored ? nullptr : cpu_operand(matmul_precision(), w, w_rounded);
+    const int64_t expert_bytes = dtype_bytes(w.dtype(), Nout * K);
     float* o = data<float>(out);
     for (int64_t e = 0; e < E; ++e) {
         int64_t begin = off[e], rows = off[e + 1] - off[e];
@@ -114,7 +148,12 @@ void CpuBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Ten
             broadcast_rows(data<float>(bias) + e * Nout, rows, Nout, oe);
             beta = 1.0f;
         }
-        cpu_sgemm(false, true, rows, Nout, K, 1.0f, xs + begin * K, ws + e * Nout * K, beta, oe);
+        if (stored)
+            cpu_weight_matmul_nt(w.dtype(), rows, Nout, K, xs + begin * K,
+                                 data<std::byte>(w) + e * expert_bytes, beta, oe);
+        else
+            cpu_sgemm(false, true, rows, Nout, K, 1.0f, xs + begin * K, ws + e * Nout * K, beta,
+                      oe);
     }
 }
 

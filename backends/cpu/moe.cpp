@@ -66,7 +66,7 @@ void CpuBackend::moe_group_impl(const Tensor& indices, int64_t n_experts, const 
 
 void CpuBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) {
     const int64_t S = rows.dim(0), N = x.dim(0);
-    const size_t row_bytes = static_cast<size_t>(x.dim(1)) * dtype_size(x.dtype());  // F32, BF16
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(x.dtype(), x.dim(1)));  // F32, BF16
     const std::byte* in = data<std::byte>(x);
     const int32_t* r = data<int32_t>(rows);
     std::byte* o = data<std::byte>(out);

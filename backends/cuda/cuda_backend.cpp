@@ -295,7 +295,7 @@ void CudaBackend::check_status() {
 std::byte* CudaBackend::device_ptr(const Tensor& t) {
     auto* buffer = static_cast<CudaBuffer*>(t.buffer());
     return static_cast<std::byte*>(buffer->ptr()) +
-           static_cast<size_t>(t.offset()) * dtype_size(t.dtype());
+           static_cast<size_t>(dtype_bytes(t.dtype(), t.offset()));
 }
 
 std::shared_ptr<DeviceBuffer> CudaBackend::alloc_impl(size_t bytes) {

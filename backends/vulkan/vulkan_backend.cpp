@@ -78,7 +78,7 @@ vk::BufferRange VulkanBackend::range(const Tensor& t) const {
     auto* buf = dynamic_cast<vk::VulkanBuffer*>(t.buffer());
     if (!buf) throw std::logic_error("Vulkan backend: a tensor of another backend was passed");
     const vk::Allocation& a = buf->allocation();
-    return {a.buffer, a.offset + static_cast<VkDeviceSize>(t.offset()) * dtype_size(t.dtype()),
+    return {a.buffer, a.offset + static_cast<VkDeviceSize>(dtype_bytes(t.dtype(), t.offset())),
             t.bytes()};
 }
 

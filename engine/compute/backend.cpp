@@ -45,6 +45,22 @@ struct OpCheck {
     }
 };
 
+// The dtype a stored weight (w of linear() and grouped_matmul(), embedding()'s table) may have:
+// its own where it is a 16- or 8-bit format the backend reads, else as OpCheck::float_type.
+DType weight_type(const Backend& be, const Tensor& w, bool bf16_operands) {
+    if (w.defined() && w.dtype() != DType::F32 && is_weight_format(w.dtype()) &&
+        be.supports_weight_format(w.dtype()))
+        return w.dtype();
+    return OpCheck::float_type(w, bf16_operands);
+}
+
+// A Q8_0 weight's rows (its last dimension) must be whole blocks.
+void check_weight_rows(const OpCheck& c, const Tensor& w, const char* name) {
+    if (w.dtype() == DType::Q8_0 && w.dim(-1) % kQ8_0BlockValues != 0)
+        c.fail(std::string(name) + " is q8_0 with rows of " + std::to_string(w.dim(-1)) +
+               " values, not whole blocks of 32");
+}
+
 }  // namespace
 
 void Backend::set_matmul_precision(Precision p) {
@@ -55,8 +71,10 @@ void Backend::set_matmul_precision(Precision p) {
 }
 
 Tensor Backend::alloc(Shape shape, DType dtype) {
-    if (dtype == DType::BF16 && !has_bf16_tensors())
+    if (dtype == DType::BF16 && !has_bf16_tensors() && !supports_weight_format(DType::BF16))
         throw Error("the " + name() + " backend has no bf16 tensors (use --precision fp32)");
+    if ((dtype == DType::F16 || dtype == DType::Q8_0) && !supports_weight_format(dtype))
+        throw Error("the " + name() + " backend cannot hold " + to_string(dtype) + " weights");
     // Shapes reach here from configs and flags: a negative dimension or a byte count past 64
     // bits is an error naming the shape, never a wrapped size handed to the allocator. (The
     // message is built only on failure: this runs for every tensor.)
@@ -65,10 +83,13 @@ Tensor Backend::alloc(Shape shape, DType dtype) {
     };
     for (int64_t d : shape)
         if (d < 0) throw Error(what() + ": a dimension is negative");
+    const int64_t numel = shape_numel(shape);
+    if (dtype == DType::Q8_0 && numel % kQ8_0BlockValues != 0)
+        throw Error(what() + ": q8_0 holds whole blocks of 32 values");
     int64_t signed_bytes = 0;
-    if (__builtin_mul_overflow(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)),
-                               &signed_bytes))
+    if (__builtin_mul_overflow(numel, int64_t{4}, &signed_bytes))  // bounds dtype_bytes
         throw_int64_overflow(what() + " bytes");
+    signed_bytes = dtype_bytes(dtype, numel);
     const size_t bytes = static_cast<size_t>(signed_bytes);
     std::shared_ptr<DeviceBuffer> buffer = alloc_impl(bytes);
     MemoryStats& m = *memory_;
@@ -129,7 +150,8 @@ void Backend::convert_impl(const Tensor&, const Tensor&) {
 
 void Backend::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
     OpCheck c{"embedding"};
-    c.rank(table, "table", 2);
+    c.rank(table, "table", 2, weight_type(*this, table, false));
+    check_weight_rows(c, table, "table");
     c.rank(ids, "ids", 1, DType::I32);
     c.shape(out, "out", {ids.dim(0), table.dim(1)});
     embedding_impl(table, ids, out);
@@ -165,9 +187,11 @@ void Backend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, Matmul
 
 namespace {
 // x [N, in] and w [out, in] of linear() and linear_backward().
-void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w, bool bf16_operands) {
+void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w, bool bf16_operands,
+                           DType w_type) {
     c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
-    c.rank(w, "w", 2, OpCheck::float_type(w, bf16_operands));
+    c.rank(w, "w", 2, w_type);
+    check_weight_rows(c, w, "w");
     if (w.dim(1) != x.dim(1))
         c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
 }
@@ -176,7 +200,8 @@ void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w, b
 void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) {
     OpCheck c{"linear"};
-    check_linear_operands(c, x, w, matmul_precision() == Precision::BF16);
+    const bool bf16_operands = matmul_precision() == Precision::BF16;
+    check_linear_operands(c, x, w, bf16_operands, weight_type(*this, w, bf16_operands));
     c.shape(y, "y", {x.dim(0), w.dim(0)});
     if (b.defined()) c.shape(b, "b", {w.dim(0)});
     linear_impl(x, w, b, y, accumulate);
@@ -289,7 +314,8 @@ void Backend::grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& bia
     OpCheck c{"grouped_matmul"};
     const bool bf16_operands = matmul_precision() == Precision::BF16;
     c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
-    c.rank(w, "w", 3, OpCheck::float_type(w, bf16_operands));
+    c.rank(w, "w", 3, weight_type(*this, w, bf16_operands));
+    check_weight_rows(c, w, "w");
     if (w.dim(2) != x.dim(1))
         c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
     if (bias.defined()) c.shape(bias, "bias", {w.dim(0), w.dim(1)});
@@ -385,7 +411,7 @@ void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& d_
     OpCheck c{"linear_backward"};
     if (!supports_training()) training_op_unavailable("linear_backward");
     const bool bf16_operands = matmul_precision() == Precision::BF16;
-    check_linear_operands(c, x, w, bf16_operands);
+    check_linear_operands(c, x, w, bf16_operands, OpCheck::float_type(w, bf16_operands));
     // A BF16 d_y only without d_b, which sums the gradient itself, in fp32.
     c.shape(d_y, "d_y", {x.dim(0), w.dim(0)},
             OpCheck::float_type(d_y, bf16_operands && !d_b.defined()));

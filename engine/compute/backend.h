@@ -22,6 +22,7 @@
 #include "engine/compute/op_kinds.h"
 #include "engine/compute/precision.h"
 #include "engine/compute/tensor.h"
+#include "engine/compute/weight_format.h"
 
 namespace tmx {
 
@@ -82,6 +83,17 @@ class Backend {
     bool has_bf16_tensors() const { return supports_precision(Precision::BF16); }
     // dst = src, F32 to BF16 (rounded to nearest even) or BF16 to F32 (exact), same shape.
     void convert(const Tensor& src, const Tensor& dst);
+
+    // ---- weights stored in 16 and 8 bits (inference)
+    // Whether the backend reads weights stored in format t (engine/compute/weight_format.h) in
+    // any precision: F32 always; BF16, F16 and Q8_0 where this says so. Then alloc() makes
+    // tensors of t, upload() and download() move their bytes as they are, and t may be the
+    // dtype of w in linear() and grouped_matmul() and of the table in embedding() (those ops
+    // only). Each reads a weight as the value its format holds (Q8_0: scale * int8), and
+    // multiplies it with x as the precision says for x; a backend may also quantize x to Q8_0
+    // blocks for int8 products with a Q8_0 weight (the CPU does: backends/cpu/cpu_backend.h).
+    // A Q8_0 weight's rows are whole blocks of 32 values.
+    virtual bool supports_weight_format(DType t) const { return t == DType::F32; }
 
     // ---- memory and transfers
     Tensor alloc(Shape shape, DType dtype = DType::F32);

@@ -14,6 +14,10 @@ const char* to_string(DType t) {
             return "i32";
         case DType::BF16:
             return "bf16";
+        case DType::F16:
+            return "f16";
+        case DType::Q8_0:
+            return "q8_0";
     }
     return "unknown dtype";
 }
@@ -38,10 +42,13 @@ Tensor::Tensor(std::shared_ptr<DeviceBuffer> buffer, Shape shape, DType dtype, i
     : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype), offset_(offset) {
     for (int64_t d : shape_)
         if (d < 0) throw std::logic_error("negative tensor dimension " + shape_string(shape_));
-    if (buffer_ &&
-        (offset_ < 0 || checked_mul(checked_add(offset_, numel(), "tensor offset"),
-                                    static_cast<int64_t>(dtype_size(dtype_)),
-                                    "tensor bytes") > static_cast<int64_t>(buffer_->bytes())))
+    if (dtype_ == DType::Q8_0 && (offset_ % 32 != 0 || numel() % 32 != 0))
+        throw std::logic_error("q8_0 tensor " + shape_string(shape_) + " at offset " +
+                               std::to_string(offset_) + " is not whole blocks of 32");
+    if (!buffer_) return;
+    const int64_t end = checked_add(offset_, numel(), "tensor offset");
+    checked_mul(end, int64_t{4}, "tensor bytes");  // so dtype_bytes(end) cannot overflow
+    if (offset_ < 0 || dtype_bytes(dtype_, end) > static_cast<int64_t>(buffer_->bytes()))
         throw std::logic_error("tensor " + shape_string(shape_) + " at offset " +
                                std::to_string(offset_) + " overruns its buffer");
 }

@@ -14,11 +14,22 @@ namespace tmx {
 
 // BF16 holds bfloat16 values: the upper 16 bits of an fp32 (round_to_bf16 in
 // engine/compute/precision.h gives the value an fp32 rounds to). Backends with bf16 matmuls have
-// them (engine/compute/backend.h).
-enum class DType : uint8_t { F32, I32, BF16 };
+// them (engine/compute/backend.h). F16 (IEEE half) and Q8_0 (GGUF's blocks of 32 values: an f16
+// scale and 32 int8) are formats weights may be stored in for inference
+// (engine/compute/weight_format.h); a Q8_0 tensor's element count and offset are whole blocks.
+enum class DType : uint8_t { F32, I32, BF16, F16, Q8_0 };
 
-inline size_t dtype_size(DType t) {
-    return t == DType::BF16 ? 2 : 4;
+// Bytes of n elements of t (for Q8_0, n / 32 blocks of 34 bytes; n must be whole blocks).
+inline int64_t dtype_bytes(DType t, int64_t n) {
+    switch (t) {
+        case DType::BF16:
+        case DType::F16:
+            return 2 * n;
+        case DType::Q8_0:
+            return n / 32 * 34;
+        default:
+            return 4 * n;
+    }
 }
 const char* to_string(DType t);
 
@@ -50,7 +61,7 @@ class Tensor {
     DType dtype() const { return dtype_; }
     int64_t offset() const { return offset_; }  // in elements from the buffer's start
     int64_t numel() const { return shape_numel(shape_); }
-    size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+    size_t bytes() const { return static_cast<size_t>(dtype_bytes(dtype_, numel())); }
     int rank() const { return static_cast<int>(shape_.size()); }
     int64_t dim(int i) const { return shape_.at(i < 0 ? i + rank() : i); }
     DeviceBuffer* buffer() const { return buffer_.get(); }

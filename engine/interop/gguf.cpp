@@ -519,39 +519,6 @@ std::string Value::type_name() const {
 
 // ---- f16 and Q8_0 ----
 
-void quantize_q8_0(const float* x, size_t n, uint8_t* out) {
-    if (n % kQ8_0BlockValues != 0)
-        throw Error("Q8_0 needs a multiple of 32 values, got " + std::to_string(n));
-    for (size_t b = 0; b < n / kQ8_0BlockValues; ++b) {
-        const float* xb = x + b * kQ8_0BlockValues;
-        uint8_t* ob = out + b * kQ8_0BlockBytes;
-        float amax = 0.0f;
-        for (size_t j = 0; j < kQ8_0BlockValues; ++j) amax = std::max(amax, std::fabs(xb[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint16_t dh = f32_to_f16(d);
-        std::memcpy(ob, &dh, 2);
-        for (size_t j = 0; j < kQ8_0BlockValues; ++j) {
-            const float q = std::round(xb[j] * id);  // roundf: ties away from zero
-            const float c = std::isnan(q) ? 0.0f : std::clamp(q, -127.0f, 127.0f);
-            ob[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(c));
-        }
-    }
-}
-
-void dequantize_q8_0(const uint8_t* in, size_t n, float* out) {
-    if (n % kQ8_0BlockValues != 0)
-        throw Error("Q8_0 needs a multiple of 32 values, got " + std::to_string(n));
-    for (size_t b = 0; b < n / kQ8_0BlockValues; ++b) {
-        const uint8_t* ib = in + b * kQ8_0BlockBytes;
-        uint16_t dh;
-        std::memcpy(&dh, ib, 2);
-        const float d = f16_to_f32(dh);
-        for (size_t j = 0; j < kQ8_0BlockValues; ++j)
-            out[b * kQ8_0BlockValues + j] = d * static_cast<float>(static_cast<int8_t>(ib[2 + j]));
-    }
-}
-
 // ---- Writer ----
 
 Writer::Writer(std::string path) : path_(std::move(path)), out_(path_) {}

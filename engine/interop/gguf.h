@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/compute/weight_format.h"
 #include "engine/core/file_io.h"
 #include "engine/model/safetensors.h"
 
@@ -25,10 +26,10 @@ namespace tmx::gguf {
 inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kDefaultAlignment = 32;
 inline constexpr const char* kAlignmentKey = "general.alignment";
-inline constexpr uint32_t kMaxDims = 4;           // GGML_MAX_DIMS
-inline constexpr size_t kMaxTensorName = 63;      // GGML_MAX_NAME (64) less the NUL
-inline constexpr uint64_t kQ8_0BlockValues = 32;  // QK8_0
-inline constexpr uint64_t kQ8_0BlockBytes = 34;   // f16 scale + 32 int8
+inline constexpr uint32_t kMaxDims = 4;       // GGML_MAX_DIMS
+inline constexpr size_t kMaxTensorName = 63;  // GGML_MAX_NAME (64) less the NUL
+inline constexpr uint64_t kQ8_0BlockValues = tmx::kQ8_0BlockValues;  // QK8_0
+inline constexpr uint64_t kQ8_0BlockBytes = tmx::kQ8_0BlockBytes;    // f16 scale + 32 int8
 
 enum class ValueType : uint32_t {
     UINT8 = 0,
@@ -229,16 +230,9 @@ class Reader {
     std::vector<TensorInfo> tensors_;
 };
 
-// Q8_0 as ggml's quantize_row_q8_0_ref: per block of 32 values, d = max|x| / 127 stored as
-// f16, then q = roundf(x / d) (computed as x * (1/d), ties away from zero; all zero when d is
-// 0). n must be a multiple of 32; `out` receives n / 32 * 34 bytes. Non-finite inputs give no
-// undefined behaviour (q is clamped to [-127, 127], a NaN gives 0).
-void quantize_q8_0(const float* x, size_t n, uint8_t* out);
-// x = f16_to_f32(d) * q for n values (a multiple of 32) from n / 32 * 34 bytes.
-void dequantize_q8_0(const uint8_t* in, size_t n, float* out);
-
-// fp32 to IEEE half (engine/model/safetensors.h): round to nearest even, subnormals, overflow
-// to infinity, NaN stays NaN.
+// The Q8_0 block conversions and fp32 to IEEE half (engine/compute/weight_format.h).
+using tmx::dequantize_q8_0;
 using tmx::f32_to_f16;
+using tmx::quantize_q8_0;
 
 }  // namespace tmx::gguf

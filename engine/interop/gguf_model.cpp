@@ -287,6 +287,20 @@ GgufExportReport export_gguf(const std::string& checkpoint, const std::string& o
 
 namespace {
 
+// The checkpoint storage of a GGUF tensor type.
+StorageType storage_of_gguf(gguf::TensorType t) {
+    switch (t) {
+        case gguf::TensorType::F16:
+            return StorageType::F16;
+        case gguf::TensorType::BF16:
+            return StorageType::BF16;
+        case gguf::TensorType::Q8_0:
+            return StorageType::Q8_0;
+        default:
+            return StorageType::F32;
+    }
+}
+
 // The native config a GGUF llama file describes; anything we do not compute exactly is refused
 // naming the key.
 ModelConfig config_from_gguf(const gguf::Reader& r) {
@@ -387,7 +401,8 @@ ImportReport import_gguf(const std::string& gguf_file, const std::string& checkp
                     "engine implements plain RoPE only");
 
     CheckpointWriteOptions w;
-    w.dtype = options.dtype;
+    w.dtype = options.dtype.value_or(
+        storage_of_gguf(where.at("model.layers.0.self_attn.q_proj.weight").info->type));
     w.overwrite = options.overwrite;
     // The vocabulary becomes a SentencePiece model again; loading it checks it.
     w.tokenizer_model = sentencepiece_model_from_gguf(r);
@@ -401,7 +416,7 @@ ImportReport import_gguf(const std::string& gguf_file, const std::string& checkp
             at.info->numel /
             (at.planned->kind == PlannedTensor::Kind::Experts ? static_cast<uint64_t>(c.n_experts)
                                                               : 1) *
-            (options.dtype == StorageType::F32 ? 4 : 2);
+            (w.dtype == StorageType::F32 ? 4 : 2);
     std::vector<float> buffer;
     {
         write_checkpoint(c, checkpoint, w, [&](const ParamSpec& spec, float* out) {
@@ -419,7 +434,7 @@ ImportReport import_gguf(const std::string& gguf_file, const std::string& checkp
             }
             check_finite_tensor(gguf_file, at.planned->name, spec.shape, out, "weights");
             ++progress.tensors_done;
-            progress.bytes_done += n * (options.dtype == StorageType::F32 ? 4 : 2);
+            progress.bytes_done += n * (w.dtype == StorageType::F32 ? 4 : 2);
             if (options.progress) options.progress(progress);
         });
     }
@@ -427,6 +442,7 @@ ImportReport import_gguf(const std::string& gguf_file, const std::string& checkp
     ImportReport report;
     report.config = c;
     report.source_kind = "GGUF llama";
+    report.dtype = w.dtype;
     report.params = param_count(c, gguf_file);
     return report;
 }

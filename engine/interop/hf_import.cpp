@@ -138,26 +138,29 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& checkpoint,
                         "' (config.json describes no such weight)");
 
     CheckpointWriteOptions w;
-    w.dtype = options.dtype;
+    const std::string q_name = hf_tensor_name("model.layers.0.self_attn.q_proj.weight");
+    const StorageType source = weights.tensors().at(q_name)->entry(q_name).dtype;
+    w.dtype = options.dtype.value_or(source == StorageType::F64 ? StorageType::F32 : source);
     w.tokenizer_path = tok_path;
     w.overwrite = options.overwrite;
     Progress progress{0, static_cast<int64_t>(specs.size()), 0, 0};
     for (const auto& s : specs)
-        progress.bytes_total += static_cast<uint64_t>(shape_numel(s.shape)) *
-                                (options.dtype == StorageType::F32 ? 4 : 2);
+        progress.bytes_total +=
+            static_cast<uint64_t>(shape_numel(s.shape)) * (w.dtype == StorageType::F32 ? 4 : 2);
     write_checkpoint(*config, checkpoint, w, [&](const ParamSpec& spec, float* out) {
         const std::string name = hf_tensor_name(spec.name);
         const SafetensorsFile& file = *weights.tensors().at(name);
         file.read_f32(name, out);
         check_finite_tensor(file.path(), name, spec.shape, out, "weights");
         ++progress.tensors_done;
-        progress.bytes_done += static_cast<uint64_t>(shape_numel(spec.shape)) *
-                               (options.dtype == StorageType::F32 ? 4 : 2);
+        progress.bytes_done +=
+            static_cast<uint64_t>(shape_numel(spec.shape)) * (w.dtype == StorageType::F32 ? 4 : 2);
         if (options.progress) options.progress(progress);
     });
     ImportReport report;
     report.config = *config;
     report.source_kind = "Hugging Face " + cfg.at("model_type").get<std::string>();
+    report.dtype = w.dtype;
     report.params = param_count(*config, config_path);
     return report;
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "engine/model/config.h"
@@ -61,14 +62,17 @@ std::string native_tensor_name(const std::string& hf);
 uint64_t parse_byte_size(const std::string& text, const std::string& flag);
 
 struct ImportOptions {
-    StorageType dtype = StorageType::F32;  // of the native checkpoint: F32 or BF16
+    // Of the native checkpoint's weights: F32, BF16, F16 or Q8_0; unset, the source's own (that
+    // of its first query projection; F64 becomes F32), so that an F16 or Q8_0 GGUF file stays so.
+    std::optional<StorageType> dtype;
     bool overwrite = false;
     ProgressFn progress;
 };
 
 struct ImportReport {
     ModelConfig config;
-    std::string source_kind;  // "Hugging Face mixtral", "GGUF llama", ...
+    std::string source_kind;               // "Hugging Face mixtral", "GGUF llama", ...
+    StorageType dtype = StorageType::F32;  // the checkpoint's weights
     int64_t params = 0;
 };
 

@@ -30,14 +30,6 @@ int64_t first_non_finite(const float* data, int64_t n) {
     return -1;
 }
 
-// A checkpoint with NaN or infinite weights (saved from a diverged run, or corrupted) would
-// only produce NaN: refuse it, naming the first such tensor in layout order.
-void check_finite_weights(const ParamLayout& layout, const std::vector<float>& host,
-                          const std::string& path) {
-    for (const auto& s : layout.specs)
-        check_finite_tensor(path, s.name, s.shape, host.data() + s.offset, "weights");
-}
-
 }  // namespace
 
 void check_finite_tensor(const std::string& path, const std::string& name, const Shape& shape,
@@ -83,8 +75,12 @@ void write_checkpoint(const ModelConfig& config, const std::string& dir_str,
         std::vector<ParamSpec> specs = model_param_specs(config);
         std::sort(specs.begin(), specs.end(),
                   [](const ParamSpec& a, const ParamSpec& b) { return a.name < b.name; });
+        // Each tensor as a model with weights in that format stores it (stored_dtype): the
+        // norms, biases and router stay F32.
         std::vector<SafetensorsEntryPlan> plan;
-        for (const auto& s : specs) plan.push_back({s.name, s.shape, options.dtype});
+        for (const auto& s : specs)
+            plan.push_back(
+                {s.name, s.shape, storage_of(stored_dtype(s, storage_dtype(options.dtype)))});
         SafetensorsWriter writer((tmp / "model.safetensors").string(), plan);
         std::vector<float> buffer;
         for (const auto& s : specs) {
@@ -149,14 +145,44 @@ void load_checkpoint_weights(Model& model, const std::string& dir) {
         if (!layout.find(name))
             throw Error(path + ": unexpected tensor '" + name + "' (not part of this config" +
                         (name == "lm_head.weight" ? ": tie_embeddings is true)" : ")"));
-    std::vector<float> host(static_cast<size_t>(layout.total));
-    for (const auto& s : layout.specs) file.read_f32(s.name, host.data() + s.offset);
-    check_finite_weights(layout, host, path);
-    model.params_from_host(host);
+    // Tensor by tensor, so that memory stays near the model's own: each is checked in fp32, and
+    // stored as the file holds it where the model keeps that dtype (no rounding twice).
+    std::vector<float> values;
+    std::vector<std::byte> raw;
+    for (const auto& s : layout.specs) {
+        values.resize(static_cast<size_t>(s.numel()));
+        file.read_f32(s.name, values.data());
+        check_finite_tensor(path, s.name, s.shape, values.data(), "weights");
+        const DType stored = model.param(s.name).dtype();
+        const DType in_file = storage_dtype(file.entry(s.name).dtype);
+        if (stored != DType::F32 && stored == in_file) {
+            raw.resize(static_cast<size_t>(dtype_bytes(stored, s.numel())));
+            file.read_raw(s.name, raw.data());
+            model.set_param(s.name, stored, raw.data());
+        } else {
+            model.set_param(s.name, DType::F32, values.data());
+        }
+    }
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend) {
-    auto model = std::make_unique<Model>(load_checkpoint_config(dir), backend);
+DType checkpoint_weight_format(const std::string& dir) {
+    const ModelConfig config = load_checkpoint_config(dir);
+    const std::string path = (fs::path(dir) / "model.safetensors").string();
+    if (!fs::exists(path)) throw Error(path + ": missing (a checkpoint needs model.safetensors)");
+    SafetensorsFile file(path);
+    // The format of the weights: that of the first layer's query projection (every config has
+    // one), as a model in the format would store it.
+    return storage_dtype(file.entry("model.layers.0.self_attn.q_proj.weight").dtype);
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
+                                  std::optional<DType> weight_format) {
+    DType format = weight_format.value_or(DType::F32);
+    if (!weight_format) {
+        format = checkpoint_weight_format(dir);
+        if (!backend.supports_weight_format(format)) format = DType::F32;
+    }
+    auto model = std::make_unique<Model>(load_checkpoint_config(dir), backend, format);
     load_checkpoint_weights(*model, dir);
     return model;
 }

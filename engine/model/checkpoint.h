@@ -1,5 +1,6 @@
 // Checkpoint directories (DESIGN.md section 3): config.json (the native config plus
-// format_version), model.safetensors (F32 or BF16), optionally tokenizer.model, and for
+// format_version), model.safetensors (F32, or the weights in BF16, F16 or Q8_0: see
+// write_checkpoint), optionally tokenizer.model, and for
 // training state further files. A directory is written whole into a temporary sibling and then
 // swapped into place, so a reader never sees a half-written checkpoint.
 #pragma once
@@ -7,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/model/model.h"
@@ -39,7 +41,8 @@ void write_checkpoint(const ModelConfig& config, const std::string& dir,
 ModelConfig load_checkpoint_config(const std::string& dir);
 
 // Loads model.safetensors into `model`, checking that every tensor is present with the
-// shape the config needs and that there are no others.
+// shape the config needs, finite, and that there are no others. Each is converted to the dtype
+// the model stores it in.
 void load_checkpoint_weights(Model& model, const std::string& dir);
 
 // A tmx::Error naming the file and tensor when data (shape's elements) holds NaN or infinity:
@@ -48,8 +51,15 @@ void load_checkpoint_weights(Model& model, const std::string& dir);
 void check_finite_tensor(const std::string& path, const std::string& name, const Shape& shape,
                          const float* data, const char* what);
 
-// Config + weights on `backend`.
-std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend);
+// The format the checkpoint's weights are stored in (engine/compute/weight_format.h): F32, BF16,
+// F16 or Q8_0.
+DType checkpoint_weight_format(const std::string& dir);
+
+// Config + weights on `backend`, the weights in `weight_format` (converted as they load), or by
+// default in the checkpoint's own format where the backend holds it, else in f32. A checkpoint
+// with NaN or infinite weights is refused, naming the tensor.
+std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
+                                  std::optional<DType> weight_format = std::nullopt);
 
 // The path of the checkpoint's tokenizer, or "" when it has none.
 std::string checkpoint_tokenizer(const std::string& dir);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "engine/core/checked_math.h"
@@ -87,7 +88,7 @@ struct TensorSpec {
     Shape shape;
     DType dtype = DType::F32;
     double bytes() const {
-        double n = static_cast<double>(dtype_size(dtype));
+        double n = static_cast<double>(dtype_bytes(dtype, 1));
         for (int64_t d : shape) n *= static_cast<double>(d);
         return n;
     }
@@ -252,56 +253,103 @@ TrainingMemory training_memory(const ModelConfig& c, int64_t batch, int64_t seq,
     return m;
 }
 
-Model::Model(const ModelConfig& config, Backend& backend)
-    : config_(config), backend_(backend), layout_(model_param_layout(config)) {
-    params_ = backend_.alloc({layout_.total});
+DType stored_dtype(const ParamSpec& s, DType weight_format) {
+    const bool weight =
+        s.shape.size() == 2 && s.name.find(".block_sparse_moe.gate.") == std::string::npos;
+    if (!weight) return DType::F32;
+    if (weight_format == DType::Q8_0 && s.shape[1] % kQ8_0BlockValues != 0) return DType::F16;
+    return weight_format;
+}
+
+Model::Model(const ModelConfig& config, Backend& backend, DType weight_format)
+    : config_(config),
+      backend_(backend),
+      layout_(model_param_layout(config)),
+      weight_format_(weight_format) {
+    if (!is_weight_format(weight_format))
+        throw std::logic_error(std::string("Model: ") + to_string(weight_format) +
+                               " is no weight format");
+    // Each parameter's place: at its layout offset in params_ (f32 weights), or packed into
+    // the flat tensor of its stored dtype, in layout order (so that wq, wk and wv stay back to
+    // back, and each layer's experts too).
+    std::map<DType, int64_t> sizes;
+    for (const auto& s : layout_.specs) {
+        const DType t = stored_dtype(s, weight_format);
+        if (t != DType::F32 && !backend_.supports_weight_format(t))
+            throw Error("the " + backend_.name() + " backend cannot hold " + to_string(t) +
+                        " weights (load them as f32)");
+        int64_t& size = sizes[t];
+        places_.push_back({t, weight_format == DType::F32 ? s.offset : size});
+        size += s.numel();
+    }
+    for (const auto& [t, size] : sizes)
+        stored_[t] = t == DType::F32 && weight_format == DType::F32
+                         ? backend_.alloc({layout_.total})
+                         : backend_.alloc({size}, t);
+    if (!stored_.count(DType::F32)) stored_[DType::F32] = backend_.alloc({0});
+    params_ = stored_.at(DType::F32);
     embed_ = param("model.embed_tokens.weight");
     final_norm_w_ = param("model.norm.weight");
     final_norm_b_ = layout_.find("model.norm.bias") ? param("model.norm.bias") : Tensor{};
     lm_head_ = config_.tie_embeddings ? embed_ : param("lm_head.weight");
-    for (int64_t i = 0; i < config_.n_layers; ++i) layers_.push_back(bind_layer(params_, i));
+    for (int64_t i = 0; i < config_.n_layers; ++i) layers_.push_back(bind_layer(nullptr, i));
+}
+
+const ParamSpec& Model::spec(const std::string& name) const {
+    const ParamSpec* s = layout_.find(name);
+    if (!s) throw std::logic_error("no parameter named " + name);
+    return *s;
+}
+
+Tensor Model::locate(const Tensor* flat, const ParamSpec& s, Shape shape) const {
+    if (flat) return flat->slice(s.offset, std::move(shape));
+    const Place& p = places_[static_cast<size_t>(&s - layout_.specs.data())];
+    return stored_.at(p.dtype).slice(p.offset, std::move(shape));
 }
 
 Tensor Model::view(const Tensor& flat, const std::string& name) const {
-    const ParamSpec* s = layout_.find(name);
-    if (!s) throw std::logic_error("no parameter named " + name);
-    return flat.slice(s->offset, s->shape);
+    const ParamSpec& s = spec(name);
+    return locate(&flat, s, s.shape);
 }
 
-LayerWeights Model::bind_layer(const Tensor& flat, int64_t layer) const {
+LayerWeights Model::bind_layer(const Tensor* flat, int64_t layer) const {
     const ModelConfig& c = config_;
     const std::string p = "model.layers." + std::to_string(layer);
-    auto opt = [&](const std::string& name) {
-        return layout_.find(name) ? view(flat, name) : Tensor{};
+    auto view = [&](const std::string& name) {
+        const ParamSpec& s = spec(name);
+        return locate(flat, s, s.shape);
     };
+    auto opt = [&](const std::string& name) { return layout_.find(name) ? view(name) : Tensor{}; };
     // The stacked [E, ...] view that starts at expert 0's tensor.
     auto stacked = [&](const std::string& first, Shape per_expert) {
         const ParamSpec* s = layout_.find(first);
         if (!s) return Tensor{};
         per_expert.insert(per_expert.begin(), c.n_experts);
-        return flat.slice(s->offset, per_expert);
+        return locate(flat, *s, per_expert);
     };
     LayerWeights w;
-    w.input_norm_w = view(flat, p + ".input_layernorm.weight");
+    w.input_norm_w = view(p + ".input_layernorm.weight");
     w.input_norm_b = opt(p + ".input_layernorm.bias");
-    w.post_norm_w = view(flat, p + ".post_attention_layernorm.weight");
+    w.post_norm_w = view(p + ".post_attention_layernorm.weight");
     w.post_norm_b = opt(p + ".post_attention_layernorm.bias");
-    w.wq = view(flat, p + ".self_attn.q_proj.weight");
+    w.wq = view(p + ".self_attn.q_proj.weight");
     w.bq = opt(p + ".self_attn.q_proj.bias");
-    w.wk = view(flat, p + ".self_attn.k_proj.weight");
+    w.wk = view(p + ".self_attn.k_proj.weight");
     w.bk = opt(p + ".self_attn.k_proj.bias");
-    w.wv = view(flat, p + ".self_attn.v_proj.weight");
+    w.wv = view(p + ".self_attn.v_proj.weight");
     w.bv = opt(p + ".self_attn.v_proj.bias");
-    w.wo = view(flat, p + ".self_attn.o_proj.weight");
+    w.wo = view(p + ".self_attn.o_proj.weight");
     w.bo = opt(p + ".self_attn.o_proj.bias");
-    // Offsets within flat (views carry theirs from the buffer's start).
-    const int64_t q_begin = w.wq.offset() - flat.offset(), k_begin = q_begin + w.wq.numel();
-    if (w.wk.offset() - flat.offset() == k_begin &&
-        w.wv.offset() - flat.offset() == k_begin + w.wk.numel())
-        w.wqkv = flat.slice(q_begin, {c.q_dim() + 2 * c.kv_dim(), c.d_model});
+    // wq, wk and wv back to back in the layout (no biases between them) are back to back in
+    // every flat tensor: one [q_dim + 2 kv_dim, d] view from wq's place.
+    const ParamSpec &sq = spec(p + ".self_attn.q_proj.weight"),
+                    &sk = spec(p + ".self_attn.k_proj.weight"),
+                    &sv = spec(p + ".self_attn.v_proj.weight");
+    if (sk.offset == sq.offset + sq.numel() && sv.offset == sk.offset + sk.numel())
+        w.wqkv = locate(flat, sq, {c.q_dim() + 2 * c.kv_dim(), c.d_model});
     if (c.is_moe()) {
         const std::string e0 = p + ".block_sparse_moe.experts.0.";
-        w.router = view(flat, p + ".block_sparse_moe.gate.weight");
+        w.router = view(p + ".block_sparse_moe.gate.weight");
         w.w1 = stacked(e0 + "w1.weight", {c.d_ff, c.d_model});
         w.b1 = stacked(e0 + "w1.bias", {c.d_ff});
         w.w2 = stacked(e0 + "w2.weight", {c.d_model, c.d_ff});
@@ -309,9 +357,9 @@ LayerWeights Model::bind_layer(const Tensor& flat, int64_t layer) const {
         w.w3 = stacked(e0 + "w3.weight", {c.d_ff, c.d_model});
         w.b3 = stacked(e0 + "w3.bias", {c.d_ff});
     } else {
-        w.w1 = view(flat, p + ".mlp.w1.weight");
+        w.w1 = view(p + ".mlp.w1.weight");
         w.b1 = opt(p + ".mlp.w1.bias");
-        w.w2 = view(flat, p + ".mlp.w2.weight");
+        w.w2 = view(p + ".mlp.w2.weight");
         w.b2 = opt(p + ".mlp.w2.bias");
         w.w3 = opt(p + ".mlp.w3.weight");
         w.b3 = opt(p + ".mlp.w3.bias");
@@ -320,7 +368,8 @@ LayerWeights Model::bind_layer(const Tensor& flat, int64_t layer) const {
 }
 
 Tensor Model::param(const std::string& name) const {
-    return view(params_, name);
+    const ParamSpec& s = spec(name);
+    return locate(nullptr, s, s.shape);
 }
 
 void Model::init_random(uint64_t seed) {
@@ -347,14 +396,43 @@ void Model::init_random(uint64_t seed) {
 
 std::vector<float> Model::params_to_host() const {
     std::vector<float> host(static_cast<size_t>(layout_.total));
-    backend_.download(params_, host.data());
+    if (weight_format_ == DType::F32) {
+        backend_.download(params_, host.data());
+        return host;
+    }
+    std::vector<std::byte> bytes;
+    for (const auto& s : layout_.specs) {
+        const Tensor t = param(s.name);
+        bytes.resize(t.bytes());
+        backend_.download(t, bytes.data());
+        decode_weights(t.dtype(), bytes.data(), s.numel(), host.data() + s.offset);
+    }
     return host;
 }
 
 void Model::params_from_host(const std::vector<float>& values) {
     if (static_cast<int64_t>(values.size()) != layout_.total)
         throw std::logic_error("params_from_host: wrong number of values");
-    backend_.upload(params_, values.data());
+    if (weight_format_ == DType::F32) {
+        backend_.upload(params_, values.data());
+    } else {
+        for (const auto& s : layout_.specs) set_param(s.name, DType::F32, values.data() + s.offset);
+    }
+    params_changed();
+}
+
+void Model::set_param(const std::string& name, DType format, const void* data) {
+    const Tensor t = param(name);
+    if (format == t.dtype()) {
+        backend_.upload(t, data);
+    } else if (format == DType::F32) {
+        std::vector<std::byte> bytes(t.bytes());
+        encode_weights(t.dtype(), static_cast<const float*>(data), t.numel(), bytes.data());
+        backend_.upload(t, bytes.data());
+    } else {
+        throw std::logic_error("Model::set_param: " + name + " is stored as " +
+                               to_string(t.dtype()) + ", given " + to_string(format));
+    }
     params_changed();
 }
 
@@ -363,7 +441,7 @@ void Model::refresh_bf16_weights() {
     if (!params_bf16_.defined()) {
         params_bf16_ = backend_.alloc({layout_.total}, DType::BF16);
         for (int64_t i = 0; i < config_.n_layers; ++i)
-            layers_bf16_.push_back(bind_layer(params_bf16_, i));
+            layers_bf16_.push_back(bind_layer(&params_bf16_, i));
         lm_head_bf16_ = view(
             params_bf16_, config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     }
@@ -372,6 +450,9 @@ void Model::refresh_bf16_weights() {
 }
 
 const Tensor& Model::grads() {
+    if (weight_format_ != DType::F32)
+        throw Error(std::string("a model with ") + to_string(weight_format_) +
+                    " weights cannot be trained: train from full-precision (f32) weights");
     if (!grads_.defined()) {
         grads_ = backend_.alloc({layout_.total});
         backend_.fill(grads_, 0.0f);
@@ -692,7 +773,7 @@ void Model::backward(float loss_scale, const GradsFinal& grads_final_from) {
     for (int64_t l = c.n_layers - 1; l >= 0; --l) {
         const LayerWeights& w = layers_[l];  // norms
         const LayerWeights& m = matmul_weights(l);
-        const LayerWeights gw = bind_layer(g, l);
+        const LayerWeights gw = bind_layer(&g, l);
         const LayerActivations& a = saved_.layers[l];
         // Feed-forward block: h_out = h_mid + ffn(norm(h_mid)); dh flows on to h_mid as is.
         for (const Tensor* t : {&d_pre, &d_act, &d_a}) be.fill(*t, 0.0f);

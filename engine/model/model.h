@@ -10,10 +10,17 @@
 // FFN activation, the expert-sorted inputs, and the classifier's d_logits) as BF16 tensors. The
 // matmuls round their operands to bf16 anyway (engine/compute/backend.h), so this gives the same
 // results as fp32 storage with half the memory and traffic, and no rounding copies per matmul.
+//
+// For inference a model may instead keep its weights in a 16- or 8-bit format
+// (engine/compute/weight_format.h), on a backend that reads that format: then the matmul
+// weights and the embedding table are held in it, packed into one flat tensor per stored dtype
+// (stored_dtype below), and only the norms, biases and router stay fp32; there is no fp32 copy
+// of the whole model. Such a model does not train.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +52,12 @@ struct ParamLayout {
 };
 
 ParamLayout model_param_layout(const ModelConfig& config);
+
+// The dtype a model with weights in `weight_format` stores parameter s in: the format for the
+// 2-D weights (the matmuls' and the embedding table), except Q8_0 rows that are not whole blocks
+// of 32, which are F16 (as llama.cpp falls back); F32 for the norms, biases and the router
+// (routing decisions are sensitive to it, and it is tiny; llama.cpp keeps it F32 too).
+DType stored_dtype(const ParamSpec& s, DType weight_format);
 std::vector<ParamSpec> model_param_specs(const ModelConfig& config);
 
 // Views of one layer's weights inside the flat parameter tensor. Undefined when the config
@@ -91,12 +104,16 @@ struct ForwardResult {
 
 class Model {
   public:
-    // Allocates the parameters on `backend` (uninitialised).
-    Model(const ModelConfig& config, Backend& backend);
+    // Allocates the parameters on `backend` (uninitialised), the weights in `weight_format`
+    // (see the top; a format the backend cannot hold is a tmx::Error).
+    Model(const ModelConfig& config, Backend& backend, DType weight_format = DType::F32);
 
     const ModelConfig& config() const { return config_; }
     const ParamLayout& layout() const { return layout_; }
     Backend& backend() const { return backend_; }
+    DType weight_format() const { return weight_format_; }
+    // Every parameter in layout order (fp32 weights); with weights in another format, only the
+    // parameters stored in fp32, packed.
     const Tensor& params() const { return params_; }
     // Whoever writes params() directly (an optimizer step) calls this afterwards, so that the
     // bf16 copy of the weights is refreshed before the next pass reads it.
@@ -110,9 +127,14 @@ class Model {
     // norm weights 1. Each tensor draws from its own stream of `seed`.
     void init_random(uint64_t seed);
 
+    // Every parameter in fp32, in layout order (weights in another format decoded), and back
+    // (encoded into each parameter's stored dtype).
     std::vector<float> params_to_host() const;
     void params_from_host(const std::vector<float>& values);
-    // The named parameter's view.
+    // Sets one parameter from host data in `format`: its stored dtype's bytes as they are, or
+    // fp32 values encoded into it (any other format is a logic_error).
+    void set_param(const std::string& name, DType format, const void* data);
+    // The named parameter's view (in its stored dtype).
     Tensor param(const std::string& name) const;
 
     // Runs tokens [B, T] (row-major, positions 0..T-1 in each row). With targets [B*T] (-1 =
@@ -157,12 +179,17 @@ class Model {
     void set_classifier_chunk_values(int64_t values) { classifier_chunk_values_ = values; }
 
   private:
-    // Views of one layer's tensors inside a flat tensor laid out like the parameters.
-    LayerWeights bind_layer(const Tensor& flat, int64_t layer) const;
+    const ParamSpec& spec(const std::string& name) const;  // logic_error when there is none
+    // Parameter s with `shape` from its first element: in `flat`, a tensor laid out like the
+    // parameters (the bf16 copy, the gradients), or where it is stored when flat is null.
+    Tensor locate(const Tensor* flat, const ParamSpec& s, Shape shape) const;
+    // Views of one layer's tensors (locate's `flat`).
+    LayerWeights bind_layer(const Tensor* flat, int64_t layer) const;
     Tensor view(const Tensor& flat, const std::string& name) const;
     // Whether this pass stores weights and matmul-only activations in bf16 (see the top).
     bool bf16_storage() const {
-        return bf16_storage_enabled_ && backend_.matmul_precision() == Precision::BF16;
+        return bf16_storage_enabled_ && weight_format_ == DType::F32 &&
+               backend_.matmul_precision() == Precision::BF16;
     }
     // Makes the bf16 copy of the weights current, when bf16_storage(); called by each pass.
     void refresh_bf16_weights();
@@ -220,7 +247,17 @@ class Model {
     ModelConfig config_;
     Backend& backend_;
     ParamLayout layout_;
-    Tensor params_;
+    DType weight_format_;
+    // Where each parameter (by layout index) is stored: the flat tensor of its dtype in
+    // stored_, and its offset there (with f32 weights, params_ holds everything at the
+    // layout's offsets).
+    struct Place {
+        DType dtype;
+        int64_t offset;
+    };
+    std::vector<Place> places_;
+    std::map<DType, Tensor> stored_;
+    Tensor params_;  // stored_[F32]
     Tensor embed_, final_norm_w_, final_norm_b_, lm_head_;
     std::vector<LayerWeights> layers_;
     // The bf16 copy of params_ (BF16, made on the first pass that needs it) and its views.

@@ -27,8 +27,36 @@ const char* to_string(StorageType t) {
             return "F16";
         case StorageType::F64:
             return "F64";
+        case StorageType::Q8_0:
+            return "Q8_0";
     }
     return "?";
+}
+
+DType storage_dtype(StorageType t) {
+    switch (t) {
+        case StorageType::BF16:
+            return DType::BF16;
+        case StorageType::F16:
+            return DType::F16;
+        case StorageType::Q8_0:
+            return DType::Q8_0;
+        default:
+            return DType::F32;
+    }
+}
+
+StorageType storage_of(DType t) {
+    switch (t) {
+        case DType::BF16:
+            return StorageType::BF16;
+        case DType::F16:
+            return StorageType::F16;
+        case DType::Q8_0:
+            return StorageType::Q8_0;
+        default:
+            return StorageType::F32;
+    }
 }
 
 StorageType parse_storage_type(const std::string& name) {
@@ -36,7 +64,9 @@ StorageType parse_storage_type(const std::string& name) {
     std::transform(s.begin(), s.end(), s.begin(), ::tolower);
     if (s == "f32" || s == "fp32" || s == "float32") return StorageType::F32;
     if (s == "bf16" || s == "bfloat16") return StorageType::BF16;
-    throw UsageError("unknown weight dtype '" + name + "' (expected f32 or bf16)");
+    if (s == "f16" || s == "fp16" || s == "float16") return StorageType::F16;
+    if (s == "q8_0") return StorageType::Q8_0;
+    throw UsageError("unknown weight dtype '" + name + "' (expected f32, bf16, f16 or q8_0)");
 }
 
 uint16_t f32_to_bf16(float f) {
@@ -54,39 +84,19 @@ float bf16_to_f32(uint16_t b) {
     return f;
 }
 
-float f16_to_f32(uint16_t h) {
-    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, u;
-    if (exp == 0) {
-        if (mant == 0) {
-            u = sign;
-        } else {  // subnormal: normalise
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400u)) {
-                mant <<= 1;
-                --exp;
-            }
-            u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | (mant << 13);
-    } else {
-        u = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-    }
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
 namespace {
 
 using nlohmann::json;
 
+// Bytes of one element (Q8_0: of one byte of its blocks).
 size_t storage_size(StorageType t) {
     switch (t) {
         case StorageType::F32:
             return 4;
         case StorageType::F64:
             return 8;
+        case StorageType::Q8_0:
+            return 1;
         default:
             return 2;
     }
@@ -97,8 +107,24 @@ StorageType parse_header_dtype(const std::string& dt, const std::string& where) 
     if (dt == "BF16") return StorageType::BF16;
     if (dt == "F16") return StorageType::F16;
     if (dt == "F64") return StorageType::F64;
+    if (dt == "U8") return StorageType::Q8_0;
     throw Error(where + ": dtype " + dt +
-                " cannot be read by this engine (supported: F32, BF16, F16, F64)");
+                " cannot be read by this engine (supported: F32, BF16, F16, F64, and U8 holding "
+                "Q8_0 blocks)");
+}
+
+// The header's dtype and shape of a tensor (Q8_0: U8 blocks, see safetensors.h).
+const char* header_dtype(StorageType t) {
+    return t == StorageType::Q8_0 ? "U8" : to_string(t);
+}
+Shape header_shape(StorageType t, Shape shape, const std::string& where) {
+    if (t != StorageType::Q8_0) return shape;
+    if (shape.empty() || shape.back() % kQ8_0BlockValues != 0)
+        throw Error(where + ": Q8_0 needs rows of whole blocks of 32 values, not shape " +
+                    shape_string(shape));
+    shape.back() /= kQ8_0BlockValues;
+    shape.push_back(kQ8_0BlockBytes);
+    return shape;
 }
 
 // The JSON header; a key twice in one object (a tensor listed twice, or a field of one) is
@@ -136,6 +162,13 @@ SafetensorsEntry parse_entry(const json& info, const std::string& where) {
                     std::to_string(e.end) + "] end before they begin");
     const int64_t bytes = checked_mul(numel, static_cast<int64_t>(storage_size(e.dtype)),
                                       where + ": byte size of shape " + shape.dump());
+    if (e.dtype == StorageType::Q8_0) {  // U8: [..., blocks, 34] is a tensor of [..., blocks * 32]
+        if (e.shape.size() < 2 || e.shape.back() != kQ8_0BlockBytes)
+            throw Error(where + ": a U8 tensor must hold Q8_0 blocks, shape [..., blocks, " +
+                        std::to_string(kQ8_0BlockBytes) + "], not " + shape_string(e.shape));
+        e.shape.pop_back();
+        e.shape.back() = checked_mul(e.shape.back(), kQ8_0BlockValues, where + ": Q8_0 blocks");
+    }
     if (e.end - e.begin != static_cast<uint64_t>(bytes))
         throw Error(where + ": " + std::to_string(e.end - e.begin) + " bytes do not match shape " +
                     shape_string(e.shape) + " of " + dt + " (" + std::to_string(bytes) + " bytes)");
@@ -238,11 +271,28 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
     return it->second;
 }
 
+void SafetensorsFile::read_raw(const std::string& name, void* out) const {
+    const SafetensorsEntry& e = entry(name);
+    read_exact_at(fd_, out, e.end - e.begin, data_start_ + e.begin, path_);
+}
+
 void SafetensorsFile::read_f32(const std::string& name, float* out) const {
     const SafetensorsEntry& e = entry(name);
     const size_t n = static_cast<size_t>(shape_numel(e.shape));
     if (e.dtype == StorageType::F32) {  // straight into the caller's buffer
         read_exact_at(fd_, out, n * 4, data_start_ + e.begin, path_);
+        return;
+    }
+    if (e.dtype == StorageType::Q8_0) {  // whole blocks at a time
+        constexpr size_t kBlocks = size_t{1} << 15;
+        const size_t blocks = n / kQ8_0BlockValues;
+        std::vector<uint8_t> raw(std::min(blocks, kBlocks) * kQ8_0BlockBytes);
+        for (size_t first = 0; first < blocks; first += kBlocks) {
+            const size_t count = std::min(kBlocks, blocks - first);
+            read_exact_at(fd_, raw.data(), count * kQ8_0BlockBytes,
+                          data_start_ + e.begin + first * kQ8_0BlockBytes, path_);
+            dequantize_q8_0(raw.data(), count * kQ8_0BlockValues, out + first * kQ8_0BlockValues);
+        }
         return;
     }
     // Other dtypes in chunks, so that memory stays at the fp32 result.
@@ -274,6 +324,11 @@ void encode_f32_as(StorageType dtype, const float* data, size_t n, std::string& 
         out.assign(reinterpret_cast<const char*>(data), n * 4);
         return;
     }
+    if (dtype == StorageType::Q8_0) {
+        out.resize(static_cast<size_t>(dtype_bytes(DType::Q8_0, static_cast<int64_t>(n))));
+        quantize_q8_0(data, n, reinterpret_cast<uint8_t*>(out.data()));
+        return;
+    }
     if (dtype != StorageType::BF16 && dtype != StorageType::F16)
         throw UsageError(std::string("writing ") + to_string(dtype) +
                          " safetensors is not supported");
@@ -283,30 +338,6 @@ void encode_f32_as(StorageType dtype, const float* data, size_t n, std::string& 
         out[2 * i] = static_cast<char>(b & 0xff);
         out[2 * i + 1] = static_cast<char>(b >> 8);
     }
-}
-
-uint16_t f32_to_f16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    const uint32_t sign = (u >> 16) & 0x8000u;
-    const uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN stays NaN
-    if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
-    if (abs < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
-        // The value in units of 2^-24, rounded to nearest even.
-        const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-        const int shift = 126 - static_cast<int>(abs >> 23);  // 2^-24 units: shift right by this
-        if (shift > 24) return static_cast<uint16_t>(sign);
-        const uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1),
-                       half = 1u << (shift - 1);
-        const uint32_t r = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
-        return static_cast<uint16_t>(sign | r);
-    }
-    // Normal: rebias the exponent and round the mantissa from 23 to 10 bits, ties to even (a
-    // carry into the exponent is the correct next value).
-    const uint32_t rebased = abs - ((127u - 15u) << 23);
-    const uint32_t r = rebased + 0xfffu + ((rebased >> 13) & 1u);
-    return static_cast<uint16_t>(sign | (r >> 13));
 }
 
 namespace {
@@ -322,11 +353,12 @@ std::string header_bytes(const std::vector<SafetensorsEntryPlan>& plan, const st
             throw Error(path + ": tensor '" + t.name + "' is listed twice");
         if (t.dtype == StorageType::F64)
             throw UsageError(path + ": writing F64 safetensors is not supported");
+        const Shape shape = header_shape(t.dtype, t.shape, path + ": tensor '" + t.name + "'");
         const uint64_t n = static_cast<uint64_t>(
-            checked_mul(shape_numel(t.shape), static_cast<int64_t>(storage_size(t.dtype)),
+            checked_mul(shape_numel(shape), static_cast<int64_t>(storage_size(t.dtype)),
                         path + ": tensor '" + t.name + "'"));
         header[t.name] = {
-            {"dtype", to_string(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+            {"dtype", header_dtype(t.dtype)}, {"shape", shape}, {"data_offsets", {off, off + n}}};
         off += n;
     }
     std::string h = header.dump();
@@ -353,7 +385,8 @@ void SafetensorsWriter::write_next(const float* data) {
         out_.write(data, n * 4);
         return;
     }
-    constexpr size_t kChunk = size_t{1} << 20;  // elements: memory stays at the caller's data
+    // Elements, whole Q8_0 blocks: memory stays at the caller's data.
+    constexpr size_t kChunk = size_t{1} << 20;
     for (size_t first = 0; first < n; first += kChunk) {
         encode_f32_as(t.dtype, data + first, std::min(kChunk, n - first), scratch_);
         out_.write(scratch_);

@@ -8,15 +8,24 @@
 #include <vector>
 
 #include "engine/compute/tensor.h"
+#include "engine/compute/weight_format.h"  // f16_to_f32, f32_to_f16
 #include "engine/core/file_io.h"
 
 namespace tmx {
 
-enum class StorageType { F32, BF16, F16, F64 };  // F16 and F64 are read, not written
+// F64 is read, not written. Q8_0 (GGUF's blocks of 32 values: an f16 scale and 32 int8) has no
+// safetensors dtype: this engine stores a Q8_0 tensor of shape [..., C] as dtype "U8" of shape
+// [..., C / 32, 34], each row of 34 bytes one block as GGUF lays it out (little-endian f16 scale,
+// then 32 int8), and reads such a U8 tensor back as Q8_0 (any other U8 shape is refused).
+enum class StorageType { F32, BF16, F16, F64, Q8_0 };
+
+// The tensor dtype of stored values (F64: F32).
+DType storage_dtype(StorageType t);
+StorageType storage_of(DType t);  // F32, BF16, F16, Q8_0
 
 struct SafetensorsEntry {
     StorageType dtype;
-    Shape shape;
+    Shape shape;                  // the tensor's (for Q8_0 not the U8 blocks' shape in the header)
     uint64_t begin = 0, end = 0;  // byte offsets into the data section
 };
 
@@ -36,6 +45,8 @@ class SafetensorsFile {
     const SafetensorsEntry& entry(const std::string& name) const;
     // Converts the named tensor to fp32 into `out` (numel floats).
     void read_f32(const std::string& name, float* out) const;
+    // The named tensor's bytes as stored (dtype_bytes(storage_dtype(dtype), numel) of them).
+    void read_raw(const std::string& name, void* out) const;
 
   private:
     void open_checked();  // the header's checks, on the open file
@@ -70,7 +81,8 @@ class SafetensorsWriter {
     std::string scratch_;
 };
 
-// n fp32 values as little-endian F32, BF16 or F16 bytes (round to nearest even) into `out`.
+// n fp32 values as little-endian F32, BF16 or F16 bytes (round to nearest even), or Q8_0
+// blocks (n a multiple of 32), into `out`.
 void encode_f32_as(StorageType dtype, const float* data, size_t n, std::string& out);
 
 struct HostTensorRef {
@@ -83,12 +95,10 @@ struct HostTensorRef {
 std::string encode_safetensors(const std::vector<HostTensorRef>& tensors, StorageType dtype);
 
 const char* to_string(StorageType t);
-StorageType parse_storage_type(const std::string& name);  // "f32"/"bf16" (flag values)
+// "f32", "bf16", "f16" or "q8_0" (flag values); anything else is a tmx::UsageError.
+StorageType parse_storage_type(const std::string& name);
 
 uint16_t f32_to_bf16(float f);
 float bf16_to_f32(uint16_t b);
-float f16_to_f32(uint16_t h);
-// Round to nearest even; beyond 65504 rounds to infinity; NaN stays NaN.
-uint16_t f32_to_f16(float f);
 
 }  // namespace tmx

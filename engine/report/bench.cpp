@@ -52,6 +52,12 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
                              " backend has none; leave --precision out to run each "
                              "backend in its default");
     }
+    for (const std::unique_ptr<Backend>& other : others) {
+        const Backend& be = other ? *other : *cpu;
+        if (!be.supports_weight_format(o.weight_format))
+            throw UsageError(std::string("--weights ") + to_string(o.weight_format) + ": the " +
+                             be.name() + " backend cannot hold such weights");
+    }
     // A training batch that cannot fit (on a backend that trains, or on the CPU, which takes the
     // reference step) is refused before anything is measured.
     if (o.train_batch > 0) {
@@ -66,7 +72,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             if (o.train_check) check(*cpu, precision_of(be));  // the reference step
         }
     }
-    Model cpu_model(config, *cpu);
+    Model cpu_model(config, *cpu, o.weight_format);
     if (weights.empty()) {
         cpu_model.init_random(o.seed);
         weights = cpu_model.params_to_host();
@@ -121,7 +127,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
                 measure_model(cpu_model, once, P, ref.run);
                 ref.model_run = true;
             }
-            Model model(config, be);
+            Model model(config, be, o.weight_format);
             model.params_from_host(weights);
             r.model = measure_model(model, o, P, run);
         }

@@ -38,6 +38,9 @@ struct BenchOptions {
     // the fp32 --gemm; unset: each backend's default_precision(). The CPU results a backend is
     // checked against are made in its precision too.
     std::optional<Precision> precision;
+    // The format the models of prefill and decode hold their weights in (every backend's, and
+    // the CPU's they are checked against; a backend that cannot hold it is refused up front).
+    DType weight_format = DType::F32;
     // Also profile the batch-1 and batch-N decode steps on the backends that can_profile():
     // device time per kind of command (Backend::begin_profile).
     bool profile = false;

@@ -117,7 +117,10 @@ void derive_figures(ParamReport& r) {
 
     // Memory.
     const double n = static_cast<double>(r.total_params);
-    r.weight_bytes = {4 * n, 2 * n, n, n / 2};
+    const double f32_kept =
+        static_cast<double>(r.group_totals[static_cast<int>(ParamGroup::Norms)] +
+                            r.group_totals[static_cast<int>(ParamGroup::Router)]);
+    r.weight_bytes = {4 * n, 2 * n, 4 * f32_kept + (n - f32_kept) * 34.0 / 32.0, n, n / 2};
     r.train_fp32_bytes = 16 * n;
     r.train_mixed_bytes = 16 * n;
 

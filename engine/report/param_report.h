@@ -120,9 +120,11 @@ struct ParamReport {
     std::vector<StackTotals> stacks;
 
     // Memory, bytes.
-    std::array<double, 4> weight_bytes{};  // fp32, bf16, int8, int4
-    double train_fp32_bytes = 0;           // AdamW, all fp32: 16 B/param
-    double train_mixed_bytes = 0;          // bf16 mixed precision with fp32 master: 16 B/param
+    // fp32, bf16 (and f16), q8_0 as this engine stores it (34 bytes per block of 32; the norms
+    // and the router in fp32), int8, int4.
+    std::array<double, 5> weight_bytes{};
+    double train_fp32_bytes = 0;   // AdamW, all fp32: 16 B/param
+    double train_mixed_bytes = 0;  // bf16 mixed precision with fp32 master: 16 B/param
     bool has_activations = false;
     int64_t act_batch = 0;
     int64_t act_seq = 0;

@@ -244,10 +244,12 @@ std::string format_param_report(const ParamReport& r) {
 
     // Memory.
     out << "\nweight memory (1 GiB = 2^30 B):\n";
-    print_table(out, {{"fp32", "4 B/param", fmt_bytes(r.weight_bytes[0])},
-                      {"bf16", "2 B/param", fmt_bytes(r.weight_bytes[1])},
-                      {"int8", "1 B/param", fmt_bytes(r.weight_bytes[2])},
-                      {"int4", "0.5 B/param", fmt_bytes(r.weight_bytes[3])}});
+    print_table(out,
+                {{"fp32", "4 B/param", fmt_bytes(r.weight_bytes[0])},
+                 {"bf16 or f16", "2 B/param", fmt_bytes(r.weight_bytes[1])},
+                 {"q8_0 (tmx)", "34 B/32 params; norms, router fp32", fmt_bytes(r.weight_bytes[2])},
+                 {"int8", "1 B/param", fmt_bytes(r.weight_bytes[3])},
+                 {"int4", "0.5 B/param", fmt_bytes(r.weight_bytes[4])}});
     out << "training memory with AdamW, 16 B/param either way:\n";
     rows = {{"fp32: weights 4 + grads 4 + Adam m 4 + Adam v 4", fmt_bytes(r.train_fp32_bytes)},
             {"bf16 mixed: bf16 weights 2 + bf16 grads 2 + fp32 master 4 + m 4 + v 4",
@@ -378,10 +380,10 @@ json param_report_json(const ParamReport& r) {
     j["layer_groups"] = groups;
 
     json mem;
-    mem["weights_bytes"] = {{"fp32", round_i64(r.weight_bytes[0])},
-                            {"bf16", round_i64(r.weight_bytes[1])},
-                            {"int8", round_i64(r.weight_bytes[2])},
-                            {"int4", round_i64(std::ceil(r.weight_bytes[3]))}};
+    mem["weights_bytes"] = {
+        {"fp32", round_i64(r.weight_bytes[0])}, {"bf16", round_i64(r.weight_bytes[1])},
+        {"f16", round_i64(r.weight_bytes[1])},  {"q8_0", round_i64(std::ceil(r.weight_bytes[2]))},
+        {"int8", round_i64(r.weight_bytes[3])}, {"int4", round_i64(std::ceil(r.weight_bytes[4]))}};
     mem["training_bytes"] = {
         {"adamw_fp32", round_i64(r.train_fp32_bytes)},
         {"adamw_bf16_mixed", round_i64(r.train_mixed_bytes)},

@@ -220,6 +220,11 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
                              "newer); a run keeps its precision: resume it with --backend cpu "
                              "or on a GPU that has them");
         const ModelConfig config = load_checkpoint_config(ckpt);
+        // 8-bit weights lost what training needs; 16-bit ones widen to f32 exactly.
+        if (checkpoint_weight_format(ckpt) == DType::Q8_0)
+            throw UsageError(ckpt +
+                             ": holds q8_0 weights, which cannot be trained: resume from a "
+                             "full-precision (f32) checkpoint of the run");
         validate_train_options(options, config);
         check_run_memory(config, options, backend);
         auto model = std::make_unique<Model>(config, backend);
