@@ -83,9 +83,9 @@ void cpu_small_sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const floa
                         const float* B, float beta, float* C);
 
 // y[M, N] = x[M, K] . w^T + beta * y (beta 0: y is not read; beta 1: accumulate), for a weight
-// w [N, K] stored in format `format` (BF16, F16 or Q8_0; for Q8_0 K is a multiple of 32 and row n
-// is K/32 blocks at byte n*K/32*34). Multi-threaded over N (OpenMP), any M; the results do not
-// depend on the thread count. BF16 and F16 are widened exactly and summed in fp32. Q8_0 takes
+// w [N, K] stored in format `format` (BF16, F16 or Q8_0; F32 goes to cpu_sgemm; for Q8_0 K is a
+// multiple of 32, else std::invalid_argument, and row n is K/32 blocks at byte n*K/32*34).
+// Multi-threaded over N (OpenMP), any M; the results do not depend on the thread count. BF16 and F16 are widened exactly and summed in fp32. Q8_0 takes
 // int8 dot products: each row of x is quantized to blocks of 32 (a scale max|x|/127 and int8
 // values, as llama.cpp does), so its result differs from x . dequantized(w) by x's rounding.
 // (backends/cpu/weight_matmul.cpp)

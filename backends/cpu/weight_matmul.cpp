@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -188,7 +189,7 @@ struct Q8Row {
     const int8_t* qx;  // [M, blocks * 32]
     const float* dx;   // [M, blocks]
     const uint8_t* w;  // the row's blocks
-    float* wscale;     // scratch: [blocks], the row's scales widened
+    float* wscale;     // scratch: [blocks], the portable kernel's widened scales
     float* dots;       // [M]
 };
 using Q8Kernel = void (*)(const Q8Row&);
@@ -237,16 +238,15 @@ TMX_AVX2 inline float reduce_lanes_avx(__m256 even, __m256 odd) {
     return reduce8_avx(_mm256_add_ps(even, odd));
 }
 
-TMX_AVX2 inline void widen_scales_f16c(const Q8Row& g) {
-    for (int64_t b = 0; b < g.blocks; ++b) {
-        uint16_t h;
-        std::memcpy(&h, g.w + b * kBlockBytes, 2);
-        g.wscale[b] = _cvtsh_ss(h);
-    }
-}
-
 TMX_AVX2 inline __m256i load_block(const uint8_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// A block's scale d (f16) in every lane.
+TMX_AVX2 inline __m256 block_scale(const uint8_t* block) {
+    uint16_t d;
+    std::memcpy(&d, block, 2);
+    return _mm256_set1_ps(_cvtsh_ss(d));
 }
 
 // A weight block prepared once for every row of x in the tile.
@@ -259,9 +259,9 @@ struct Q8Block256 {
 // AVX2: |qw| as unsigned bytes times qx with qw's sign, pairs summed to int16 (no saturation:
 // see the top of the file), then pairs of those to int32.
 struct Avx2Lanes {
-    TMX_AVX2 static Q8Block256 prepare(const uint8_t* block, float d) {
+    TMX_AVX2 static Q8Block256 prepare(const uint8_t* block) {
         const __m256i qw = load_block(block + 2);
-        return {qw, _mm256_abs_epi8(qw), _mm256_set1_ps(d)};
+        return {qw, _mm256_abs_epi8(qw), block_scale(block)};
     }
     TMX_AVX2 static __m256i lanes(const Q8Block256& w, __m256i qx) {
         const __m256i pairs = _mm256_maddubs_epi16(w.extra, _mm256_sign_epi8(qx, w.qw));
@@ -271,11 +271,11 @@ struct Avx2Lanes {
 
 // AVX-VNNI: vpdpbusd multiplies qx + 128 by qw, starting from -128 * sum(qw).
 struct AvxVnniLanes {
-    TMX_AVXVNNI static Q8Block256 prepare(const uint8_t* block, float d) {
+    TMX_AVXVNNI static Q8Block256 prepare(const uint8_t* block) {
         const __m256i qw = load_block(block + 2);
         const __m256i sums = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(),
                                                      _mm256_set1_epi8(static_cast<char>(0x80)), qw);
-        return {qw, _mm256_sub_epi32(_mm256_setzero_si256(), sums), _mm256_set1_ps(d)};
+        return {qw, _mm256_sub_epi32(_mm256_setzero_si256(), sums), block_scale(block)};
     }
     TMX_AVXVNNI static __m256i lanes(const Q8Block256& w, __m256i qx_offset) {
         return _mm256_dpbusd_avx_epi32(w.extra, qx_offset, w.qw);
@@ -287,7 +287,7 @@ struct AvxVnniLanes {
 #define TMX_Q8_TILE_256(NAME, TARGET, LANES)                                                       \
     template <int Ms>                                                                              \
     TARGET inline void NAME##_block(const Q8Row& g, int64_t m0, int64_t b, __m256(&acc)[Ms]) {     \
-        const Q8Block256 w = LANES::prepare(g.w + b * kBlockBytes, g.wscale[b]);                   \
+        const Q8Block256 w = LANES::prepare(g.w + b * kBlockBytes);                                \
         _Pragma("GCC unroll 8") for (int i = 0; i < Ms; ++i) {                                     \
             const int64_t m = m0 + i;                                                              \
             const __m256i lanes = LANES::lanes(                                                    \
@@ -312,7 +312,6 @@ struct AvxVnniLanes {
             reduce_lanes_avx(even[i], odd[i]);                                                     \
     }                                                                                              \
     TARGET void NAME(const Q8Row& g) {                                                             \
-        widen_scales_f16c(g);                                                                      \
         int64_t m = 0;                                                                             \
         for (; m + 4 <= g.M; m += 4) NAME##_tile<4>(g, m);                                         \
         if (m + 2 <= g.M) NAME##_tile<2>(g, m), m += 2;                                            \
@@ -340,8 +339,10 @@ TMX_AVX512VNNI inline void q8_tile_avx512vnni(const Q8Row& g, int64_t m0) {
                                                        0xf0, load_block(blk + kBlockBytes + 2));
         const __m512i start = _mm512_sub_epi32(
             _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, qw));
-        const __m128 ws =
-            _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g.wscale + b)));
+        uint16_t d0, d1;
+        std::memcpy(&d0, blk, 2);
+        std::memcpy(&d1, blk + kBlockBytes, 2);
+        const __m128 ws = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(d0), d1, 1));
 #pragma GCC unroll 8
         for (int i = 0; i < Ms; ++i) {
             const int64_t m = m0 + i;
@@ -368,7 +369,8 @@ TMX_AVX512VNNI inline void q8_tile_avx512vnni(const Q8Row& g, int64_t m0) {
                 start,
                 load_block(reinterpret_cast<const uint8_t*>(g.qx + (m * g.blocks + b) * kBlock)),
                 qw);
-            const __m256 s = _mm256_set1_ps(g.wscale[b] * g.dx[m * g.blocks + b]);
+            const __m256 s = _mm256_mul_ps(block_scale(g.w + b * kBlockBytes),
+                                           _mm256_set1_ps(g.dx[m * g.blocks + b]));
             even = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(lanes), even);
         }
         g.dots[m] = reduce_lanes_avx(even, odd);
@@ -376,7 +378,6 @@ TMX_AVX512VNNI inline void q8_tile_avx512vnni(const Q8Row& g, int64_t m0) {
 }
 
 TMX_AVX512VNNI void q8_row_avx512vnni(const Q8Row& g) {
-    widen_scales_f16c(g);
     int64_t m = 0;
     for (; m + 8 <= g.M; m += 8) q8_tile_avx512vnni<8>(g, m);
     if (m + 4 <= g.M) q8_tile_avx512vnni<4>(g, m), m += 4;
