@@ -85,10 +85,10 @@ void cpu_small_sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const floa
 // y[M, N] = x[M, K] . w^T + beta * y (beta 0: y is not read; beta 1: accumulate), for a weight
 // w [N, K] stored in format `format` (BF16, F16 or Q8_0; F32 goes to cpu_sgemm; for Q8_0 K is a
 // multiple of 32, else std::invalid_argument, and row n is K/32 blocks at byte n*K/32*34).
-// Multi-threaded over N (OpenMP), any M; the results do not depend on the thread count. BF16 and F16 are widened exactly and summed in fp32. Q8_0 takes
-// int8 dot products: each row of x is quantized to blocks of 32 (a scale max|x|/127 and int8
-// values, as llama.cpp does), so its result differs from x . dequantized(w) by x's rounding.
-// (backends/cpu/weight_matmul.cpp)
+// Multi-threaded over N (OpenMP), any M; the results do not depend on the thread count. BF16 and
+// F16 are widened exactly and summed in fp32. Q8_0 takes int8 dot products: each row of x is
+// quantized to blocks of 32 (a scale max|x|/127 and int8 values, as llama.cpp does), so its result
+// differs from x . dequantized(w) by x's rounding. (backends/cpu/weight_matmul.cpp)
 void cpu_weight_matmul_nt(DType format, int64_t M, int64_t N, int64_t K, const float* x,
                           const void* w, float beta, float* y);
 // The instruction-set paths of the Q8_0 dot products, and which of them this machine runs.
