@@ -107,8 +107,8 @@ void add_weights_option(CLI::App& sub, WeightsChoice& choice) {
 std::unique_ptr<Model> WeightsChoice::load(const std::string& dir, Backend& backend) const {
     std::optional<DType> wanted;
     if (format != "auto") wanted = parse_weight_format(format, "--weights");
-    const DType stored = checkpoint_weight_format(dir);
     auto model = load_model(dir, backend, wanted);
+    const DType stored = checkpoint_weight_format(dir);
     const DType held = model->weight_format();
     std::string why = wanted ? "as --weights asks" : "as stored";
     if (!wanted && held != stored)

@@ -151,22 +151,26 @@ void load_checkpoint_weights(Model& model, const std::string& dir) {
     std::vector<std::byte> raw;
     for (const auto& s : layout.specs) {
         values.resize(static_cast<size_t>(s.numel()));
-        file.read_f32(s.name, values.data());
-        check_finite_tensor(path, s.name, s.shape, values.data(), "weights");
         const DType stored = model.param(s.name).dtype();
-        const DType in_file = storage_dtype(file.entry(s.name).dtype);
-        if (stored != DType::F32 && stored == in_file) {
+        const bool as_stored =
+            stored != DType::F32 && stored == storage_dtype(file.entry(s.name).dtype);
+        if (as_stored) {
             raw.resize(static_cast<size_t>(dtype_bytes(stored, s.numel())));
             file.read_raw(s.name, raw.data());
-            model.set_param(s.name, stored, raw.data());
+            decode_weights(stored, raw.data(), s.numel(), values.data());  // for the check
         } else {
-            model.set_param(s.name, DType::F32, values.data());
+            file.read_f32(s.name, values.data());
         }
+        check_finite_tensor(path, s.name, s.shape, values.data(), "weights");
+        if (as_stored)
+            model.set_param(s.name, stored, raw.data());
+        else
+            model.set_param(s.name, DType::F32, values.data());
     }
 }
 
 DType checkpoint_weight_format(const std::string& dir) {
-    const ModelConfig config = load_checkpoint_config(dir);
+    if (!fs::is_directory(dir)) throw Error(dir + ": no such checkpoint directory");
     const std::string path = (fs::path(dir) / "model.safetensors").string();
     if (!fs::exists(path)) throw Error(path + ": missing (a checkpoint needs model.safetensors)");
     SafetensorsFile file(path);
@@ -177,12 +181,13 @@ DType checkpoint_weight_format(const std::string& dir) {
 
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
                                   std::optional<DType> weight_format) {
+    const ModelConfig config = load_checkpoint_config(dir);  // a missing config.json first
     DType format = weight_format.value_or(DType::F32);
     if (!weight_format) {
         format = checkpoint_weight_format(dir);
         if (!backend.supports_weight_format(format)) format = DType::F32;
     }
-    auto model = std::make_unique<Model>(load_checkpoint_config(dir), backend, format);
+    auto model = std::make_unique<Model>(config, backend, format);
     load_checkpoint_weights(*model, dir);
     return model;
 }

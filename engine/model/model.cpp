@@ -286,8 +286,7 @@ Model::Model(const ModelConfig& config, Backend& backend, DType weight_format)
         stored_[t] = t == DType::F32 && weight_format == DType::F32
                          ? backend_.alloc({layout_.total})
                          : backend_.alloc({size}, t);
-    if (!stored_.count(DType::F32)) stored_[DType::F32] = backend_.alloc({0});
-    params_ = stored_.at(DType::F32);
+    params_ = stored_.at(DType::F32);  // every config has norms
     embed_ = param("model.embed_tokens.weight");
     final_norm_w_ = param("model.norm.weight");
     final_norm_b_ = layout_.find("model.norm.bias") ? param("model.norm.bias") : Tensor{};
