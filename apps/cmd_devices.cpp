@@ -105,8 +105,8 @@ void print_devices(bool json, nlohmann::json& out) {
         default_index = static_cast<int>(vk::default_vulkan_device(devices));
     } catch (const Error&) {  // none usable: listed all the same
     }
-    std::vector<bool> fp16_weights;  // before any output: a bad TMX_VULKAN_FP16 throws
-    for (const vk::DeviceInfo& d : devices) fp16_weights.push_back(vk::use_fp16_weights(d));
+    const bool fp16_weights = vk::use_fp16_weights();  // before any output: a bad
+                                                       // TMX_VULKAN_FP16 throws
     if (json) {
         nlohmann::json list = nlohmann::json::array();
         for (const vk::DeviceInfo& d : devices)
@@ -119,7 +119,7 @@ void print_devices(bool json, nlohmann::json& out) {
                             {"subgroup_size", d.subgroup_size},
                             {"shared_memory_bytes", d.shared_memory_bytes},
                             {"fp16", d.fp16},
-                            {"fp16_weights", bool(fp16_weights[d.index])},
+                            {"fp16_weights", fp16_weights},
                             {"cooperative_matrix", d.cooperative_matrix},
                             {"max_storage_buffer_range", d.max_storage_buffer_range},
                             {"max_allocation_bytes", d.max_allocation_bytes}});
@@ -135,19 +135,18 @@ void print_devices(bool json, nlohmann::json& out) {
                 "type", "vulkan", "memory", "subgroup", "shared", "fp16", "fp16-weights",
                 "coop-matrix");
     for (const vk::DeviceInfo& d : devices)
-        std::printf("%c %-3u %-36s %-10s %-8s %-10s %-8u %-8s %-5s %-12s %s%s\n",
-                    static_cast<int>(d.index) == default_index ? '*' : ' ', d.index, d.name.c_str(),
-                    d.type.c_str(), d.api_version.c_str(), gib(d.device_local_bytes).c_str(),
-                    d.subgroup_size,
-                    (std::to_string(d.shared_memory_bytes / 1024) + " KiB").c_str(),
-                    d.fp16 ? "yes" : "no", fp16_weights[d.index] ? "yes" : "no",
-                    d.cooperative_matrix ? "yes" : "no",
-                    d.usable ? "" : "  (unusable: needs Vulkan 1.2 compute)");
+        std::printf(
+            "%c %-3u %-36s %-10s %-8s %-10s %-8u %-8s %-5s %-12s %s%s\n",
+            static_cast<int>(d.index) == default_index ? '*' : ' ', d.index, d.name.c_str(),
+            d.type.c_str(), d.api_version.c_str(), gib(d.device_local_bytes).c_str(),
+            d.subgroup_size, (std::to_string(d.shared_memory_bytes / 1024) + " KiB").c_str(),
+            d.fp16 ? "yes" : "no", fp16_weights ? "yes" : "no", d.cooperative_matrix ? "yes" : "no",
+            d.usable ? "" : "  (unusable: needs Vulkan 1.2 compute)");
     std::printf(
         "* the default (backend \"vulkan\"); choose another with backend \"vulkan:N\" or "
         "TMX_VULKAN_DEVICE=N\n"
-        "fp16-weights: matmuls read weights as fp16, where the device has 16-bit storage "
-        "(TMX_VULKAN_FP16=0 turns it off)\n");
+        "fp16-weights: matmuls read f32 weights through fp16 copies (TMX_VULKAN_FP16=0 turns "
+        "it off)\n");
 }
 
 #endif

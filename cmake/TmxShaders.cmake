@@ -5,13 +5,14 @@
 # sets <out_var> to the generated .cpp (add it to a target's sources).
 #
 # A shader listed in TMX_SHADER_VARIANTS as <name>:<suffix>:<MACRO> is compiled a second time
-# with -D<MACRO> into the module <name>_<suffix>: one source, two pipelines, no copies.
-set(TMX_SHADER_VARIANTS
-    # Matmul weights read from the backend's fp16 copies (shaders/weights.glsl).
-    matmul:fp16w:TMX_FP16_WEIGHTS
-    matmul_gemv:fp16w:TMX_FP16_WEIGHTS
-    grouped_matmul:fp16w:TMX_FP16_WEIGHTS
-    grouped_matmul_gemv:fp16w:TMX_FP16_WEIGHTS)
+# with -D<MACRO> into the module <name>_<suffix>: one source, several pipelines, no copies.
+set(TMX_SHADER_VARIANTS)
+# Weights read in 16- and 8-bit formats (shaders/weights.glsl): the matmuls' weight operand and
+# the embedding table (gather_rows).
+foreach(module matmul matmul_gemv grouped_matmul grouped_matmul_gemv gather_rows)
+  list(APPEND TMX_SHADER_VARIANTS ${module}:f16w:TMX_WEIGHTS_F16 ${module}:bf16w:TMX_WEIGHTS_BF16
+       ${module}:q8_0w:TMX_WEIGHTS_Q8_0)
+endforeach()
 
 function(tmx_embed_shaders out_var)
   cmake_parse_arguments(ARG "" "SHADER_DIR" "" ${ARGN})

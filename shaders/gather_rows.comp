@@ -1,13 +1,16 @@
 // out[s, :] = x[rows[s], :] for gather_rows and embedding (the table is x). A row outside
-// [0, n_rows) is reported (ERR code from the push constants) and its output row zeroed.
+// [0, n_rows) is reported (ERR code from the push constants) and its output row zeroed. Also
+// built reading an embedding table in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#define WEIGHT_BINDING 0
+#include "weights.glsl"
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;
 
-layout(std430, binding = 0) readonly buffer X { float x[]; };
+// binding 0: x [n_rows, d] (weights.glsl)
 layout(std430, binding = 1) readonly buffer Rows { int rows[]; };
 layout(std430, binding = 2) writeonly buffer Out { float o[]; };
 layout(std430, binding = 3) buffer Status { uint status[]; };
@@ -16,6 +19,7 @@ layout(push_constant) uniform Push {
     uint off_x, off_rows, off_o, off_status;
     uint S, d, n_rows;
     uint err;
+    uint x_adjust;  // weights.glsl
 } pc;
 
 void main() {
@@ -28,5 +32,5 @@ void main() {
         o[pc.off_o + idx] = 0.0;
         return;
     }
-    o[pc.off_o + idx] = x[pc.off_x + uint(r) * pc.d + c];
+    o[pc.off_o + idx] = weight_at(weight_origin(pc.off_x, pc.x_adjust), uint(r) * pc.d + c);
 }

@@ -2,9 +2,10 @@
 // (+ bias[e]) for the sorted slots s of expert e. The expert ranges come from offsets on the
 // device: workgroup row y is the y-th row tile when each expert's slots are cut into tiles
 // of BM in expert order (the grid has ceil(S/BM) + E rows, enough for any split; spare ones
-// exit). Also built as grouped_matmul_fp16w, reading w from its fp16 copy (weights.glsl).
+// exit). Also built reading w in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#define WEIGHT_BINDING 1
 #include "weights.glsl"
 #include "common.glsl"
 
@@ -17,7 +18,7 @@ layout(constant_id = 4) const uint TM = 4;
 layout(constant_id = 5) const uint TN = 4;
 
 layout(std430, binding = 0) readonly buffer A { float a[]; };  // x [S, K]
-layout(std430, binding = 1) readonly buffer B { WEIGHT_T b[]; };  // w [E, Nout, K]
+// binding 1: w [E, Nout, K] (weights.glsl)
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) readonly buffer Offsets { int offsets[]; };
 layout(std430, binding = 4) writeonly buffer Out { float o[]; };
@@ -26,6 +27,7 @@ layout(push_constant) uniform Push {
     uint off_x, off_w, off_bias, off_offsets, off_o;
     uint E, Nout, K;
     uint has_bias;
+    uint w_adjust;  // weights.glsl
 } pc;
 
 #include "matmul_tile.glsl"
@@ -42,7 +44,7 @@ void main() {
     if (e == pc.E) return;  // uniform across the workgroup
     const uint row0 = begin + tile * BM, col0 = gl_WorkGroupID.x * BN;
     tile_gemm(row0, min(BM, end - row0), col0, min(BN, pc.Nout - col0), pc.K, pc.off_x, pc.K, 1,
-              pc.off_w * WEIGHTS_PER_WORD + e * pc.Nout * pc.K, 1, pc.K);
+              weight_origin(pc.off_w, pc.w_adjust), e * pc.Nout * pc.K, 1, pc.K);
     for (uint i = 0; i < TM; ++i) {
         const uint m = row0 + tile_row(i);
         if (m >= end) break;

@@ -5,9 +5,10 @@
 // same whichever run holds it: every invocation strides over k alike and the reduction tree is
 // fixed. Expert ranges are read from offsets on the device. Where K and both operands' offsets
 // are multiples of 4, invocations read 4 consecutive k at a time (as matmul_gemv.comp does).
-// Also built as grouped_matmul_gemv_fp16w, reading w from its fp16 copy (weights.glsl).
+// Also built reading w in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#define WEIGHT_BINDING 1
 #include "weights.glsl"
 #include "common.glsl"
 
@@ -21,8 +22,7 @@ shared float part[PARTS * WG];
 
 layout(std430, binding = 0) readonly buffer X { float x[]; };  // [S, K]
 layout(std430, binding = 0) readonly buffer X4 { vec4 x4[]; };
-layout(std430, binding = 1) readonly buffer W { WEIGHT_T w[]; };  // [E, Nout, K]
-layout(std430, binding = 1) readonly buffer W4 { WEIGHT_VEC4_T w4[]; };
+// binding 1: w [E, Nout, K] (weights.glsl)
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) readonly buffer Offsets { int offsets[]; };
 layout(std430, binding = 4) writeonly buffer Out { float o[]; };
@@ -31,6 +31,7 @@ layout(push_constant) uniform Push {
     uint off_x, off_w, off_bias, off_offsets, off_o;
     uint E, Nout, K;
     uint has_bias;
+    uint w_adjust;  // weights.glsl
 } pc;
 
 int offset_of(uint e) {
@@ -52,15 +53,15 @@ void main() {
         runs += expert_runs;
     }
     if (e == pc.E) return;  // the grid may have more rows than there are runs
-    const uint w_base = pc.off_w * WEIGHTS_PER_WORD + (e * pc.Nout + n0) * pc.K;
-    const bool by_four = pc.K % 4 == 0 && w_base % 4 == 0 && pc.off_x % 4 == 0;
+    const uint wo = weight_origin(pc.off_w, pc.w_adjust), w_base = (e * pc.Nout + n0) * pc.K;
+    const bool by_four = pc.K % 4 == 0 && weight4_ok(wo) && pc.off_x % 4 == 0;
     float acc[PARTS];
     for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
     if (by_four) {
         for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
             vec4 wv[NR];
             for (uint r = 0; r < NR; ++r)
-                wv[r] = n0 + r < pc.Nout ? vec4(w4[(w_base + r * pc.K) / 4 + k4]) : vec4(0);
+                wv[r] = n0 + r < pc.Nout ? weight4_at(wo, w_base + r * pc.K + 4 * k4) : vec4(0);
             for (uint m = 0; m < ms; ++m) {
                 const vec4 xv = x4[(pc.off_x + (s0 + m) * pc.K) / 4 + k4];
                 for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(xv, wv[r]);
@@ -70,7 +71,7 @@ void main() {
         for (uint k = t; k < pc.K; k += WG) {
             float wv[NR];
             for (uint r = 0; r < NR; ++r)
-                wv[r] = n0 + r < pc.Nout ? float(w[w_base + r * pc.K + k]) : 0.0;
+                wv[r] = n0 + r < pc.Nout ? weight_at(wo, w_base + r * pc.K + k) : 0.0;
             for (uint m = 0; m < ms; ++m) {
                 const float xv = x[pc.off_x + (s0 + m) * pc.K + k];
                 for (uint r = 0; r < NR; ++r) acc[m * NR + r] += xv * wv[r];

@@ -1,8 +1,9 @@
 // out[M, N] (+)= op(a) . op(b) (+ bias), tiled (matmul_tile.glsl). Transposes are strides:
-// op(a)(m, k) = a[m * a_sm + k * a_sk], op(b)(k, n) = b[k * b_sk + n * b_sn]. Also built as
-// matmul_fp16w, reading b from its fp16 copy (weights.glsl).
+// op(a)(m, k) = a[m * a_sm + k * a_sk], op(b)(k, n) = b[k * b_sk + n * b_sn]. Also built
+// reading b in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#define WEIGHT_BINDING 1
 #include "weights.glsl"
 #include "common.glsl"
 
@@ -15,7 +16,6 @@ layout(constant_id = 4) const uint TM = 4;
 layout(constant_id = 5) const uint TN = 4;
 
 layout(std430, binding = 0) readonly buffer A { float a[]; };
-layout(std430, binding = 1) readonly buffer B { WEIGHT_T b[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) buffer Out { float o[]; };
 
@@ -24,6 +24,7 @@ layout(push_constant) uniform Push {
     uint M, N, K;
     uint a_sm, a_sk, b_sk, b_sn;
     uint has_bias, accumulate;
+    uint b_adjust;  // weights.glsl
 } pc;
 
 #include "matmul_tile.glsl"
@@ -31,7 +32,7 @@ layout(push_constant) uniform Push {
 void main() {
     const uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
     tile_gemm(row0, min(BM, pc.M - row0), col0, min(BN, pc.N - col0), pc.K, pc.off_a, pc.a_sm,
-              pc.a_sk, pc.off_b * WEIGHTS_PER_WORD, pc.b_sk, pc.b_sn);
+              pc.a_sk, weight_origin(pc.off_b, pc.b_adjust), 0, pc.b_sk, pc.b_sn);
     for (uint i = 0; i < TM; ++i) {
         const uint m = row0 + tile_row(i);
         if (m >= pc.M) break;

@@ -6,11 +6,12 @@
 //     invocations stride over k (coalesced reads of b's rows) and the partial dot products
 //     are summed across the workgroup. Where every row of a and b starts on a multiple of 4
 //     elements (K too), each invocation reads 4 consecutive k at a time: one 16-byte load
-//     (8 with fp16 weights) instead of four.
+//     (8 with 16-bit weights, 4 with Q8_0) instead of four.
 //   column mode (b's n contiguous): one invocation per output column, looping over k.
-// Also built as matmul_gemv_fp16w, reading b from its fp16 copy (weights.glsl).
+// Also built reading b in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#define WEIGHT_BINDING 1
 #include "weights.glsl"
 #include "common.glsl"
 
@@ -24,8 +25,6 @@ shared float part[PARTS * WG];
 
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 0) readonly buffer A4 { vec4 a4[]; };
-layout(std430, binding = 1) readonly buffer B { WEIGHT_T b[]; };
-layout(std430, binding = 1) readonly buffer B4 { WEIGHT_VEC4_T b4[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) buffer Out { float o[]; };
 
@@ -34,6 +33,7 @@ layout(push_constant) uniform Push {
     uint M, N, K;
     uint a_sm, a_sk, b_sk, b_sn;
     uint has_bias, accumulate;
+    uint b_adjust;  // weights.glsl
     uint dot_mode;
 } pc;
 
@@ -44,7 +44,7 @@ void store(uint m, uint n, float r) {
 }
 
 void main() {
-    const uint t = gl_LocalInvocationID.x, off_b = pc.off_b * WEIGHTS_PER_WORD;
+    const uint t = gl_LocalInvocationID.x, wb = weight_origin(pc.off_b, pc.b_adjust);
     const uint m0 = gl_WorkGroupID.z * MMAX, mc = min(MMAX, pc.M - m0);  // this workgroup's rows
     if (pc.dot_mode == 0) {
         const uint n = group_index() * WG + t;
@@ -52,7 +52,7 @@ void main() {
         float acc[MMAX];
         for (uint m = 0; m < MMAX; ++m) acc[m] = 0.0;
         for (uint k = 0; k < pc.K; ++k) {
-            const float bv = float(b[off_b + k * pc.b_sk + n]);
+            const float bv = weight_at(wb, k * pc.b_sk + n);
             for (uint m = 0; m < mc; ++m)
                 acc[m] += a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk] * bv;
         }
@@ -64,14 +64,14 @@ void main() {
     if (n0 >= pc.N) return;  // uniform: the whole workgroup leaves
     float acc[PARTS];
     for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
-    // b's rows start at off_b + n * b_sn (b_sn = K); a's at off_a + m * a_sm.
-    const bool by_four = pc.K % 4 == 0 && off_b % 4 == 0 && pc.a_sk == 1 &&
+    // b's rows start at element n * b_sn (b_sn = K); a's at off_a + m * a_sm.
+    const bool by_four = pc.K % 4 == 0 && weight4_ok(wb) && pc.a_sk == 1 &&
                          pc.off_a % 4 == 0 && (pc.M == 1 || pc.a_sm % 4 == 0);
     if (by_four) {  // uniform
         for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
             vec4 bv[NR];
             for (uint r = 0; r < NR; ++r)
-                bv[r] = n0 + r < pc.N ? vec4(b4[(off_b + (n0 + r) * pc.b_sn) / 4 + k4]) : vec4(0);
+                bv[r] = n0 + r < pc.N ? weight4_at(wb, (n0 + r) * pc.b_sn + 4 * k4) : vec4(0);
             for (uint m = 0; m < mc; ++m) {
                 const vec4 av = a4[(pc.off_a + (m0 + m) * pc.a_sm) / 4 + k4];
                 for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(av, bv[r]);
@@ -81,7 +81,7 @@ void main() {
         for (uint k = t; k < pc.K; k += WG) {
             float bv[NR];
             for (uint r = 0; r < NR; ++r)
-                bv[r] = n0 + r < pc.N ? float(b[off_b + k + (n0 + r) * pc.b_sn]) : 0.0;
+                bv[r] = n0 + r < pc.N ? weight_at(wb, k + (n0 + r) * pc.b_sn) : 0.0;
             for (uint m = 0; m < mc; ++m) {
                 const float av = a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk];
                 for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];

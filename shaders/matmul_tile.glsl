@@ -5,7 +5,7 @@
 // columns). Tile sizes are specialization constants; the host sets WG = (BM/TM) * (BN/TN).
 //
 // Include after declaring: the specialization constants WG, BM, BN, BK, TM, TN and the
-// buffers `float a[]` and `WEIGHT_T b[]` (weights.glsl).
+// buffer `float a[]`, and include weights.glsl (b).
 
 const uint BM_PAD = BM + 1;  // the padding column spreads strided stores over all banks
 shared float tile_a[BK * BM_PAD];
@@ -13,9 +13,10 @@ shared float tile_b[BK * BN];
 float acc[TM * TN];
 
 // a(m, k) = a[a_base + m * a_sm + k * a_sk] for tile rows m < rows (from row0),
-// b(k, n) = b[b_base + k * b_sk + n * b_sn] for tile columns n < cols (from col0).
+// b(k, n) = weight_at(b_origin, b_base + k * b_sk + n * b_sn) for tile columns n < cols (from
+// col0).
 void tile_gemm(uint row0, uint rows, uint col0, uint cols, uint K, uint a_base, uint a_sm,
-               uint a_sk, uint b_base, uint b_sk, uint b_sn) {
+               uint a_sk, uint b_origin, uint b_base, uint b_sk, uint b_sn) {
     const uint t = gl_LocalInvocationID.x;
     const uint tx = t % (BN / TN), ty = t / (BN / TN);
     for (uint r = 0; r < TM * TN; ++r) acc[r] = 0.0;
@@ -36,7 +37,8 @@ void tile_gemm(uint row0, uint rows, uint col0, uint cols, uint K, uint a_base, 
             const uint kk = b_k_contiguous ? l % BK : l / BN;
             const uint gk = k0 + kk;
             tile_b[kk * BN + nn] =
-                nn < cols && gk < K ? float(b[b_base + gk * b_sk + (col0 + nn) * b_sn]) : 0.0;
+                nn < cols && gk < K ? weight_at(b_origin, b_base + gk * b_sk + (col0 + nn) * b_sn)
+                                 : 0.0;
         }
         barrier();
         for (uint kk = 0; kk < BK; ++kk) {

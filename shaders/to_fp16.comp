@@ -1,4 +1,4 @@
-// The fp16 copy of a weight range (backends/vulkan/vulkan_fp16.h) that the *_fp16w matmul
+// The fp16 copy of a weight range (backends/vulkan/vulkan_fp16.h) that the *_f16w matmul
 // shaders read: dst word i packs src[2i] (low half) and src[2i + 1] (high half; 0 past the
 // end). Rounded to nearest even in integer arithmetic, so the copy is the same on every
 // driver (a float16_t conversion's rounding mode is the implementation's choice); finite

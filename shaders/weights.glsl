@@ -1,20 +1,85 @@
-// The weight operand of the matmul shaders: fp32, or, compiled with TMX_FP16_WEIGHTS (the
-// *_fp16w variants, cmake/TmxShaders.cmake), the fp16 copy the backend keeps of it
-// (backends/vulkan/vulkan_fp16.h). fp16 weights are read through 16-bit storage and widened
-// on load: arithmetic and accumulation stay fp32; only the weights' memory traffic halves.
+// The weight operand of the matmul and embedding shaders, in the format the variant is built for
+// (cmake/TmxShaders.cmake; the backend picks it from the tensor's dtype, vulkan/matmul.cpp):
+//   (default)          fp32;
+//   TMX_WEIGHTS_F16    f16: a model's stored f16 weights, or the fp16 copy the backend keeps of
+//                      an fp32 weight (backends/vulkan/vulkan_fp16.h);
+//   TMX_WEIGHTS_BF16   bf16;
+//   TMX_WEIGHTS_Q8_0   GGUF's Q8_0 blocks: 34 bytes per 32 weights, an f16 scale then 32 int8,
+//                      weight = scale * q (engine/compute/weight_format.h).
+// The 16- and 8-bit formats are read as 32-bit words and unpacked in registers, so no shader
+// needs 8- or 16-bit storage (any Vulkan 1.2 device runs them, and every driver decodes alike);
+// arithmetic and accumulation stay fp32: only the weights' memory traffic shrinks.
 //
-// Include before anything but #extension lines (it may add one). Declare the weight buffer as
-// `WEIGHT_T name[]` and read it as float(name[i]); WEIGHT_VEC4_T, read as vec4(...), views
-// the same binding four weights at a time (a second block declared on its binding). Binding
-// offsets in the push constants count 4-byte words (common.glsl): multiply the weight
-// binding's by WEIGHTS_PER_WORD.
-#ifdef TMX_FP16_WEIGHTS
-#extension GL_EXT_shader_16bit_storage : require
-#define WEIGHT_T float16_t
-#define WEIGHT_VEC4_T f16vec4
-const uint WEIGHTS_PER_WORD = 2;
-#else
-#define WEIGHT_T float
-#define WEIGHT_VEC4_T vec4
-const uint WEIGHTS_PER_WORD = 1;
+// Define WEIGHT_BINDING, then include this before anything but #extension lines. A tensor's
+// place in its binding is weight_origin(off, adjust), from its push-constant word offset
+// (common.glsl) and the bytes it starts into that word (the host's byte_adjust: a 16- or
+// 8-bit tensor may start mid-word). Then weight_at(origin, i) is its element i, and, where
+// weight4_ok(origin), weight4_at(origin, i) its elements i .. i+3 for i a multiple of 4.
+
+#if defined(TMX_WEIGHTS_F16) || defined(TMX_WEIGHTS_BF16) || defined(TMX_WEIGHTS_Q8_0)
+
+layout(std430, binding = WEIGHT_BINDING) readonly buffer WeightWords { uint weight_words[]; };
+layout(std430, binding = WEIGHT_BINDING) readonly buffer WeightPairs { uvec2 weight_pairs[]; };
+
+// In bytes from the binding's start (always even: every format's units are 2-byte aligned).
+uint weight_origin(uint off_words, uint adjust) { return off_words * 4u + adjust; }
+bool weight4_ok(uint origin) { return true; }
+
+// The 16 bits at byte b (even).
+uint weight_half(uint b) { return (weight_words[b >> 2] >> ((b & 2u) * 8u)) & 0xffffu; }
+// The 32 bits at byte b (even), little-endian.
+uint weight_word(uint b) {
+    const uint w = b >> 2;
+    if ((b & 2u) == 0u) return weight_words[w];
+    return (weight_words[w] >> 16) | (weight_words[w + 1u] << 16);
+}
+// The 64 bits at byte b (even): one 8-byte load where b allows it.
+uvec2 weight_pair(uint b) {
+    if ((b & 7u) == 0u) return weight_pairs[b >> 3];
+    return uvec2(weight_word(b), weight_word(b + 4u));
+}
+
+#if defined(TMX_WEIGHTS_F16)
+float weight_at(uint origin, uint i) { return unpackHalf2x16(weight_half(origin + 2u * i)).x; }
+vec4 weight4_at(uint origin, uint i) {
+    const uvec2 p = weight_pair(origin + 2u * i);
+    return vec4(unpackHalf2x16(p.x), unpackHalf2x16(p.y));
+}
+#elif defined(TMX_WEIGHTS_BF16)
+// bf16 is the high half of an fp32: widening is a shift.
+float weight_at(uint origin, uint i) { return uintBitsToFloat(weight_half(origin + 2u * i) << 16); }
+vec4 weight4_at(uint origin, uint i) {
+    const uvec2 p = weight_pair(origin + 2u * i);
+    return uintBitsToFloat(uvec4(p.x << 16, p.x & 0xffff0000u, p.y << 16, p.y & 0xffff0000u));
+}
+#else  // TMX_WEIGHTS_Q8_0
+const uint Q8_0_VALUES = 32u, Q8_0_BYTES = 34u;
+// Byte of the block holding element i; the f16 scale leads it, the int8 values follow.
+uint q8_0_block(uint origin, uint i) { return origin + (i / Q8_0_VALUES) * Q8_0_BYTES; }
+float q8_0_scale(uint block) { return unpackHalf2x16(weight_half(block)).x; }
+float weight_at(uint origin, uint i) {
+    const uint block = q8_0_block(origin, i), b = block + 2u + i % Q8_0_VALUES;
+    const int q = bitfieldExtract(int(weight_words[b >> 2]), int((b & 3u) * 8u), 8);
+    return q8_0_scale(block) * float(q);
+}
+// i % 4 == 0: the four values lie in one block.
+vec4 weight4_at(uint origin, uint i) {
+    const uint block = q8_0_block(origin, i);
+    const int q = int(weight_word(block + 2u + i % Q8_0_VALUES));
+    return q8_0_scale(block) * vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8),
+                                    bitfieldExtract(q, 16, 8), bitfieldExtract(q, 24, 8));
+}
+#endif
+
+#else  // fp32
+
+layout(std430, binding = WEIGHT_BINDING) readonly buffer Weights { float weights[]; };
+layout(std430, binding = WEIGHT_BINDING) readonly buffer Weights4 { vec4 weights4[]; };
+
+// In elements from the binding's start.
+uint weight_origin(uint off_words, uint adjust) { return off_words; }
+bool weight4_ok(uint origin) { return origin % 4u == 0u; }
+float weight_at(uint origin, uint i) { return weights[origin + i]; }
+vec4 weight4_at(uint origin, uint i) { return weights4[(origin + i) / 4u]; }
+
 #endif

@@ -90,11 +90,11 @@ void expect_cached_decoding_matches_recompute(Backend& be, const CacheCase& cc, 
 }
 
 void expect_greedy_demo_matches_cpu(
-    Backend& cpu, Backend& other,
-    const std::function<double(const std::vector<float>&)>& near_tie) {
+    Backend& cpu, Backend& other, const std::function<double(const std::vector<float>&)>& near_tie,
+    std::optional<DType> other_weights) {
     const std::string demo = source_dir() + "/assets/demo";
     auto on_cpu = load_model(demo, cpu);
-    auto on_other = load_model(demo, other);
+    auto on_other = load_model(demo, other, other_weights);
     const Tokenizer tok = Tokenizer::load(demo + "/tokenizer.model");
     std::vector<int32_t> prompt = {tok.bos_id()};
     for (int32_t id : tok.encode("Once upon a time, a little dog")) prompt.push_back(id);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,9 +45,11 @@ void expect_cached_decoding_matches_recompute(Backend& be, const CacheCase& cc, 
 // The shipped demo model, greedy, 200 tokens from a fixed prompt on `cpu` and on `other`:
 // `other` chooses the CPU's token at every step, unless the CPU's top two logits there are
 // within near_tie(cpu logits of that step), a gap its rounding may flip (the texts part ways
-// after it, so the comparison ends there).
+// after it, so the comparison ends there). `other` holds the weights in other_weights (unset:
+// the checkpoint's own format where it can, as load_model chooses).
 void expect_greedy_demo_matches_cpu(
-    Backend& cpu, Backend& other, const std::function<double(const std::vector<float>&)>& near_tie);
+    Backend& cpu, Backend& other, const std::function<double(const std::vector<float>&)>& near_tie,
+    std::optional<DType> other_weights = std::nullopt);
 
 // A dataset of learnable documents under dir: BOS, then a random start and a random stride,
 // counting modulo the vocabulary, so that the next token follows from the previous two.

@@ -1,6 +1,7 @@
 // Vulkan matmuls: dense (tiled, or matrix-vector for decode-sized M; linear() reads its weight
-// from the fp16 copy when fp16 weights are on, matmul() never) and grouped over experts
-// (tiled, or matrix-vector for few slots), with expert ranges read on the device.
+// as stored, or an f32 one from its fp16 copy when fp16 weights are on; matmul() reads fp32)
+// and grouped over experts (tiled, or matrix-vector for few slots), with expert ranges read on
+// the device.
 #include <algorithm>
 
 #include "backends/vulkan/vulkan_backend.h"
@@ -24,10 +25,32 @@ uint32_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
-vk::Binding VulkanBackend::weight(const Tensor& w, std::string& shader) {
-    if (!fp16_) return in(w);
-    shader += "_fp16w";
-    if (w.numel() == 0) return in(w);  // nothing is read
+VulkanBackend::WeightBinding VulkanBackend::stored_weight(const Tensor& w,
+                                                          std::string& shader) const {
+    switch (w.dtype()) {
+        case DType::F32:
+            return {in(w)};
+        case DType::F16:
+            shader += "_f16w";
+            break;
+        case DType::BF16:
+            shader += "_bf16w";
+            break;
+        case DType::Q8_0:
+            shader += "_q8_0w";
+            break;
+        default:
+            throw std::logic_error(std::string("Vulkan: no shader reads ") + to_string(w.dtype()) +
+                                   " weights");
+    }
+    const vk::Binding b = in(w);
+    return {b, static_cast<uint32_t>(b.range.offset % 4)};
+}
+
+VulkanBackend::WeightBinding VulkanBackend::weight(const Tensor& w, std::string& shader) {
+    if (!fp16_ || w.dtype() != DType::F32) return stored_weight(w, shader);
+    shader += "_f16w";
+    if (w.numel() == 0) return {in(w)};  // nothing is read
     const vk::Fp16Weights::Copy copy = fp16_->get(range(w), static_cast<size_t>(w.numel()));
     if (copy.fresh) {
         const uint64_t words = static_cast<uint64_t>(w.numel() + 1) / 2;
@@ -37,7 +60,7 @@ vk::Binding VulkanBackend::weight(const Tensor& w, std::string& shader) {
         auto [gx, gy] = grid(words, tuning_.elementwise_wg);
         run("to_fp16", {tuning_.elementwise_wg}, {in(w), {copy.range, true}}, push, gx, gy);
     }
-    return {copy.range, false};
+    return {{copy.range, false}};
 }
 
 void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out_t,
@@ -55,8 +78,14 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
     const int64_t M = out_t.dim(0), N = out_t.dim(1);
     const int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
     if (M == 0 || N == 0) return;
+    const bool gemv = M <= kGemvMaxRows;
+    std::string shader = gemv ? "matmul_gemv" : "matmul";
+    // A linear layer's weight is the one operand that may be in another format than fp32.
+    const WeightBinding b_read = b_is_weight ? weight(b, shader) : WeightBinding{in(b)};
+    const auto bindings = {in(a), b_read.binding, in(bias),
+                           opts.accumulate ? inout(out_t) : out(out_t)};
     struct {
-        uint32_t M, N, K, a_sm, a_sk, b_sk, b_sn, has_bias, accumulate;
+        uint32_t M, N, K, a_sm, a_sk, b_sk, b_sn, has_bias, accumulate, b_adjust;
     } p{static_cast<uint32_t>(M),
         static_cast<uint32_t>(N),
         static_cast<uint32_t>(K),
@@ -65,12 +94,8 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         static_cast<uint32_t>(opts.trans_b ? 1 : N),
         static_cast<uint32_t>(opts.trans_b ? K : 1),
         bias.defined() ? 1u : 0u,
-        opts.accumulate ? 1u : 0u};
-    const bool gemv = M <= kGemvMaxRows;
-    std::string shader = gemv ? "matmul_gemv" : "matmul";
-    // A linear layer's weight is the one operand that may be read as fp16.
-    const vk::Binding b_binding = b_is_weight ? weight(b, shader) : in(b);
-    const auto bindings = {in(a), b_binding, in(bias), opts.accumulate ? inout(out_t) : out(out_t)};
+        opts.accumulate ? 1u : 0u,
+        b_read.byte_adjust};
 
     if (gemv) {
         struct {
@@ -96,14 +121,15 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
                                         const Tensor& offsets, const Tensor& out_t) {
     const int64_t S = x.dim(0), E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
     if (S == 0 || Nout == 0) return;
-    struct {
-        uint32_t E, Nout, K, has_bias;
-    } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
-        bias.defined() ? 1u : 0u};
     const bool gemv = S <= kGroupedGemvMaxSlots;
     if (gemv && E == 0) return;  // no expert: no slot is computed (as the tiled shader)
     std::string shader = gemv ? "grouped_matmul_gemv" : "grouped_matmul";
-    const auto bindings = {in(x), weight(w, shader), in(bias), in(offsets), out(out_t)};
+    const WeightBinding w_read = weight(w, shader);
+    const auto bindings = {in(x), w_read.binding, in(bias), in(offsets), out(out_t)};
+    struct {
+        uint32_t E, Nout, K, has_bias, w_adjust;
+    } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
+        bias.defined() ? 1u : 0u, w_read.byte_adjust};
     if (gemv) {
         // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at
         // most ceil(S / 4) plus one per expert (the shader's extra rows leave at once).

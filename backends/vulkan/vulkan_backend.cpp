@@ -209,7 +209,7 @@ void VulkanBackend::download_impl(const Tensor& src, void* host) {
 std::string VulkanBackend::description() const {
     const vk::DeviceInfo& d = ctx_->info();
     return "vulkan: " + d.name + " (device " + std::to_string(d.index) + "), " +
-           (fp16_weights() ? "fp16" : "fp32") + " weights";
+           "f32 weights read as " + (fp16_weights() ? "fp16" : "fp32");
 }
 
 void VulkanBackend::synchronize() {
@@ -245,23 +245,23 @@ void VulkanBackend::copy_impl(const Tensor& src, const Tensor& dst) {
 // ---- gathers and elementwise ops
 
 void VulkanBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out_t) {
-    const uint32_t S = static_cast<uint32_t>(ids.dim(0)), d = static_cast<uint32_t>(table.dim(1));
-    struct {
-        uint32_t S, d, n_rows, err;
-    } push{S, d, static_cast<uint32_t>(table.dim(0)), 1};
-    auto [gx, gy] = grid(uint64_t{S} * d, tuning_.elementwise_wg);
-    run("gather_rows", {tuning_.elementwise_wg},
-        {in(table), in(ids), out(out_t), stream_->status_binding()}, push, gx, gy);
+    gather(table, ids, out_t, /*err=*/1);  // ERR_EMBEDDING_ID (common.glsl)
 }
 
 void VulkanBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out_t) {
+    gather(x, rows, out_t, /*err=*/2);  // ERR_GATHER_ROW
+}
+
+void VulkanBackend::gather(const Tensor& x, const Tensor& rows, const Tensor& out_t, uint32_t err) {
     const uint32_t S = static_cast<uint32_t>(rows.dim(0)), d = static_cast<uint32_t>(x.dim(1));
+    std::string shader = "gather_rows";
+    const WeightBinding x_read = stored_weight(x, shader);  // an embedding table's format
     struct {
-        uint32_t S, d, n_rows, err;
-    } push{S, d, static_cast<uint32_t>(x.dim(0)), 2};
+        uint32_t S, d, n_rows, err, x_adjust;
+    } push{S, d, static_cast<uint32_t>(x.dim(0)), err, x_read.byte_adjust};
     auto [gx, gy] = grid(uint64_t{S} * d, tuning_.elementwise_wg);
-    run("gather_rows", {tuning_.elementwise_wg},
-        {in(x), in(rows), out(out_t), stream_->status_binding()}, push, gx, gy);
+    run(shader, {tuning_.elementwise_wg},
+        {x_read.binding, in(rows), out(out_t), stream_->status_binding()}, push, gx, gy);
 }
 
 void VulkanBackend::elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& o) {

@@ -7,9 +7,10 @@
 // Inputs a shader finds invalid (token ids, rows, expert indices, targets out of range) are
 // reported through a status word and thrown as tmx::Error at that sync point.
 //
-// Matmul weights (b of a matmul with trans_b, w of grouped_matmul) are read from fp16 copies
-// when the context says so (vulkan_context.h, vulkan_fp16.h); otherwise, and for every other
-// operand, the portable fp32 shaders run.
+// Weights (w of linear and grouped_matmul, the embedding table) are read in the format they are
+// stored in: f32, bf16, f16 or Q8_0 (shaders/weights.glsl; supports_weight_format). An f32
+// matmul weight is read from an fp16 copy when the context says so (vulkan_context.h,
+// vulkan_fp16.h); every other operand is fp32.
 #pragma once
 
 #include <map>
@@ -35,7 +36,13 @@ class VulkanBackend final : public Backend {
     ~VulkanBackend() override;
 
     std::string name() const override { return "vulkan"; }
-    // "vulkan: <device name> (device N), fp32 | fp16 weights".
+    // Every format: the shaders unpack 16- and 8-bit weights from 32-bit words, which any
+    // Vulkan 1.2 device reads (no 8- or 16-bit storage feature is needed).
+    bool supports_weight_format(DType t) const override {
+        return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::Q8_0;
+    }
+    // "vulkan: <device name> (device N), f32 weights read as fp32 | fp16" (the latter through
+    // fp16 copies; weights stored in other formats are read as stored).
     std::string description() const override;
     void synchronize() override;
     // Records the step into a secondary command buffer on its second run; from the third, the
@@ -84,7 +91,8 @@ class VulkanBackend final : public Backend {
   protected:
     TMX_BACKEND_MEMORY_OP_OVERRIDES
     TMX_BACKEND_FORWARD_OP_OVERRIDES
-    // A linear layer's weight is read from its fp16 copy when fp16 weights are on.
+    // A linear layer's weight is read as stored, or from its fp16 copy (an f32 weight when fp16
+    // weights are on).
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
     // convert_impl and the backward and optimizer ops are Backend's defaults: no BF16 tensors,
@@ -97,9 +105,18 @@ class VulkanBackend final : public Backend {
     vk::Binding out(const Tensor& t) const;
     vk::Binding inout(const Tensor& t) const;
     vk::BufferRange range(const Tensor& t) const;
-    // The binding of a matmul weight: its fp16 copy when fp16 weights are on (converted now
-    // if it has none), else in(w). `shader` becomes the variant that reads that binding.
-    vk::Binding weight(const Tensor& w, std::string& shader);
+    // How a shader reads a weight (shaders/weights.glsl): the binding, and the bytes the tensor
+    // starts into its first 4-byte word (a 16- or 8-bit tensor may start mid-word; the push
+    // constants' offsets count words).
+    struct WeightBinding {
+        vk::Binding binding;
+        uint32_t byte_adjust = 0;
+    };
+    // The weight as stored; `shader` becomes the variant that reads its format.
+    WeightBinding stored_weight(const Tensor& w, std::string& shader) const;
+    // A matmul weight: its fp16 copy if it is f32 and fp16 weights are on (converted now if it
+    // has none), else stored_weight(w).
+    WeightBinding weight(const Tensor& w, std::string& shader);
     // matmul() and linear(): with b_is_weight, b is read through weight().
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                       const Tensor& bias, bool b_is_weight);
@@ -117,6 +134,9 @@ class VulkanBackend final : public Backend {
     }
     // Workgroups for n items, wg per workgroup, as a 2-D grid (x then y; group_index()).
     std::pair<uint32_t, uint32_t> grid(uint64_t n, uint32_t wg) const;
+    // gather_rows.comp: out[s, :] = x[rows[s], :], x in any weight format; a row out of range
+    // is reported with shader error code err.
+    void gather(const Tensor& x, const Tensor& rows, const Tensor& out, uint32_t err);
     // elementwise.comp with operation op over n elements.
     void elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& out);
     // Throws tmx::Error for an error a shader reported since the last sync.

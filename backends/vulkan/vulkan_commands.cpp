@@ -212,7 +212,10 @@ void Stream::dispatch(const Pipeline& p, std::span<const Binding> bindings, cons
     for (size_t i = 0; i < n; ++i) {
         const BufferRange& r = bindings[i].range;
         const VkDeviceSize base = r.offset / align * align;
-        const VkDeviceSize range = std::max<VkDeviceSize>(r.offset + r.size - base, 4);
+        // Whole 4-byte words: a 16- or 8-bit tensor may end mid-word, and shaders read words
+        // (allocations are whole words, so the rounded range stays inside its buffer).
+        const VkDeviceSize range =
+            std::max<VkDeviceSize>((r.offset + r.size - base + 3) / 4 * 4, 4);
         if (range > lim.maxStorageBufferRange)
             throw Error("Vulkan: a tensor view of " + std::to_string(r.size >> 20) +
                         " MiB exceeds the device's maxStorageBufferRange (" +

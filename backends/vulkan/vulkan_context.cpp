@@ -207,8 +207,7 @@ DeviceInfo describe(VkPhysicalDevice dev, uint32_t index) {
                                              &f11};
         VkPhysicalDeviceFeatures2 f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
         vkGetPhysicalDeviceFeatures2(dev, &f);
-        info.fp16_storage = f11.storageBuffer16BitAccess;
-        info.fp16 = f12.shaderFloat16 && info.fp16_storage;
+        info.fp16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
     }
     uint32_t n = 0;
     vkEnumerateDeviceExtensionProperties(dev, nullptr, &n, nullptr);
@@ -278,7 +277,7 @@ uint32_t default_vulkan_device(const std::vector<DeviceInfo>& devices) {
                                 : "no Vulkan device supports Vulkan 1.2 compute (see tmx devices)");
 }
 
-bool use_fp16_weights(const DeviceInfo& device, std::optional<bool> requested) {
+bool use_fp16_weights(std::optional<bool> requested) {
     if (!requested) {
         if (const char* env = std::getenv("TMX_VULKAN_FP16"); env && *env) {
             if (std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
@@ -286,7 +285,7 @@ bool use_fp16_weights(const DeviceInfo& device, std::optional<bool> requested) {
             requested = *env == '1';
         }
     }
-    return device.fp16_storage && requested.value_or(true);
+    return requested.value_or(true);
 }
 
 Context::Context(const VulkanOptions& options) {
@@ -306,7 +305,7 @@ Context::Context(const VulkanOptions& options) {
         const uint32_t chosen = choose_device(infos, options.device);
         physical_ = devs[chosen];
         info_ = infos[chosen];
-        fp16_weights_ = use_fp16_weights(info_, options.fp16_weights);
+        fp16_weights_ = use_fp16_weights(options.fp16_weights);
         compute_queue_family(physical_, &queue_family_);
         VkPhysicalDeviceProperties props;
         vkGetPhysicalDeviceProperties(physical_, &props);
@@ -321,12 +320,8 @@ Context::Context(const VulkanOptions& options) {
         VkDeviceCreateInfo info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
         info.queueCreateInfoCount = 1;
         info.pQueueCreateInfos = &queue;
-        // The fp32 shaders need no optional feature; the fp16-weight ones read 16-bit storage
-        // buffers. (Cooperative-matrix pipelines will enable theirs here.)
-        VkPhysicalDevice16BitStorageFeatures storage16{
-            VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
-        storage16.storageBuffer16BitAccess = VK_TRUE;
-        if (fp16_weights_) info.pNext = &storage16;
+        // The shaders need no optional feature: 16- and 8-bit weights are read as 32-bit words.
+        // (Cooperative-matrix pipelines will enable theirs here.)
         check(vkCreateDevice(physical_, &info, nullptr, &device_), "vkCreateDevice");
         vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
     } catch (...) {

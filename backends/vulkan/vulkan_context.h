@@ -4,11 +4,11 @@
 // variable TMX_VULKAN_DEVICE=N, else the first discrete GPU, then the first integrated GPU,
 // then the first device of any kind. Indices are those `tmx devices` lists.
 //
-// fp16 weights (use_fp16_weights): matmul weights read from fp16 copies, halving the weight
-// traffic that bounds decode (arithmetic stays fp32; logits move by about 1e-3 relative).
-// VulkanOptions::fp16_weights when set, else TMX_VULKAN_FP16=0/1, else on wherever the device
-// has 16-bit storage buffers. The fp32 path is always present: the only one on a device
-// without them, and the one the tests compare with the CPU backend at fp32 tolerances.
+// fp16 weights (use_fp16_weights): f32 matmul weights read from fp16 copies, halving the
+// weight traffic that bounds decode (arithmetic stays fp32; logits move by about 1e-3
+// relative). VulkanOptions::fp16_weights when set, else TMX_VULKAN_FP16=0/1, else on. The
+// shaders unpack fp16 from 32-bit words (shaders/weights.glsl), so every device runs them. The
+// fp32 path stays: the one the tests compare with the CPU backend at fp32 tolerances.
 #pragma once
 
 #include <vulkan/vulkan.h>
@@ -46,7 +46,6 @@ struct DeviceInfo {
     uint32_t shared_memory_bytes = 0;
     uint32_t max_workgroup_invocations = 0;
     bool fp16 = false;                // shaderFloat16 and 16-bit storage buffers
-    bool fp16_storage = false;        // storageBuffer16BitAccess: enough for fp16 weights
     bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
     uint64_t max_storage_buffer_range = 0;
     uint64_t max_allocation_bytes = 0;
@@ -58,9 +57,9 @@ std::vector<DeviceInfo> list_vulkan_devices();
 bool validation_layer_installed();
 // The index make_backend("vulkan") picks without an explicit choice (see the top of the file).
 uint32_t default_vulkan_device(const std::vector<DeviceInfo>& devices);
-// Whether the backend on this device reads matmul weights as fp16 (see the top of the file).
+// Whether the backend reads f32 matmul weights through fp16 copies (see the top of the file).
 // Throws tmx::Error for a TMX_VULKAN_FP16 other than 0 or 1.
-bool use_fp16_weights(const DeviceInfo& device, std::optional<bool> requested = {});
+bool use_fp16_weights(std::optional<bool> requested = {});
 
 // One logical device with one compute queue. Not copyable; shared by the backend's parts.
 class Context {
@@ -76,7 +75,7 @@ class Context {
     VkQueue queue() const { return queue_; }
     uint32_t queue_family() const { return queue_family_; }
     const DeviceInfo& info() const { return info_; }
-    // use_fp16_weights() for this device and the options; its 16-bit storage is then enabled.
+    // use_fp16_weights() for the options.
     bool fp16_weights() const { return fp16_weights_; }
     const VkPhysicalDeviceLimits& limits() const { return limits_; }
     const VkPhysicalDeviceMemoryProperties& memory_properties() const { return memory_; }

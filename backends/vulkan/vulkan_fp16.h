@@ -1,5 +1,5 @@
 // The fp16 copies of matmul weights (shaders/weights.glsl), kept by the backend when fp16
-// weights are on (vulkan_context.h says when): the *_fp16w shaders read half the bytes.
+// weights are on (vulkan_context.h says when): the *_f16w shaders read half the bytes.
 //
 // A copy is keyed by its source's byte range and made on first use; a source inside a copied
 // range (at an even element of it) is read from that copy, and a new copy takes over the

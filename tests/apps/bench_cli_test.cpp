@@ -31,7 +31,7 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
         // bf16 (CUDA's default) is checked against the CPU in bf16: the same roundings, but a
         // different summation order can send a later operand to the neighbouring bf16 value
         // (2^-8 relative), so 1e-2, as the CUDA model tests state.
-        const bool fp16 = description.find("fp16 weights") != std::string::npos;
+        const bool fp16 = description.find("f32 weights read as fp16") != std::string::npos;
         const bool bf16 = b["precision"] == "bf16";
         EXPECT_EQ(bf16, description.find("bf16 matmuls") != std::string::npos);
         const double tol = bf16 ? 1e-2 : fp16 ? 3e-3 : 1e-4;

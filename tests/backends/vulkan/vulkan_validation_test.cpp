@@ -1,13 +1,14 @@
 // A representative forward sequence under VK_LAYER_KHRONOS_validation: every forward op, each
 // shader path (matrix-vector and tiled matmuls, cached and plain attention: split, tiled and
-// per-query), transfers, fill and copy, with the debug-utils messenger counting errors; once
-// with the fp32 matmuls and once with fp16 weights (their conversions, 16-bit storage, and a
-// copy remade after its weight is re-uploaded); recorded steps; profiling. The tests skip when
-// the layer is not installed (Debian: vulkan-validationlayers).
+// per-query), weights stored in 16 and 8 bits, transfers, fill and copy, with the debug-utils
+// messenger counting errors; once with the fp32 matmuls and once with fp16 weights (their
+// conversions, and a copy remade after its weight is re-uploaded); recorded steps; profiling. The
+// tests skip when the layer is not installed (Debian: vulkan-validationlayers).
 #ifdef TMX_HAS_VULKAN
 
 #include <cstdio>
 
+#include "engine/compute/weight_format.h"
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
 namespace tmx::test {
@@ -31,9 +32,7 @@ class VulkanValidation : public VulkanTest, public ::testing::WithParamInterface
 TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     SCOPED_TRACE(trace());
     VulkanBackend& be = vk();
-    if (GetParam() && be.context().info().fp16_storage) {
-        ASSERT_TRUE(be.fp16_weights());
-    }
+    ASSERT_EQ(be.fp16_weights(), GetParam());
     const int64_t B = 2, T = 9, N = B * T, d = 32, H = 4, Hkv = 2, hd = 8, E = 4, k = 2, F = 48,
                   V = 50, S = 8;
     auto f = [&](Shape s) {
@@ -104,6 +103,27 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     be.grouped_matmul(one.reshape({1, d}).slice(0, {1, d}), w1, Tensor{}, off, one_out.rows(0, 1));
     be.upload(w1, normal(E * F * d).data());  // with fp16 weights: the copy is remade
     be.grouped_matmul(one.reshape({1, d}).slice(0, {1, d}), w1, Tensor{}, off, one_out.rows(1, 2));
+
+    // Weights stored in 16 and 8 bits, each starting half-way into a 4-byte word (after one
+    // f16 value, or one 34-byte Q8_0 block) and ending mid-word: matrix-vector, tiled and
+    // grouped matmuls and the embedding read them.
+    for (DType t : {DType::BF16, DType::F16, DType::Q8_0}) {
+        const int64_t lead = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
+        const auto make = [&](Shape shape) {
+            const int64_t n = lead + shape_numel(shape);
+            std::vector<uint8_t> bytes(static_cast<size_t>(dtype_bytes(t, n)));
+            encode_weights(t, normal(n).data(), n, bytes.data());
+            Tensor flat = be.alloc({n}, t);
+            be.upload(flat, bytes.data());
+            return flat.slice(lead, shape);
+        };
+        const Tensor w = make({V, d}), we = make({E, F, d});
+        be.linear(a, w, Tensor{}, be.alloc({N, V}));
+        be.linear(a.rows(0, 1), w, Tensor{}, be.alloc({1, V}));
+        be.grouped_matmul(xs, we, Tensor{}, off, hid);
+        be.grouped_matmul(one.reshape({1, d}), we, Tensor{}, off, one_out.rows(0, 1));
+        be.embedding(w, ids, be.alloc({N, d}));
+    }
 
     Tensor aux = be.alloc({1}), losses = be.alloc({N}), lm = be.alloc({N, V});
     be.router_aux_loss(logits, idx, aux);
