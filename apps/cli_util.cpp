@@ -35,12 +35,9 @@ void add_checkpoint_out_options(CLI::App& sub, CheckpointOutOptions& o) {
 
 void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
     sub.add_option("--backend", choice.backend,
-                   training ? "Backend: auto (CUDA when a GPU is present, else the CPU) or one "
-                              "of " +
-                                  training_backend_list()
-                            : "Backend: auto (the best present: CUDA, else a Vulkan GPU, else "
-                              "the CPU) or one of " +
-                                  backend_list())
+                   "Backend: auto (the best present: CUDA, else a Vulkan GPU, else the CPU) "
+                   "or one of " +
+                       (training ? training_backend_list() : backend_list()))
         ->capture_default_str();
     sub.add_option("--device", choice.device,
                    "GPU index of the chosen backend, as `tmx devices` lists them (default: "

@@ -57,7 +57,6 @@ std::string resolve_backend(const std::string& name, bool training) {
     }
 #endif
 #ifdef TMX_HAS_VULKAN
-    if (training) return "cpu";
     // A Vulkan GPU; a CPU implementation such as lavapipe is slower than the CPU backend.
     try {
         for (const vk::DeviceInfo& d : vk::list_vulkan_devices())
@@ -65,7 +64,7 @@ std::string resolve_backend(const std::string& name, bool training) {
     } catch (const Error&) {  // no Vulkan driver: fall back to the CPU
     }
 #endif
-    (void)training;
+    (void)training;  // every backend trains: the same choice for training and inference
     return "cpu";
 }
 
@@ -95,11 +94,7 @@ std::string backend_list() {
 }
 
 std::string training_backend_list() {
-#ifdef TMX_HAS_CUDA
-    return join({"cpu", "cuda"});
-#else
-    return "cpu";
-#endif
+    return backend_list();  // every backend of this build trains
 }
 
 }  // namespace tmx

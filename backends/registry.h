@@ -20,7 +20,7 @@ std::string backend_list();
 // The backends of this build that train (supports_training()), as "cpu, cuda".
 std::string training_backend_list();
 // "auto" becomes the best backend present on this machine (CUDA, then a Vulkan GPU, then the
-// CPU; for training, CUDA then the CPU); any other name is returned as it is.
+// CPU); any other name is returned as it is.
 std::string resolve_backend(const std::string& name, bool training = false);
 
 }  // namespace tmx

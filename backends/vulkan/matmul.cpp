@@ -117,6 +117,16 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         ceil_div(M, t.bm));
 }
 
+void VulkanBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {
+    const int64_t M = d_out.dim(0), N = d_out.dim(1);
+    if (N == 0) return;
+    struct {
+        uint32_t M, N;
+    } p{static_cast<uint32_t>(M), static_cast<uint32_t>(N)};
+    auto [gx, gy] = grid(static_cast<uint64_t>(N), tuning_.column_wg);
+    run("column_sums", {tuning_.column_wg}, {in(d_out), inout(d_bias)}, p, gx, gy);
+}
+
 void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
                                         const Tensor& offsets, const Tensor& out_t) {
     const int64_t S = x.dim(0), E = w.dim(0), Nout = w.dim(1), K = w.dim(2);

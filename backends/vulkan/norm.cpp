@@ -1,4 +1,6 @@
-// Vulkan layernorm and rmsnorm: one workgroup per row (shaders/norm.comp).
+// Vulkan layernorm and rmsnorm: one workgroup per row (shaders/norm.comp); the backward in a
+// pass over rows (d_x, and each row's statistics) and one over columns (d_weight, d_bias;
+// shaders/norm_backward.comp).
 #include "backends/vulkan/vulkan_backend.h"
 
 namespace tmx {
@@ -15,6 +17,26 @@ void VulkanBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weig
         type == NormType::LayerNorm ? 1u : 0u};
     auto [gx, gy] = grid(static_cast<uint64_t>(N), 1);
     run("norm", {tuning_.row_wg}, {in(x), in(weight), in(bias), out(out_t)}, p, gx, gy);
+}
+
+void VulkanBackend::norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
+                                       const Tensor& d_out, float eps, const Tensor& d_x,
+                                       const Tensor& d_weight, const Tensor& d_bias) {
+    const int64_t N = x.dim(0), d = x.dim(1);
+    if (N == 0 || d == 0) return;
+    const Tensor stats = alloc({N, 2});  // each row's mean and rstd, from pass 0 to pass 1
+    struct {
+        uint32_t N, d;
+        float eps;
+        uint32_t layernorm;
+    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(d), eps,
+        type == NormType::LayerNorm ? 1u : 0u};
+    const auto bindings = {in(x),           in(weight),    in(d_out),   inout(d_x),
+                           inout(d_weight), inout(d_bias), inout(stats)};
+    auto [rx, ry] = grid(static_cast<uint64_t>(N), 1);
+    run("norm_backward", {tuning_.row_wg, 0}, bindings, p, rx, ry);
+    auto [cx, cy] = grid(static_cast<uint64_t>(d), tuning_.column_wg);
+    run("norm_backward", {tuning_.column_wg, 1}, bindings, p, cx, cy);
 }
 
 }  // namespace tmx

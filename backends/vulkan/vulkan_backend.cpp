@@ -3,6 +3,7 @@
 // backends/cpu/.
 #include "backends/vulkan/vulkan_backend.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <stdexcept>
@@ -20,6 +21,15 @@ enum ElementwiseOp : uint32_t {
     kSilu = 3,
     kRelu = 4,
     kRelu2 = 5
+};
+
+// activation_backward.comp's operations.
+enum ActivationBackwardOp : uint32_t {
+    kGeluBackward = 0,
+    kSiluBackward = 1,
+    kReluBackward = 2,
+    kRelu2Backward = 3,
+    kSwigluBackward = 4
 };
 
 // Error codes of shaders/common.glsl.
@@ -206,6 +216,16 @@ void VulkanBackend::download_impl(const Tensor& src, void* host) {
     check_status();
 }
 
+uint64_t VulkanBackend::memory_capacity() const {
+    // The largest device-local heap: where the allocator places tensors (vulkan_memory.h).
+    const VkPhysicalDeviceMemoryProperties& m = ctx_->memory_properties();
+    uint64_t largest = 0;
+    for (uint32_t h = 0; h < m.memoryHeapCount; ++h)
+        if (m.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+            largest = std::max<uint64_t>(largest, m.memoryHeaps[h].size);
+    return largest;
+}
+
 std::string VulkanBackend::description() const {
     const vk::DeviceInfo& d = ctx_->info();
     return "vulkan: " + d.name + " (device " + std::to_string(d.index) + "), " +
@@ -264,6 +284,28 @@ void VulkanBackend::gather(const Tensor& x, const Tensor& rows, const Tensor& ou
         {x_read.binding, in(rows), out(out_t), stream_->status_binding()}, push, gx, gy);
 }
 
+void VulkanBackend::embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
+                                            const Tensor& d_table) {
+    scatter_add_rows(ids, d_out, d_table, /*err=*/1);  // ERR_EMBEDDING_ID
+}
+
+void VulkanBackend::gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
+                                              const Tensor& d_x) {
+    scatter_add_rows(rows, d_out, d_x, /*err=*/2);  // ERR_GATHER_ROW
+}
+
+void VulkanBackend::scatter_add_rows(const Tensor& rows, const Tensor& d_out, const Tensor& d_x,
+                                     uint32_t err) {
+    const uint32_t S = static_cast<uint32_t>(rows.dim(0)), d = static_cast<uint32_t>(d_x.dim(1));
+    if (S == 0 || d == 0) return;
+    struct {
+        uint32_t S, d, n_rows, err;
+    } push{S, d, static_cast<uint32_t>(d_x.dim(0)), err};
+    auto [gx, gy] = grid(d, tuning_.column_wg);
+    run("gather_rows_backward", {tuning_.column_wg},
+        {in(rows), in(d_out), inout(d_x), stream_->status_binding()}, push, gx, gy);
+}
+
 void VulkanBackend::elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& o) {
     const uint64_t n = static_cast<uint64_t>(x.numel());
     if (n == 0) return;
@@ -293,8 +335,46 @@ void VulkanBackend::activation_impl(Activation act, const Tensor& x, const Tenso
     elementwise(op, x, x, out_t);
 }
 
+void VulkanBackend::activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
+                                             const Tensor& d_x) {
+    uint32_t op = kGeluBackward;
+    switch (act) {
+        case Activation::Gelu:
+            op = kGeluBackward;
+            break;
+        case Activation::Silu:
+            op = kSiluBackward;
+            break;
+        case Activation::Relu:
+            op = kReluBackward;
+            break;
+        case Activation::Relu2:
+            op = kRelu2Backward;
+            break;
+    }
+    record_activation_backward(op, x, Tensor{}, d_out, d_x, Tensor{});
+}
+
 void VulkanBackend::swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out_t) {
     elementwise(kSwiglu, gate, up, out_t);
+}
+
+void VulkanBackend::swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
+                                         const Tensor& d_gate, const Tensor& d_up) {
+    record_activation_backward(kSwigluBackward, gate, up, d_out, d_gate, d_up);
+}
+
+void VulkanBackend::record_activation_backward(uint32_t op, const Tensor& x, const Tensor& y,
+                                               const Tensor& d_out, const Tensor& d_x,
+                                               const Tensor& d_y) {
+    const uint64_t n = static_cast<uint64_t>(x.numel());
+    if (n == 0) return;
+    struct {
+        uint32_t n;
+    } push{static_cast<uint32_t>(n)};
+    auto [gx, gy] = grid(n, tuning_.elementwise_wg);
+    run("activation_backward", {tuning_.elementwise_wg, op},
+        {in(x), in(y), in(d_out), inout(d_x), inout(d_y)}, push, gx, gy);
 }
 
 void VulkanBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& out_t) {

@@ -1,6 +1,6 @@
 // The Vulkan backend: GLSL compute shaders (shaders/*.comp, embedded as SPIR-V) on any Vulkan
-// 1.2 device, Mesa's lavapipe included. It runs inference: every forward op; the backward and
-// optimizer ops throw tmx::Error (train on cpu or cuda).
+// 1.2 device, Mesa's lavapipe included. It runs every op, forward, backward and the optimizer's,
+// in fp32 (training and inference); training ops are deterministic (no float atomics).
 //
 // Ops are recorded into one command buffer (vulkan_commands.h: barriers only between dependent
 // commands) and submitted at download() or synchronize(); a forward step is one submit.
@@ -36,6 +36,9 @@ class VulkanBackend final : public Backend {
     ~VulkanBackend() override;
 
     std::string name() const override { return "vulkan"; }
+    bool supports_training() const override { return true; }
+    // The largest device-local memory heap (training's memory check compares with it).
+    uint64_t memory_capacity() const override;
     // Every format: the shaders unpack 16- and 8-bit weights from 32-bit words, which any
     // Vulkan 1.2 device reads (no 8- or 16-bit storage feature is needed).
     bool supports_weight_format(DType t) const override {
@@ -66,6 +69,9 @@ class VulkanBackend final : public Backend {
     struct Tuning {
         uint32_t elementwise_wg = 256;
         uint32_t row_wg = 128;  // norm, cross_entropy: one workgroup per row
+        // Column sums (bias_backward, norm_backward's weights) and row scatters
+        // (embedding_backward): one invocation per column, walking the rows in order.
+        uint32_t column_wg = 64;
         struct Tile {
             uint32_t wg, bm, bn, bk, tm, tn;
         };
@@ -95,8 +101,26 @@ class VulkanBackend final : public Backend {
     // weights are on).
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
-    // convert_impl and the backward and optimizer ops are Backend's defaults: no BF16 tensors,
-    // and each training op throws tmx::Error.
+    // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
+    // Deterministic: no float atomics, every sum in a fixed order.
+    void embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
+                                 const Tensor& d_table) override;
+    void norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
+                            const Tensor& d_out, float eps, const Tensor& d_x,
+                            const Tensor& d_weight, const Tensor& d_bias) override;
+    void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) override;
+    void gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
+                                   const Tensor& d_x) override;
+    void activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
+                                  const Tensor& d_x) override;
+    void swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
+                              const Tensor& d_gate, const Tensor& d_up) override;
+    void cross_entropy_backward_impl(const Tensor& logits, const Tensor& targets, float scale,
+                                     const Tensor& d_logits) override;
+    void sum_squares_impl(const Tensor& x, const Tensor& out) override;
+    void scale_impl(const Tensor& x, float s) override;
+    void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                    const AdamWParams& hp) override;
 
   private:
     // Bindings of tensors: read, written, or both. An undefined or empty tensor binds a
@@ -137,6 +161,12 @@ class VulkanBackend final : public Backend {
     // gather_rows.comp: out[s, :] = x[rows[s], :], x in any weight format; a row out of range
     // is reported with shader error code err.
     void gather(const Tensor& x, const Tensor& rows, const Tensor& out, uint32_t err);
+    // gather_rows_backward.comp: d_x[rows[s], :] += d_out[s, :]; a row out of range is
+    // reported with shader error code err.
+    void scatter_add_rows(const Tensor& rows, const Tensor& d_out, const Tensor& d_x, uint32_t err);
+    // activation_backward.comp with operation op (y and d_y: swiglu's up and its gradient).
+    void record_activation_backward(uint32_t op, const Tensor& x, const Tensor& y,
+                                    const Tensor& d_out, const Tensor& d_x, const Tensor& d_y);
     // elementwise.comp with operation op over n elements.
     void elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& out);
     // Throws tmx::Error for an error a shader reported since the last sync.
