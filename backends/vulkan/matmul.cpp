@@ -18,6 +18,8 @@ namespace {
 constexpr int64_t kGemvMaxRows = 16;      // a batch's decode step
 constexpr int64_t kGemvRowsPerGroup = 4;  // matmul_gemv.comp's MMAX, grouped_matmul_gemv's MS
 constexpr int64_t kGroupedGemvMaxSlots = 32;
+// grouped_matmul_backward_bias.comp: columns (of one expert) per workgroup.
+constexpr uint32_t kBiasBackwardWg = 64;
 
 uint32_t ceil_div(int64_t a, int64_t b) {
     return static_cast<uint32_t>((a + b - 1) / b);
@@ -153,6 +155,42 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
         S <= E * int64_t{tuning_.skinny_max_rows} ? tuning_.skinny : tuning_.small;
     run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(Nout, t.bn),
         ceil_div(S, t.bm) + static_cast<uint32_t>(E));
+}
+
+void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
+                                                 const Tensor& offsets, const Tensor& d_out,
+                                                 const Tensor& d_x, const Tensor& d_w,
+                                                 const Tensor& d_bias) {
+    const int64_t S = x.dim(0), E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
+    if (S == 0 || E == 0 || Nout == 0) return;  // every gradient sums no term
+    if (x.dtype() != DType::F32 || w.dtype() != DType::F32)
+        throw Error("grouped_matmul_backward: the Vulkan backend reads fp32 x and w only");
+    // Each output element is summed by one invocation in a fixed order (no atomics).
+    if (K > 0) {
+        // d_x [S, K] += d_out . w[e], per expert's slots: the forward's grid of row tiles.
+        struct {
+            uint32_t E, Nout, K;
+        } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K)};
+        const Tuning::Tile& tx =
+            S <= E * int64_t{tuning_.skinny_max_rows} ? tuning_.skinny : tuning_.small;
+        run("grouped_matmul_backward_dx", {tx.wg, tx.bm, tx.bn, tx.bk, tx.tm, tx.tn},
+            {in(d_out), in(w), in(offsets), inout(d_x)}, p, ceil_div(K, tx.bn),
+            ceil_div(S, tx.bm) + static_cast<uint32_t>(E));
+        // d_w[e] [Nout, K] += d_out[e's slots]^T . x[e's slots]: a grid of tiles per expert.
+        const Tuning::Tile& tw = Nout >= 256 && K >= 256 ? tuning_.large : tuning_.small;
+        run("grouped_matmul_backward_dw", {tw.wg, tw.bm, tw.bn, tw.bk, tw.tm, tw.tn},
+            {in(d_out), in(x), in(offsets), inout(d_w)}, p, ceil_div(K, tw.bn),
+            ceil_div(Nout, tw.bm), static_cast<uint32_t>(E));
+    }
+    if (d_bias.defined()) {
+        // d_bias[e, n] += column sums of d_out over e's slots, one invocation per (e, n).
+        struct {
+            uint32_t Nout;
+        } p{static_cast<uint32_t>(Nout)};
+        run("grouped_matmul_backward_bias", {kBiasBackwardWg},
+            {in(d_out), in(offsets), inout(d_bias)}, p, ceil_div(Nout, kBiasBackwardWg),
+            static_cast<uint32_t>(E));
+    }
 }
 
 }  // namespace tmx

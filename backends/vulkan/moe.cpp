@@ -6,7 +6,9 @@
 namespace tmx {
 namespace {
 
-constexpr int64_t kMaxExperts = 1024;  // moe_group.comp and router_aux_loss.comp
+constexpr int64_t kMaxExperts = 1024;  // moe_group.comp, router_aux_loss.comp, router_backward
+// router_backward.comp's rows (one per invocation) per workgroup.
+constexpr uint32_t kRouterRowWg = 64;
 
 void check_experts(const char* op, int64_t E) {
     if (E > kMaxExperts)
@@ -51,6 +53,23 @@ void VulkanBackend::moe_combine_impl(const Tensor& expert_out, const Tensor& slo
         gy);
 }
 
+void VulkanBackend::moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
+                                              const Tensor& gates, const Tensor& d_out,
+                                              const Tensor& d_expert_out, const Tensor& d_gates) {
+    const int64_t N = gates.dim(0), k = gates.dim(1), d = d_out.dim(1);
+    if (N * k == 0) return;
+    // A workgroup per (token, choice): d_expert_out's row of that slot, and a fixed-tree dot
+    // product for its gate (moe_combine_backward.comp).
+    struct {
+        uint32_t N, k, d;
+    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(k), static_cast<uint32_t>(d)};
+    auto [gx, gy] = grid(static_cast<uint64_t>(N * k), 1);
+    run("moe_combine_backward", {tuning_.row_wg},
+        {in(expert_out), in(slot_of), in(gates), in(d_out), inout(d_expert_out), inout(d_gates),
+         stream_->status_binding()},
+        p, gx, gy);
+}
+
 void VulkanBackend::router_aux_loss_impl(const Tensor& logits, const Tensor& indices,
                                          const Tensor& out_t) {
     check_experts("router_aux_loss", logits.dim(1));
@@ -60,6 +79,39 @@ void VulkanBackend::router_aux_loss_impl(const Tensor& logits, const Tensor& ind
         static_cast<uint32_t>(indices.dim(1))};
     run("router_aux_loss", {tuning_.group_wg},
         {in(logits), in(indices), out(out_t), stream_->status_binding()}, p, 1);
+}
+
+void VulkanBackend::router_backward_impl(const Tensor& logits, const Tensor& indices,
+                                         const Tensor& gates, const Tensor& d_gates,
+                                         float aux_weight, const Tensor& d_logits) {
+    const int64_t N = logits.dim(0), E = logits.dim(1), k = indices.dim(1);
+    if (N == 0 || E == 0) return;
+    const bool aux = aux_weight != 0.0f;  // as the CPU: any non-zero weight
+    if (aux) check_experts("router_backward", E);
+    struct {
+        uint32_t N, E, k, has_aux;
+        float aux_weight;
+        uint32_t phase;
+    } p{static_cast<uint32_t>(N),
+        static_cast<uint32_t>(E),
+        static_cast<uint32_t>(k),
+        aux ? 1u : 0u,
+        aux_weight,
+        0};
+    // Phase 0: the aux loss's gradient per mean probability, from the counts over all tokens
+    // (one workgroup); phase 1: a row per invocation (router_backward.comp).
+    Tensor dprob = aux ? alloc({E}) : Tensor{};
+    if (aux)
+        run("router_backward", {tuning_.group_wg},
+            {in(Tensor{}), in(indices), in(Tensor{}), in(Tensor{}), out(dprob), in(Tensor{}),
+             stream_->status_binding()},
+            p, 1);
+    p.phase = 1;
+    auto [gx, gy] = grid(static_cast<uint64_t>(N), kRouterRowWg);
+    run("router_backward", {kRouterRowWg},
+        {in(logits), in(indices), in(gates), in(d_gates), in(dprob), inout(d_logits),
+         stream_->status_binding()},
+        p, gx, gy);
 }
 
 }  // namespace tmx
