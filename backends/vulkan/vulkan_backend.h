@@ -121,6 +121,15 @@ class VulkanBackend final : public Backend {
     void scale_impl(const Tensor& x, float s) override;
     void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                     const AdamWParams& hp) override;
+    void router_backward_impl(const Tensor& logits, const Tensor& indices, const Tensor& gates,
+                              const Tensor& d_gates, float aux_weight,
+                              const Tensor& d_logits) override;
+    void grouped_matmul_backward_impl(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                      const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
+                                      const Tensor& d_bias) override;
+    void moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
+                                   const Tensor& gates, const Tensor& d_out,
+                                   const Tensor& d_expert_out, const Tensor& d_gates) override;
 
   private:
     // Bindings of tensors: read, written, or both. An undefined or empty tensor binds a
