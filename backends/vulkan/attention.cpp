@@ -1,7 +1,9 @@
 // Vulkan attention over a sequence or a chunk plus the rolling KV cache, and the cache write.
 // Three shaders share one contract (shaders/attention_common.glsl), picked by the number of
 // queries: a split over key slices plus a merge for few (decode), query x key tiles in shared
-// memory for many (prefill), and one workgroup per query otherwise (attention.comp).
+// memory for many (prefill), and one workgroup per query otherwise (attention.comp). The
+// backward recomputes the softmax in two passes: per query (d_q, and the softmax statistics),
+// then per key (d_k, d_v).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,6 +18,10 @@ constexpr int64_t kMaxHeadDim = 256;       // attention.comp's MAX_HEAD_DIM
 constexpr int64_t kTiledMaxHeadDim = 128;  // attention_tiled.comp's MAX_HEAD_DIM
 constexpr int64_t kSplitMaxGroup = 16;     // attention_split.comp's MAX_GROUP
 constexpr int64_t kSplitGroupDim = 2048;   // attention_split.comp's MAX_GROUP_DIM
+// attention_backward.comp (the query side) and attention_backward_kv.comp (the key side):
+// their MAX_HEAD_DIM, and the workgroup size and keys (or query-head pairs) per chunk.
+constexpr int64_t kBackwardMaxHeadDim = 256;
+constexpr uint32_t kBackwardWg = 64, kBackwardChunk = 128;
 
 // attention_common.glsl's push constants after the binding offsets.
 struct AttentionPush {
@@ -110,6 +116,36 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
     run("attention", {tu.attention_wg, tu.attention_chunk},
         {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,
         static_cast<uint32_t>(T), static_cast<uint32_t>(H), static_cast<uint32_t>(B));
+}
+
+void VulkanBackend::attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& d_out, const Tensor& d_q,
+                                            const Tensor& d_k, const Tensor& d_v, int64_t window) {
+    if (q.numel() == 0) return;
+    const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), Hkv = k.dim(2), hd = q.dim(3);
+    if (hd > kBackwardMaxHeadDim)
+        throw Error("attention_backward: head_dim " + std::to_string(hd) +
+                    " is larger than the Vulkan backend supports (" +
+                    std::to_string(kBackwardMaxHeadDim) + ")");
+    // Both passes' push constants after the binding offsets.
+    struct {
+        uint32_t T, H, Hkv, hd, window;
+        float scale;
+    } p{static_cast<uint32_t>(T),
+        static_cast<uint32_t>(H),
+        static_cast<uint32_t>(Hkv),
+        static_cast<uint32_t>(hd),
+        static_cast<uint32_t>(std::min<int64_t>(window, std::numeric_limits<int32_t>::max())),
+        1.0f / std::sqrt(static_cast<float>(hd))};
+    // Per (b, h, i): the softmax max m, denominator l and D = sum_j P_ij dP_ij, written by pass
+    // 1 and read by pass 2.
+    Tensor stats = alloc({B * H * T * 3});
+    run("attention_backward", {kBackwardWg, kBackwardChunk},
+        {in(q), in(k), in(v), in(d_out), inout(d_q), out(stats)}, p, static_cast<uint32_t>(T),
+        static_cast<uint32_t>(H), static_cast<uint32_t>(B));
+    run("attention_backward_kv", {kBackwardWg, kBackwardChunk},
+        {in(q), in(k), in(v), in(d_out), in(stats), inout(d_k), inout(d_v)}, p,
+        static_cast<uint32_t>(T), static_cast<uint32_t>(Hkv), static_cast<uint32_t>(B));
 }
 
 void VulkanBackend::kv_cache_write_impl(const Tensor& k, const Tensor& v, const Tensor& k_cache,
