@@ -83,6 +83,7 @@ std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
             "--backend " + backend + ": the " + be->name() +
             " backend runs inference only; backends that train: " + training_backend_list());
     be->set_matmul_precision(resolve_precision(*be));
+    be->set_training_mode(training);
     if (announce_it) announce(*be);
     return be;
 }

@@ -147,6 +147,7 @@ void write_counting_dataset(const std::string& dir, uint64_t seed, int32_t vocab
 void expect_model_matches_cpu(Backend& cpu, Backend& other, const std::string& config_name,
                               const ModelTolerances& tol) {
     const ModelConfig config = test_config(config_name);
+    other.set_training_mode(true);  // what a training run computes (no inference shortcut)
     Model on_cpu(config, cpu), on_other(config, other);
     on_cpu.init_random(7);
     on_other.params_from_host(on_cpu.params_to_host());
@@ -225,11 +226,7 @@ void expect_model_matches_cpu(Backend& cpu, Backend& other, const std::string& c
               << "worst gradient error " << worst_share << " of its allowance\n";
 }
 
-namespace {
-
-// 30 steps with a report (the step's loss and expert load) at every step, an evaluation and a
-// checkpoint only at the end.
-TrainOptions training_options(const std::string& data, uint64_t seed) {
+TrainOptions scenario_training_options(const std::string& data, uint64_t seed) {
     TrainOptions o;
     o.data_dir = data;
     o.batch_size = 4;
@@ -245,8 +242,6 @@ TrainOptions training_options(const std::string& data, uint64_t seed) {
     o.seed = seed;
     return o;
 }
-
-}  // namespace
 
 // The same 30 steps (same initial weights, same batches) on the CPU and on another backend: the
 // per-step losses agree within 1e-3 relative. The first step differs only by rounding (~1e-6);
@@ -267,7 +262,7 @@ void expect_losses_follow_the_cpu(Backend& cpu, Backend& other, uint64_t seed,
     const ModelConfig config = test_config(config_name);
     TempDir tmp;
     write_counting_dataset(tmp / "data", seed);
-    TrainOptions o = training_options(tmp / "data", seed);
+    TrainOptions o = scenario_training_options(tmp / "data", seed);
     o.precision = precision;
     auto train = [&](Backend& b, const std::string& run) {
         std::vector<TrainReport> reports;
@@ -310,7 +305,7 @@ void expect_resumed_run_matches_uninterrupted(Backend& be, uint64_t seed) {
     const ModelConfig config = test_config("test-tiny");
     TempDir tmp;
     write_counting_dataset(tmp / "data", seed);
-    const TrainOptions o = training_options(tmp / "data", seed);
+    const TrainOptions o = scenario_training_options(tmp / "data", seed);
 
     std::vector<double> whole_losses, part_losses;
     auto whole = Trainer::start(config, o, tmp / "whole", seed, be);

@@ -50,7 +50,7 @@ VulkanBackend::WeightBinding VulkanBackend::stored_weight(const Tensor& w,
 }
 
 VulkanBackend::WeightBinding VulkanBackend::weight(const Tensor& w, std::string& shader) {
-    if (!fp16_ || w.dtype() != DType::F32) return stored_weight(w, shader);
+    if (!fp16_weights() || w.dtype() != DType::F32) return stored_weight(w, shader);
     shader += "_f16w";
     if (w.numel() == 0) return {in(w)};  // nothing is read
     const vk::Fp16Weights::Copy copy = fp16_->get(range(w), static_cast<size_t>(w.numel()));

@@ -4,17 +4,26 @@
 #include "backends/vulkan/vulkan_backend.h"
 
 namespace tmx {
+namespace {
+
+// norm.comp's and norm_backward.comp's push constants after the binding offsets.
+struct NormPush {
+    uint32_t N, d;
+    float eps;
+    uint32_t layernorm;
+};
+NormPush norm_push(NormType type, int64_t N, int64_t d, float eps) {
+    return {static_cast<uint32_t>(N), static_cast<uint32_t>(d), eps,
+            type == NormType::LayerNorm ? 1u : 0u};
+}
+
+}  // namespace
 
 void VulkanBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weight,
                               const Tensor& bias, float eps, const Tensor& out_t) {
     const int64_t N = x.dim(0), d = x.dim(1);
     if (N == 0 || d == 0) return;
-    struct {
-        uint32_t N, d;
-        float eps;
-        uint32_t layernorm;
-    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(d), eps,
-        type == NormType::LayerNorm ? 1u : 0u};
+    const NormPush p = norm_push(type, N, d, eps);
     auto [gx, gy] = grid(static_cast<uint64_t>(N), 1);
     run("norm", {tuning_.row_wg}, {in(x), in(weight), in(bias), out(out_t)}, p, gx, gy);
 }
@@ -25,12 +34,7 @@ void VulkanBackend::norm_backward_impl(NormType type, const Tensor& x, const Ten
     const int64_t N = x.dim(0), d = x.dim(1);
     if (N == 0 || d == 0) return;
     const Tensor stats = alloc({N, 2});  // each row's mean and rstd, from pass 0 to pass 1
-    struct {
-        uint32_t N, d;
-        float eps;
-        uint32_t layernorm;
-    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(d), eps,
-        type == NormType::LayerNorm ? 1u : 0u};
+    const NormPush p = norm_push(type, N, d, eps);
     const auto bindings = {in(x),           in(weight),    in(d_out),   inout(d_x),
                            inout(d_weight), inout(d_bias), inout(stats)};
     auto [rx, ry] = grid(static_cast<uint64_t>(N), 1);

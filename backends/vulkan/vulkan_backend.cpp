@@ -32,6 +32,24 @@ enum ActivationBackwardOp : uint32_t {
     kSwigluBackward = 4
 };
 
+// elementwise.comp's and activation_backward.comp's operations for an activation.
+struct ActivationOps {
+    uint32_t forward, backward;
+};
+ActivationOps activation_ops(Activation act) {
+    switch (act) {
+        case Activation::Gelu:
+            return {kGelu, kGeluBackward};
+        case Activation::Silu:
+            return {kSilu, kSiluBackward};
+        case Activation::Relu:
+            return {kRelu, kReluBackward};
+        case Activation::Relu2:
+            return {kRelu2, kRelu2Backward};
+    }
+    throw std::logic_error("Vulkan: an unknown activation");
+}
+
 // Error codes of shaders/common.glsl.
 std::string status_message(const std::array<uint32_t, 4>& s) {
     const std::string value = std::to_string(static_cast<int32_t>(s[1]));
@@ -317,42 +335,12 @@ void VulkanBackend::elementwise(uint32_t op, const Tensor& x, const Tensor& y, c
 }
 
 void VulkanBackend::activation_impl(Activation act, const Tensor& x, const Tensor& out_t) {
-    uint32_t op = kGelu;
-    switch (act) {
-        case Activation::Gelu:
-            op = kGelu;
-            break;
-        case Activation::Silu:
-            op = kSilu;
-            break;
-        case Activation::Relu:
-            op = kRelu;
-            break;
-        case Activation::Relu2:
-            op = kRelu2;
-            break;
-    }
-    elementwise(op, x, x, out_t);
+    elementwise(activation_ops(act).forward, x, x, out_t);
 }
 
 void VulkanBackend::activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
                                              const Tensor& d_x) {
-    uint32_t op = kGeluBackward;
-    switch (act) {
-        case Activation::Gelu:
-            op = kGeluBackward;
-            break;
-        case Activation::Silu:
-            op = kSiluBackward;
-            break;
-        case Activation::Relu:
-            op = kReluBackward;
-            break;
-        case Activation::Relu2:
-            op = kRelu2Backward;
-            break;
-    }
-    record_activation_backward(op, x, Tensor{}, d_out, d_x, Tensor{});
+    record_activation_backward(activation_ops(act).backward, x, Tensor{}, d_out, d_x, Tensor{});
 }
 
 void VulkanBackend::swiglu_impl(const Tensor& gate, const Tensor& up, const Tensor& out_t) {

@@ -39,6 +39,8 @@ class VulkanBackend final : public Backend {
     bool supports_training() const override { return true; }
     // The largest device-local memory heap (training's memory check compares with it).
     uint64_t memory_capacity() const override;
+    // In training mode f32 weights are read as they are, never through fp16 copies.
+    void set_training_mode(bool on) override { training_mode_ = on; }
     // Every format: the shaders unpack 16- and 8-bit weights from 32-bit words, which any
     // Vulkan 1.2 device reads (no 8- or 16-bit storage feature is needed).
     bool supports_weight_format(DType t) const override {
@@ -61,8 +63,9 @@ class VulkanBackend final : public Backend {
     const vk::Context& context() const { return *ctx_; }
     vk::Allocator::Stats allocator_stats() const { return allocator_->stats(); }
     const vk::Stream::Counters& counters() const { return stream_->counters(); }
-    // Whether matmul weights are read as fp16, and how many fp16 copies exist now.
-    bool fp16_weights() const { return fp16_ != nullptr; }
+    // Whether f32 matmul weights are read as fp16 (not in training mode), and how many fp16
+    // copies exist now.
+    bool fp16_weights() const { return fp16_ != nullptr && !training_mode_; }
     size_t fp16_weight_copies() const { return fp16_ ? fp16_->size() : 0; }
 
     // Workgroup and tile sizes, chosen per device (specialization constants of the shaders).
@@ -103,33 +106,7 @@ class VulkanBackend final : public Backend {
                      bool accumulate) override;
     // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
     // Deterministic: no float atomics, every sum in a fixed order.
-    void embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
-                                 const Tensor& d_table) override;
-    void norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,
-                            const Tensor& d_out, float eps, const Tensor& d_x,
-                            const Tensor& d_weight, const Tensor& d_bias) override;
-    void bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) override;
-    void gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
-                                   const Tensor& d_x) override;
-    void activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,
-                                  const Tensor& d_x) override;
-    void swiglu_backward_impl(const Tensor& gate, const Tensor& up, const Tensor& d_out,
-                              const Tensor& d_gate, const Tensor& d_up) override;
-    void cross_entropy_backward_impl(const Tensor& logits, const Tensor& targets, float scale,
-                                     const Tensor& d_logits) override;
-    void sum_squares_impl(const Tensor& x, const Tensor& out) override;
-    void scale_impl(const Tensor& x, float s) override;
-    void adamw_impl(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                    const AdamWParams& hp) override;
-    void router_backward_impl(const Tensor& logits, const Tensor& indices, const Tensor& gates,
-                              const Tensor& d_gates, float aux_weight,
-                              const Tensor& d_logits) override;
-    void grouped_matmul_backward_impl(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                                      const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
-                                      const Tensor& d_bias) override;
-    void moe_combine_backward_impl(const Tensor& expert_out, const Tensor& slot_of,
-                                   const Tensor& gates, const Tensor& d_out,
-                                   const Tensor& d_expert_out, const Tensor& d_gates) override;
+    TMX_BACKEND_TRAINING_OP_OVERRIDES
 
   private:
     // Bindings of tensors: read, written, or both. An undefined or empty tensor binds a
@@ -196,6 +173,7 @@ class VulkanBackend final : public Backend {
     // Recordings may outlive the backend: they reach its stream only while this is set.
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     Tuning tuning_;
+    bool training_mode_ = false;
     Tensor dummy_;
     std::map<std::pair<double, int64_t>, Tensor> rope_tables_;
 };

@@ -62,6 +62,11 @@ class Backend {
     // when no --peak-tflops is given); 0 where unknown, as on every CPU.
     virtual double spec_peak_tflops(Precision) const { return 0.0; }
     void set_matmul_precision(Precision p);
+    // Training mode: while on, every op computes its contract in the matmul precision, with no
+    // inference-only shortcut (the Vulkan backend's fp16 copies of f32 weights), since the
+    // weights change at every step. Off by default; the trainer, the bench's training step and
+    // `tmx train` turn it on.
+    virtual void set_training_mode(bool on) { (void)on; }
     Precision matmul_precision() const { return matmul_precision_; }
 
     // ---- bf16 tensors

@@ -133,7 +133,9 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
         }
         compare_with_cpu(r.model, run, ref.run);
         if (o.train_batch > 0 && be.supports_training()) {
+            be.set_training_mode(true);
             r.train = measure_training(config, weights, be, o, precision);
+            be.set_training_mode(false);
             if (&be == cpu.get()) {
                 r.train.cpu_loss = r.train.loss;
             } else if (o.train_check) {  // the CPU's loss on the same batch, one untimed step

@@ -296,19 +296,6 @@ TEST_F(VulkanOps, BadIdsThrowAtTheSyncPointAndTheBackendStaysUsable) {
     EXPECT_THROW(down(vk(), losses), Error);
 }
 
-TEST_F(VulkanOps, TrainingOpsSayTheyAreNotAvailable) {
-    EXPECT_FALSE(vk().supports_training());
-    Tensor x = vk().alloc({4});
-    try {
-        vk().scale(x, 2.0f);
-        ADD_FAILURE() << "scale did not throw";
-    } catch (const Error& e) {
-        EXPECT_EQ(std::string(e.what()),
-                  "scale is not available on the vulkan backend (it runs inference only)");
-    }
-    EXPECT_THROW(vk().activation_backward(Activation::Gelu, x, x, x), Error);
-}
-
 TEST_F(VulkanOps, CopyAndFillIncludingOverlappingViews) {
     SCOPED_TRACE(trace());
     auto x = normal(100);

@@ -2,14 +2,16 @@
 // shader path (matrix-vector and tiled matmuls, cached and plain attention: split, tiled and
 // per-query), weights stored in 16 and 8 bits, transfers, fill and copy, with the debug-utils
 // messenger counting errors; once with the fp32 matmuls and once with fp16 weights (their
-// conversions, and a copy remade after its weight is re-uploaded); recorded steps; profiling. The
-// tests skip when the layer is not installed (Debian: vulkan-validationlayers).
+// conversions, and a copy remade after its weight is re-uploaded); training steps; recorded steps;
+// profiling. The tests skip when the layer is not installed (Debian: vulkan-validationlayers).
 #ifdef TMX_HAS_VULKAN
 
 #include <cstdio>
 
 #include "engine/compute/weight_format.h"
+#include "engine/train/trainer.h"
 #include "tests/backends/vulkan/vulkan_fixture.h"
+#include "tests/model_scenarios.h"
 
 namespace tmx::test {
 namespace {
@@ -133,6 +135,30 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     be.synchronize();
     EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";
     for (float x : l) EXPECT_TRUE(std::isfinite(x));
+}
+
+// Training under the layer: three optimizer steps of the MoE and the dense tiny configs through
+// the Trainer (every backward op, the gradient clip's sum of squares and scale, AdamW, and an
+// evaluation); every loss finite.
+TEST_P(VulkanValidation, TrainingStepsRunWithoutValidationErrors) {
+    SCOPED_TRACE(trace());
+    VulkanBackend& be = vk();
+    TempDir tmp;
+    write_counting_dataset(tmp / "data", seed_);
+    for (const char* name : {"test-tiny", "test-tiny-dense"}) {
+        SCOPED_TRACE(name);
+        TrainOptions o = scenario_training_options(tmp / "data", seed_);
+        o.max_steps = 3;
+        o.grad_clip = 1e-3;  // small enough to clip: the scale pass runs
+        std::vector<double> losses;
+        auto t = Trainer::start(test_config(name), o, tmp / name, seed_, be);
+        t->run([&](const TrainReport& r) { losses.push_back(r.loss); });
+        ASSERT_EQ(losses.size(), 3u);
+        for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+    }
+    be.synchronize();
+    EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";
+    EXPECT_FALSE(be.fp16_weights()) << "training reads f32 weights as they are";
 }
 
 // Recorded steps (run_recorded: a secondary command buffer) under the layer: recorded, replayed
