@@ -324,14 +324,18 @@ void VulkanBackend::scatter_add_rows(const Tensor& rows, const Tensor& d_out, co
         {in(rows), in(d_out), inout(d_x), stream_->status_binding()}, push, gx, gy);
 }
 
-void VulkanBackend::elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& o) {
-    const uint64_t n = static_cast<uint64_t>(x.numel());
+void VulkanBackend::run_elementwise(const std::string& shader, uint32_t op, uint64_t n,
+                                    std::initializer_list<vk::Binding> bindings) {
     if (n == 0) return;
     struct {
         uint32_t n;
     } push{static_cast<uint32_t>(n)};
     auto [gx, gy] = grid(n, tuning_.elementwise_wg);
-    run("elementwise", {tuning_.elementwise_wg, op}, {in(x), in(y), out(o)}, push, gx, gy);
+    run(shader, {tuning_.elementwise_wg, op}, bindings, push, gx, gy);
+}
+
+void VulkanBackend::elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& o) {
+    run_elementwise("elementwise", op, static_cast<uint64_t>(x.numel()), {in(x), in(y), out(o)});
 }
 
 void VulkanBackend::activation_impl(Activation act, const Tensor& x, const Tensor& out_t) {
@@ -355,14 +359,8 @@ void VulkanBackend::swiglu_backward_impl(const Tensor& gate, const Tensor& up, c
 void VulkanBackend::record_activation_backward(uint32_t op, const Tensor& x, const Tensor& y,
                                                const Tensor& d_out, const Tensor& d_x,
                                                const Tensor& d_y) {
-    const uint64_t n = static_cast<uint64_t>(x.numel());
-    if (n == 0) return;
-    struct {
-        uint32_t n;
-    } push{static_cast<uint32_t>(n)};
-    auto [gx, gy] = grid(n, tuning_.elementwise_wg);
-    run("activation_backward", {tuning_.elementwise_wg, op},
-        {in(x), in(y), in(d_out), inout(d_x), inout(d_y)}, push, gx, gy);
+    run_elementwise("activation_backward", op, static_cast<uint64_t>(x.numel()),
+                    {in(x), in(y), in(d_out), inout(d_x), inout(d_y)});
 }
 
 void VulkanBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& out_t) {

@@ -153,6 +153,10 @@ class VulkanBackend final : public Backend {
     // activation_backward.comp with operation op (y and d_y: swiglu's up and its gradient).
     void record_activation_backward(uint32_t op, const Tensor& x, const Tensor& y,
                                     const Tensor& d_out, const Tensor& d_x, const Tensor& d_y);
+    // An elementwise shader (one invocation per element; specialization constants WG and OP;
+    // push constants: n after the binding offsets) over n elements.
+    void run_elementwise(const std::string& shader, uint32_t op, uint64_t n,
+                         std::initializer_list<vk::Binding> bindings);
     // elementwise.comp with operation op over n elements.
     void elementwise(uint32_t op, const Tensor& x, const Tensor& y, const Tensor& out);
     // Throws tmx::Error for an error a shader reported since the last sync.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backends/registry.h"
 #include "engine/core/file_io.h"
 #include "engine/data/prepare.h"
 #include "engine/model/checkpoint.h"
@@ -103,6 +104,48 @@ TEST(TrainCli, BadFlagsAndVocabularyMismatchAreClearErrors) {
 
 // --precision: bf16 trains on the CPU too (emulated rounding) and the run keeps it on resume;
 // a precision a backend lacks, or an unknown one, is a usage error naming the flag.
+// tmx train on Vulkan as a user runs it: the backend line says f32 weights are read as they
+// are (no fp16 copies in training), steps and checkpoints as on the CPU, a resume that
+// continues on Vulkan, an eval of the result close to the CPU's, and the memory check against
+// the device's heap naming the flags. Skips where no Vulkan device opens (it must on a GPU
+// machine: TMX_REQUIRE_BACKENDS).
+TEST(TrainCli, VulkanTrainsResumesAndRefusesWhatItsMemoryCannotHold) {
+    try {
+        make_backend("vulkan");
+    } catch (const std::exception& e) {
+        TMX_SKIP_UNAVAILABLE("vulkan", e.what());
+    }
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string base = "train --backend vulkan --config " + tiny() + " --data " +
+                             (tmp / "data") + " --seq-len 16 --log-every 1";
+    auto r = test::run_tmx(base + " --out " + (tmp / "run") +
+                           " --batch-size 2 --max-steps 4 --eval-every 2 --checkpoint-every 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("backend: vulkan: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("f32 weights read as fp32"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("step 4/4"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::exists(tmp / "run/step_00000004/model.safetensors"));
+    r = test::run_tmx("train --backend vulkan --resume " + (tmp / "run") + " --max-steps 6");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("step 6/6"), std::string::npos) << r.err;
+    // The trained model evaluates alike on both backends (fp32: to summation order).
+    double loss[2];
+    int i = 0;
+    for (const char* backend : {"cpu", "vulkan"}) {
+        r = test::run_tmx("eval --backend " + std::string(backend) + " --model " +
+                          (tmp / "run/step_00000006") + " --data " + (tmp / "data") + " --json");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        loss[i++] = nlohmann::json::parse(r.out)["loss"].get<double>();
+    }
+    EXPECT_NEAR(loss[1], loss[0], 1e-5 * loss[0]);
+    // A batch no device holds: refused before anything is allocated, naming the flags.
+    r = test::run_tmx(base + " --out " + (tmp / "big") + " --max-steps 1 --batch-size 4000000");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("more than the vulkan backend's"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--batch-size"), std::string::npos) << r.err;
+}
+
 TEST(TrainCli, PrecisionFlagTrainsInBf16AndTheRunKeepsIt) {
     test::TempDir tmp;
     write_dataset(tmp / "data");

@@ -530,6 +530,9 @@ TEST_P(Bf16Tensors, OpsOffTheContractRefuseABf16Input) {
     EXPECT_TRUE(BitwiseEqual(after, host)) << trace();
 }
 
+// A backend without bf16 tensors refuses to allocate one, naming itself; one that holds bf16
+// only as a weight format (Vulkan: linear, grouped_matmul and embedding read it as stored)
+// allocates it, and an op outside that contract refuses it.
 TEST(Bf16TensorsWhereAbsent, AllocatingOneIsAnErrorNamingTheBackend) {
     for (const std::string& name : backend_names()) {
         std::unique_ptr<Backend> be;
@@ -539,6 +542,11 @@ TEST(Bf16TensorsWhereAbsent, AllocatingOneIsAnErrorNamingTheBackend) {
             continue;  // not usable on this machine
         }
         if (be->has_bf16_tensors()) continue;
+        if (be->supports_weight_format(DType::BF16)) {
+            Tensor w = be->alloc({4}, DType::BF16), out = be->alloc({4});
+            EXPECT_THROW(be->add(w, w, out), std::logic_error) << name;
+            continue;
+        }
         try {
             be->alloc({4}, DType::BF16);
             ADD_FAILURE() << name << " allocated a bf16 tensor it cannot use";
