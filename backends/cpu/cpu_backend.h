@@ -91,12 +91,16 @@ void cpu_small_sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const floa
 // differs from x . dequantized(w) by x's rounding. (backends/cpu/weight_matmul.cpp)
 void cpu_weight_matmul_nt(DType format, int64_t M, int64_t N, int64_t K, const float* x,
                           const void* w, float beta, float* y);
-// The instruction-set paths of the Q8_0 dot products, and which of them this machine runs.
-enum class CpuQ8Path { Portable, Avx2, AvxVnni, Avx512Vnni };
-const char* to_string(CpuQ8Path p);
-std::vector<CpuQ8Path> cpu_q8_paths_available();  // Portable first, then what the CPU has
-CpuQ8Path cpu_q8_path();  // the one in use: the best available, chosen once at run time
+// The instruction sets the weight kernels may use, and which of them this machine has. Each
+// kernel takes the best it has up to the path: Q8_0 portable, AVX2, AVX-VNNI (at AvxVnni and
+// Avx512 where the CPU has it) or AVX-512 VNNI; bf16 and f16 portable, AVX2 + F16C, or AVX-512
+// (BW, VL) from Avx512 on.
+enum class CpuWeightPath { Portable, Avx2, AvxVnni, Avx512, Avx512Vnni };
+const char* to_string(CpuWeightPath p);
+// Portable first, then what the CPU has, in the enum's order.
+std::vector<CpuWeightPath> cpu_weight_paths_available();
+CpuWeightPath cpu_weight_path();  // the one in use: the best available, chosen once at run time
 // For tests and benchmarks; a path the CPU lacks is a std::logic_error.
-void cpu_set_q8_path(CpuQ8Path p);
+void cpu_set_weight_path(CpuWeightPath p);
 
 }  // namespace tmx

@@ -386,18 +386,26 @@ TMX_AVX512VNNI void q8_row_avx512vnni(const Q8Row& g) {
 }
 #endif  // TMX_X86
 
-Q8Kernel q8_kernel(CpuQ8Path path) {
+// The Q8_0 kernel of a path, and whether it multiplies VNNI's unsigned activations.
+struct Q8Choice {
+    Q8Kernel kernel;
+    bool vnni;
+};
+Q8Choice q8_kernel(CpuWeightPath path) {
     switch (path) {
 #ifdef TMX_X86
-        case CpuQ8Path::Avx2:
-            return q8_row_avx2;
-        case CpuQ8Path::AvxVnni:
-            return q8_row_avxvnni;
-        case CpuQ8Path::Avx512Vnni:
-            return q8_row_avx512vnni;
+        case CpuWeightPath::Avx2:
+            return {q8_row_avx2, false};
+        case CpuWeightPath::AvxVnni:
+            return {q8_row_avxvnni, true};
+        case CpuWeightPath::Avx512:  // AVX-512 without VNNI: the 256-bit kernels
+            if (cpu_features().avx_vnni) return {q8_row_avxvnni, true};
+            return {q8_row_avx2, false};
+        case CpuWeightPath::Avx512Vnni:
+            return {q8_row_avx512vnni, true};
 #endif
         default:
-            return q8_row_portable;
+            return {q8_row_portable, false};
     }
 }
 
@@ -406,10 +414,10 @@ void q8_matmul(int64_t M, int64_t N, int64_t K, const float* x, const uint8_t* w
     if (K % kBlock != 0)
         throw std::invalid_argument("cpu_weight_matmul_nt: Q8_0 needs K a multiple of 32, got " +
                                     std::to_string(K));
-    const CpuQ8Path path = cpu_q8_path();
+    const Q8Choice choice = q8_kernel(cpu_weight_path());
     Q8Activations xq;
-    quantize_activations(x, M, K, path == CpuQ8Path::AvxVnni || path == CpuQ8Path::Avx512Vnni, xq);
-    const Q8Kernel kernel = q8_kernel(path);
+    quantize_activations(x, M, K, choice.vnni, xq);
+    const Q8Kernel kernel = choice.kernel;
     const int64_t blocks = K / kBlock, row_bytes = blocks * kBlockBytes;
     const int64_t row_blocks = (N + kOutputBlock - 1) / kOutputBlock;
 #pragma omp parallel if (M * N * K >= kParallelWork)
@@ -614,8 +622,9 @@ TMX_AVX512 void wide_row_avx512(const WideRow& g, int64_t k0, int64_t len) {
 template <DType F>
 WideKernel wide_kernel() {
 #ifdef TMX_X86
-    if (cpu_features().avx512_bw_vl) return wide_row_avx512<F>;
-    if (cpu_features().avx2_fma_f16c) return wide_row_avx2<F>;
+    const CpuWeightPath path = cpu_weight_path();
+    if (path >= CpuWeightPath::Avx512) return wide_row_avx512<F>;
+    if (path >= CpuWeightPath::Avx2) return wide_row_avx2<F>;
 #endif
     return wide_row_portable<F>;
 }
@@ -633,7 +642,7 @@ TMX_AVX2 void widen_avx2(const uint16_t* in, int64_t n, float* out) {
 template <DType F>
 void widen_all(const uint16_t* in, int64_t n, float* out) {
 #ifdef TMX_X86
-    if (cpu_features().avx2_fma_f16c) return widen_avx2<F>(in, n, out);
+    if (cpu_weight_path() >= CpuWeightPath::Avx2) return widen_avx2<F>(in, n, out);
 #endif
     for (int64_t i = 0; i < n; ++i) out[i] = widen<F>(in[i]);
 }
@@ -720,49 +729,52 @@ void wide_matmul(int64_t M, int64_t N, int64_t K, const float* x, const uint16_t
         wide_matmul_one_pass<F>(M, N, K, x, w, beta, y);
 }
 
-std::atomic<CpuQ8Path>& current_q8_path() {
-    static std::atomic<CpuQ8Path> path{cpu_q8_paths_available().back()};
+std::atomic<CpuWeightPath>& current_weight_path() {
+    static std::atomic<CpuWeightPath> path{cpu_weight_paths_available().back()};
     return path;
 }
 
 }  // namespace
 
-const char* to_string(CpuQ8Path p) {
+const char* to_string(CpuWeightPath p) {
     switch (p) {
-        case CpuQ8Path::Portable:
+        case CpuWeightPath::Portable:
             return "portable";
-        case CpuQ8Path::Avx2:
+        case CpuWeightPath::Avx2:
             return "avx2";
-        case CpuQ8Path::AvxVnni:
+        case CpuWeightPath::AvxVnni:
             return "avx-vnni";
-        case CpuQ8Path::Avx512Vnni:
+        case CpuWeightPath::Avx512:
+            return "avx512";
+        case CpuWeightPath::Avx512Vnni:
             return "avx512-vnni";
     }
     return "unknown";
 }
 
-std::vector<CpuQ8Path> cpu_q8_paths_available() {
-    static const std::vector<CpuQ8Path> paths = [] {
-        std::vector<CpuQ8Path> p{CpuQ8Path::Portable};
+std::vector<CpuWeightPath> cpu_weight_paths_available() {
+    static const std::vector<CpuWeightPath> paths = [] {
+        std::vector<CpuWeightPath> p{CpuWeightPath::Portable};
         const CpuFeatures& f = cpu_features();
-        if (f.avx2_fma_f16c) p.push_back(CpuQ8Path::Avx2);
-        if (f.avx_vnni) p.push_back(CpuQ8Path::AvxVnni);
-        if (f.avx512_vnni) p.push_back(CpuQ8Path::Avx512Vnni);
+        if (f.avx2_fma_f16c) p.push_back(CpuWeightPath::Avx2);
+        if (f.avx_vnni) p.push_back(CpuWeightPath::AvxVnni);
+        if (f.avx512_bw_vl) p.push_back(CpuWeightPath::Avx512);
+        if (f.avx512_vnni) p.push_back(CpuWeightPath::Avx512Vnni);
         return p;
     }();
     return paths;
 }
 
-CpuQ8Path cpu_q8_path() {
-    return current_q8_path().load(std::memory_order_relaxed);
+CpuWeightPath cpu_weight_path() {
+    return current_weight_path().load(std::memory_order_relaxed);
 }
 
-void cpu_set_q8_path(CpuQ8Path p) {
-    const std::vector<CpuQ8Path> paths = cpu_q8_paths_available();
+void cpu_set_weight_path(CpuWeightPath p) {
+    const std::vector<CpuWeightPath> paths = cpu_weight_paths_available();
     if (std::find(paths.begin(), paths.end(), p) == paths.end())
-        throw std::logic_error(std::string("cpu_set_q8_path: this CPU has no ") + to_string(p) +
+        throw std::logic_error(std::string("cpu_set_weight_path: this CPU has no ") + to_string(p) +
                                " path");
-    current_q8_path().store(p, std::memory_order_relaxed);
+    current_weight_path().store(p, std::memory_order_relaxed);
 }
 
 void cpu_weight_matmul_nt(DType format, int64_t M, int64_t N, int64_t K, const float* x,
