@@ -97,8 +97,7 @@ void add_weights_option(CLI::App& sub, WeightsChoice& choice) {
     sub.add_option("--weights", choice.format,
                    "Format the weights are held in while the model runs: auto (the "
                    "checkpoint's own where the backend holds it, else f32), f32, bf16, f16 or "
-                   "q8_0 (converted as they load; the cpu and vulkan backends hold every format, "
-                   "cuda f32)")
+                   "q8_0 (converted as they load; every backend holds every format)")
         ->capture_default_str();
 }
 

@@ -224,8 +224,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         ->capture_default_str();
     sub->add_option("--weights", opts->weights,
                     "Format the prefill and decode models hold their weights in: f32, bf16, f16 "
-                    "or q8_0 (converted from the weights; the cpu and vulkan backends hold every "
-                    "format, cuda f32)")
+                    "or q8_0 (converted from the weights; every backend holds every format)")
         ->capture_default_str();
     sub->add_option("--peak-tflops", b.peak_tflops,
                     "The GPU's peak TFLOP/s in the step's precision, for the training step's "

@@ -18,7 +18,8 @@
 //
 // Layout of the sources: this class and memory/transfers in cuda_backend.cpp; one .cu file per
 // op family with forward and backward side by side (matmul, attention, norm, rope, moe, loss,
-// elementwise, optimizer), as in backends/cpu/. Kernel helpers are in cuda_common.cuh.
+// elementwise, optimizer), as in backends/cpu/. Kernel helpers are in cuda_common.cuh; the
+// readers of weights stored in bf16, f16 and Q8_0 (inference) in weights.cuh.
 #pragma once
 
 #include <cublasLt.h>
@@ -31,6 +32,7 @@
 
 #include "backends/cuda/cuda_peaks.h"
 #include "engine/compute/backend.h"
+#include "engine/compute/weight_format.h"
 
 namespace tmx {
 
@@ -85,6 +87,9 @@ class CudaBackend final : public Backend {
     // "cuda: <device name> (device N, sm_XY), fp32".
     std::string description() const override;
     bool supports_training() const override { return true; }
+    // Weights in f32, bf16, f16 and Q8_0, read as stored (weights.cuh): by the matrix-vector
+    // kernels for decoding's few rows, decoded into a matmul operand for larger products.
+    bool supports_weight_format(DType t) const override { return is_weight_format(t); }
     // bf16 matmuls need tensor cores that take bf16: compute capability 8.0 (Ampere) or newer.
     bool supports_precision(Precision p) const override {
         return p == Precision::F32 || info_.cc_major >= 8;
@@ -124,6 +129,9 @@ class CudaBackend final : public Backend {
   protected:
     // The ops of every list in engine/compute/backend_ops.h, and convert_impl.
     TMX_BACKEND_TRAINING_BACKEND_OVERRIDES
+
+    void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                     bool accumulate) override;
 
   private:
     void grouped_matmul_backward_bf16(const Tensor& x, const Tensor& w, const int32_t* offsets,

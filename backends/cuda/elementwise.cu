@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_math.h"
+#include "backends/cuda/weights.cuh"
 
 namespace tmx {
 namespace {
@@ -62,9 +63,11 @@ __global__ void convert_kernel(const Src* src, Dst* dst, int64_t n, bool vec) {
 
 // ---- embedding
 
-// out[n, :] = table[ids[n], :], one block per row (grid-stride over rows). A bad id is
-// reported and its row left as it was.
-__global__ void embedding_kernel(const float* table, const int32_t* ids, float* out, int64_t N,
+// out[n, :] = table[ids[n], :], one block per row (grid-stride over rows), the table read in
+// its format (weights.cuh: a 16- or 8-bit table's rows decoded exactly). A bad id is reported
+// and its row left as it was.
+template <typename TableReader>
+__global__ void embedding_kernel(TableReader table, const int32_t* ids, float* out, int64_t N,
                                  int64_t d, int V, int* status) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const int32_t id = ids[n];
@@ -72,9 +75,9 @@ __global__ void embedding_kernel(const float* table, const int32_t* ids, float* 
             if (threadIdx.x == 0) cuda::report_error(status, cuda::kBadTokenId, id, V);
             continue;
         }
-        const float* src = table + static_cast<int64_t>(id) * d;
+        const int64_t src = static_cast<int64_t>(id) * d;
         float* dst = out + n * d;
-        for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+        for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = table[src + c];
     }
 }
 
@@ -201,8 +204,10 @@ void CudaBackend::embedding_impl(const Tensor& table, const Tensor& ids, const T
     if (N == 0) return;
     // Threads over the row's columns: a warp at least, 256 at most (d = 512: 2 per thread).
     const int threads = static_cast<int>(std::clamp<int64_t>((d + 31) / 32 * 32, 32, kThreads));
-    embedding_kernel<<<cuda::blocks_for(N, 1), threads, 0, stream()>>>(
-        data<float>(table), data<int32_t>(ids), data<float>(out), N, d, V, status_word());
+    cuda::with_weight_reader(table, [&](auto reader) {
+        embedding_kernel<<<cuda::blocks_for(N, 1), threads, 0, stream()>>>(
+            reader, data<int32_t>(ids), data<float>(out), N, d, V, status_word());
+    });
     check_launch("embedding");
 }
 

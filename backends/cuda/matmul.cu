@@ -36,6 +36,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/matmul_bf16.cuh"
+#include "backends/cuda/weights.cuh"
 #include "engine/core/errors.h"
 
 namespace tmx {
@@ -683,10 +684,12 @@ __device__ int expert_of_slot(const int32_t* offsets, int E, int s) {
 
 // out[s, n] = x[s, :] . w[e][n, :] (+ bias[e][n]), one warp per (s, n): the lanes stride along
 // the weight row (each weight read once, coalesced) and a butterfly (fixed order) adds them.
-// With round_bf16 (bf16 precision) F32 operands are rounded to bf16 as they are read; XT and WT
-// are float or __nv_bfloat16 (BF16 x or w, bf16 precision only), a bf16 element read as it is,
-// so the result is the same as from its F32 value and the weight traffic half. The loads stay
-// scalar: lane order along k is the summation order, the same for either type.
+// With round_bf16 (bf16 precision) F32 operands are rounded to bf16 as they are read; XT is
+// float or __nv_bfloat16 (BF16 x, bf16 precision only), a bf16 element read as it is, so the
+// result is the same as from its F32 value. The weight is read through its format's reader
+// (weights.cuh: f32, bf16, f16 or Q8_0 as stored), its value rounded like an F32 operand's in
+// bf16 precision (exact for a bf16 weight). The loads stay scalar: lane order along k is the
+// summation order, the same for every type.
 __device__ __forceinline__ float maybe_bf16(float v, bool round_bf16) {
     return round_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
@@ -694,10 +697,9 @@ __device__ __forceinline__ float maybe_bf16(__nv_bfloat16 v, bool) {
     return cuda::to_float(v);
 }
 
-template <typename XT, typename WT>
-__global__ void grouped_matvec_kernel(const XT* x, const WT* w, const float* bias,
-                                      const int32_t* offsets, int E, int S, int Nout, int K,
-                                      bool round_bf16, float* out) {
+template <typename XT, typename WR>
+__global__ void grouped_matvec_kernel(const XT* x, WR w, const float* bias, const int32_t* offsets,
+                                      int E, int S, int Nout, int K, bool round_bf16, float* out) {
     const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
     const int lane = static_cast<int>(threadIdx.x % kWarp);
     if (warp >= static_cast<int64_t>(S) * Nout) return;  // whole warps
@@ -705,16 +707,61 @@ __global__ void grouped_matvec_kernel(const XT* x, const WT* w, const float* bia
     const int e = expert_of_slot(offsets, E, s);
     if (e < 0) return;  // the same for the whole warp
     const XT* xs = x + static_cast<int64_t>(s) * K;
-    const WT* wn = w + (static_cast<int64_t>(e) * Nout + n) * K;
+    const int64_t wn = (static_cast<int64_t>(e) * Nout + n) * K;
     float acc = 0.0f;
 #pragma unroll 4
     for (int k = lane; k < K; k += kWarp)
-        acc = fmaf(maybe_bf16(xs[k], round_bf16), maybe_bf16(wn[k], round_bf16), acc);
+        acc = fmaf(maybe_bf16(xs[k], round_bf16), maybe_bf16(w[wn + k], round_bf16), acc);
     acc = cuda::warp_sum(acc);
     if (lane == 0) {
         if (bias) acc += bias[static_cast<int64_t>(e) * Nout + n];
         out[static_cast<int64_t>(s) * Nout + n] = acc;
     }
+}
+
+// ---- linear on a stored weight (bf16, f16, Q8_0): matrix-vector path for decode
+
+// Up to this many rows of x, linear() on a 16- or 8-bit weight reads it once with the kernel
+// below (decoding: one row per sequence); above, the weight is decoded into a matmul operand.
+constexpr int kWeightMatvecMaxRows = 16;
+
+// out[m, n] = (accumulate ? out[m, n] : 0) + x[m, :] . w[n, :] (+ bias[n]) for m < M <=
+// kWeightMatvecMaxRows, one warp per n: the lanes stride along the weight row, each weight
+// element read once for all M rows of x, and a butterfly (fixed order) adds the lanes. Operands
+// are rounded to bf16 as they are read in bf16 precision, as grouped_matvec_kernel's.
+template <typename XT, typename WR>
+__global__ void weight_matvec_kernel(const XT* x, WR w, const float* bias, int M, int N, int K,
+                                     bool accumulate, bool round_bf16, float* out) {
+    const int64_t n = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+    const int lane = static_cast<int>(threadIdx.x % kWarp);
+    if (n >= N) return;  // whole warps
+    float acc[kWeightMatvecMaxRows] = {};
+    const int64_t row = n * K;
+    for (int k = lane; k < K; k += kWarp) {
+        const float wv = maybe_bf16(w[row + k], round_bf16);
+#pragma unroll
+        for (int m = 0; m < kWeightMatvecMaxRows; ++m)
+            if (m < M)
+                acc[m] =
+                    fmaf(maybe_bf16(x[static_cast<int64_t>(m) * K + k], round_bf16), wv, acc[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < kWeightMatvecMaxRows; ++m) {
+        if (m >= M) break;  // M is the same for every lane
+        float v = cuda::warp_sum(acc[m]);
+        if (lane == 0) {
+            if (bias) v += bias[n];
+            float* o = out + static_cast<int64_t>(m) * N + n;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+}
+
+// out[i] = w[i] for n elements: a stored weight decoded to F32, or rounded on to BF16.
+template <typename WR, typename Out>
+__global__ void decode_weight_kernel(WR w, int64_t n, Out* out) {
+    for (int64_t i = cuda::grid_start(); i < n; i += cuda::grid_stride())
+        cuda::store_as(out + i, w[i]);
 }
 
 // Grid of the grouped kernels: row tiles enough for any split of S slots among E experts
@@ -849,6 +896,52 @@ cuda::Bf16Rows cuda::pad_to_bf16_rows(CudaBackend& be, const Tensor& t, int64_t 
     return r;
 }
 
+Tensor cuda::decode_weight(CudaBackend& be, const Tensor& t, bool to_bf16, const char* op) {
+    Tensor out = be.alloc(t.shape(), to_bf16 ? DType::BF16 : DType::F32);
+    const int64_t n = t.numel();
+    if (n == 0) return out;
+    const unsigned blocks = cuda::elementwise_blocks(n, kThreads, be.device().sm_count);
+    with_weight_reader(t, [&](auto w) {
+        if (to_bf16)
+            decode_weight_kernel<<<blocks, kThreads, 0, be.stream()>>>(
+                w, n, CudaBackend::data<__nv_bfloat16>(out));
+        else
+            decode_weight_kernel<<<blocks, kThreads, 0, be.stream()>>>(
+                w, n, CudaBackend::data<float>(out));
+    });
+    be.check_launch(op);
+    return out;
+}
+
+// A weight in a format the dense matmul does not read (cuda::is_stored_weight): up to
+// kWeightMatvecMaxRows rows of x, read as stored by the matrix-vector kernel; more, decoded
+// into a matmul operand first (for one product: no copy of the model). Else the dense matmul.
+void CudaBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                              bool accumulate) {
+    const char* op = "linear";
+    const bool bf16 = matmul_precision() == Precision::BF16;
+    if (!cuda::is_stored_weight(w, bf16)) {
+        Backend::linear_impl(x, w, b, y, accumulate);
+        return;
+    }
+    const int64_t M = x.dim(0), N = w.dim(0), K = w.dim(1);
+    if (M == 0 || N == 0) return;
+    if (M > kWeightMatvecMaxRows) {
+        matmul_impl(x, cuda::decode_weight(*this, w, bf16, op), y,
+                    {.trans_b = true, .accumulate = accumulate}, b);
+        return;
+    }
+    const int n = cuda::to_int(N, op), k = cuda::to_int(K, op);
+    cuda::with_float_data(x, [&](const auto* xp) {
+        cuda::with_weight_reader(w, [&](auto wr) {
+            weight_matvec_kernel<<<cuda::blocks_for(N * kWarp, kThreads), kThreads, 0, stream()>>>(
+                xp, wr, b.defined() ? data<float>(b) : nullptr, static_cast<int>(M), n, k,
+                accumulate, bf16, data<float>(y));
+        });
+    });
+    check_launch(op);
+}
+
 void CudaBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out,
                               MatmulOptions opts, const Tensor& bias) {
     const char* op = "matmul";
@@ -936,10 +1029,16 @@ void CudaBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Te
     if (S == 0 || Nout == 0 || E == 0) return;  // E = 0 leaves no slot to any expert
     const float* bias_p = bias.defined() ? data<float>(bias) : nullptr;
     const bool bf16 = matmul_precision() == Precision::BF16;
+    if (S > kMatvecMaxSlots && cuda::is_stored_weight(w, bf16)) {
+        // Larger products read the weight decoded (one expert layer at a time, freed in stream
+        // order after the product).
+        grouped_matmul_impl(x, cuda::decode_weight(*this, w, bf16, op), bias, offsets, out);
+        return;
+    }
     if (S <= kMatvecMaxSlots) {
         const int64_t warps = static_cast<int64_t>(S) * Nout;
         cuda::with_float_data(x, [&](const auto* xp) {
-            cuda::with_float_data(w, [&](const auto* wp) {
+            cuda::with_weight_reader(w, [&](auto wp) {
                 grouped_matvec_kernel<<<cuda::blocks_for(warps * kWarp, kThreads), kThreads, 0,
                                         stream()>>>(xp, wp, bias_p, data<int32_t>(offsets), E, S,
                                                     Nout, K, bf16, data<float>(out));

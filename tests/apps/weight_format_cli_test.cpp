@@ -80,20 +80,12 @@ TEST(WeightFormatCli, ConvertedCheckpointsEvaluateCloseToF32OnEveryBackend) {
         for (const std::string backend : {"vulkan", "cuda"}) {
             if (!available(backend)) continue;
             const double there = eval_loss(dir, backend, tokens, " --precision fp32", &err);
-            if (backend == "vulkan") {
-                // Vulkan reads every format as stored and multiplies the decoded weights in
-                // fp32 (x is not quantised): the widened file's loss, to summation order.
-                EXPECT_NE(err.find(std::string("weights: ") + format + " (as stored)"),
-                          std::string::npos)
-                    << err;
-                EXPECT_NEAR(there, widened, 1e-4 * f32) << backend;
-            } else {
-                // CUDA holds f32 weights here: the file widens, and says so.
-                EXPECT_NE(err.find("which the " + backend + " backend does not hold"),
-                          std::string::npos)
-                    << err;
-                EXPECT_NEAR(there, widened, tolerance * f32) << backend;
-            }
+            // The GPU backends read every format as stored and multiply the decoded weights in
+            // fp32 (x is not quantised): the widened file's loss, to summation order.
+            EXPECT_NE(err.find(std::string("weights: ") + format + " (as stored)"),
+                      std::string::npos)
+                << err;
+            EXPECT_NEAR(there, widened, 1e-4 * f32) << backend;
         }
     }
 }

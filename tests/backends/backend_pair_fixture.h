@@ -62,6 +62,13 @@ inline std::vector<std::string> non_cpu_backend_names() {
     return names;
 }
 
+// grouped_matmul's expert offsets [E + 1] for slots sorted by expert, counts[e] each.
+inline std::vector<int32_t> expert_offsets(const std::vector<int32_t>& counts) {
+    std::vector<int32_t> offsets(counts.size() + 1, 0);
+    for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
+    return offsets;
+}
+
 // A test name from a backend name (gtest allows letters, digits and '_').
 inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) {
     std::string s = info.param;

@@ -60,13 +60,6 @@ constexpr Activation kActivations[] = {Activation::Gelu, Activation::Silu, Activ
 const std::vector<float> kExtremes = {0.0f,   -0.0f, 1e-6f,  -1e-6f, 5.0f,   -5.0f,  20.0f,
                                       -20.0f, 50.0f, -50.0f, 88.0f,  -88.0f, 100.0f, -100.0f};
 
-// grouped_matmul's expert offsets [E + 1] for slots sorted by expert, counts[e] each.
-std::vector<int32_t> expert_offsets(const std::vector<int32_t>& counts) {
-    std::vector<int32_t> offsets(counts.size() + 1, 0);
-    for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
-    return offsets;
-}
-
 class BackwardOps : public BackendPairTest {
   protected:
     bool needs_training() const override { return true; }
