@@ -39,6 +39,7 @@
 #   --prebuilt  use the binaries already in --build-dir (and, for l4, DIR-l4) instead of
 #               configuring and building: for a lent machine without the build's packages,
 #               given binaries built elsewhere at the same absolute path
+#               (scripts/gpu-bundle.sh packs them with their runtime libraries)
 #   --torch-ref FILE  torch_reference.py (default: ../shared/tools/torch_reference.py)
 # CUDAARCHS=90 (say) builds for that architecture alone, which is quicker than the default set.
 #   --peak-tflops N  the GPU's peak for the training steps' MFU (default: tmx bench's table
