@@ -38,9 +38,12 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_request(url, prompt, max_tokens, seed):
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "seed": seed,
-                       "stream": True, "ignore_eos": True}).encode()
+def one_request(url, prompt, max_tokens, seed, temperature=None):
+    fields = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": True,
+              "ignore_eos": True}
+    if temperature is not None:
+        fields["temperature"] = temperature
+    body = json.dumps(fields).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
@@ -87,6 +90,9 @@ def main():
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature of every request (default: the API's, 1); 0 is "
+                         "greedy, as tmx bench's batched decode")
     ap.add_argument("--max-growth-mb", type=float, default=64)
     ap.add_argument("--rss-after", type=int, default=None,
                     help="requests after which the server's first RSS is read (default: a tenth)")
@@ -129,7 +135,8 @@ def main():
                 if server and i == rss_after:
                     rss["early"] = rss_kb(server.pid)
             try:
-                ttft, _ = one_request(url, f"Once upon a time {i % 7}", args.max_tokens, i)
+                ttft, _ = one_request(url, f"Once upon a time {i % 7}", args.max_tokens, i,
+                                       args.temperature)
                 with lock:
                     ttfts.append(ttft)
                     tokens[0] += args.max_tokens

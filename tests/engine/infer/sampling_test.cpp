@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -46,9 +47,11 @@ std::vector<double> reference_distribution(const std::vector<float>& logits,
         for (double& x : p) x /= mass;
     };
     if (o.top_k > 0 && static_cast<size_t>(o.top_k) < V) keep_first(o.top_k);
-    size_t n = 0;
-    for (double cum = 0.0; n < V && (n == 0 || cum < o.top_p); ++n) cum += p[order[n]];
-    keep_first(n);
+    if (o.top_p < 1.0) {  // 1 = off (its running sum would reach 1 before the smallest tokens)
+        size_t n = 0;
+        for (double cum = 0.0; n < V && (n == 0 || cum < o.top_p); ++n) cum += p[order[n]];
+        keep_first(n);
+    }
     const double threshold = o.min_p * p[order[0]];
     keep_first(
         std::count_if(p.begin(), p.end(), [&](double x) { return x > 0 && x >= threshold; }));
@@ -105,6 +108,59 @@ TEST(Sampling, DrawFrequenciesMatchTheTruncatedDistribution) {
             const double se = std::sqrt(want[i] * (1 - want[i]) / draws);
             EXPECT_NEAR(freq, want[i], 5 * se + 1e-9) << "token " << i;
         }
+    }
+}
+
+// A vocabulary's worth of logits (the sizes of the demo model and tiny-mixtral), spread wide
+// enough that the weights span the whole double range and underflow: each probability within
+// 1e-13 of its own size (the weights' exp is the sampler's own, vectorised) or, below exp(-708)
+// of the top's, within 1e-300 absolutely; and the truncations keep the reference's tokens (a
+// removed token's probability is 0), ties at top-k's boundary included (lower ids first).
+TEST(Sampling, VocabularySizedRowsGiveTheReferenceDistribution) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Rng inputs(seed);
+    for (int64_t V : {2048, 32000}) {
+        std::vector<float> logits = test::random_normal(inputs, static_cast<size_t>(V), 40.0);
+        // Ties: eight tokens share the 40th-largest logit.
+        std::vector<float> sorted = logits;
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        for (int i = 0; i < 8; ++i) logits[static_cast<size_t>(97 * i + 5)] = sorted[39];
+        for (const SamplingOptions& o :
+             {SamplingOptions{.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0},
+              SamplingOptions{.temperature = 0.05, .top_k = 0, .top_p = 1.0, .min_p = 0.0},
+              SamplingOptions{.temperature = 30.0, .top_k = 40, .top_p = 1.0, .min_p = 0.0},
+              SamplingOptions{.temperature = 30.0, .top_k = 0, .top_p = 0.9, .min_p = 0.0},
+              SamplingOptions{.temperature = 30.0, .top_k = 0, .top_p = 1.0, .min_p = 0.05},
+              SamplingOptions{}}) {
+            SCOPED_TRACE("V " + std::to_string(V) + ", temperature " +
+                         std::to_string(o.temperature) + ", top-k " + std::to_string(o.top_k));
+            const std::vector<double> want = reference_distribution(logits, o, {});
+            const std::vector<double> got = sampling_distribution(logits.data(), V, o, {});
+            for (int64_t i = 0; i < V; ++i) {
+                ASSERT_NEAR(got[i], want[i], 1e-13 * want[i] + 1e-300) << "token " << i;
+            }
+        }
+    }
+}
+
+// Draws over every token of a vocabulary that is no multiple of the sampler's blocks of 8 (its
+// inverse CDF sums blocks, then within one): each token's frequency within 5 standard errors.
+TEST(Sampling, DrawsOverAWholeVocabularyFollowTheDistribution) {
+    const uint64_t seed = 2027;  // fixed: the statistical bound is for one known stream
+    Rng inputs(seed);
+    const int64_t V = 29;
+    const std::vector<float> logits = test::random_normal(inputs, V, 1.0);
+    const SamplingOptions o{.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0};
+    const std::vector<double> want = reference_distribution(logits, o, {});
+    const int draws = 200000;
+    std::vector<int> counts(static_cast<size_t>(V), 0);
+    Rng rng(seed + 1);
+    for (int d = 0; d < draws; ++d) ++counts[sample_token(logits.data(), V, o, {}, rng)];
+    for (int64_t i = 0; i < V; ++i) {
+        const double se = std::sqrt(want[i] * (1 - want[i]) / draws);
+        EXPECT_NEAR(static_cast<double>(counts[i]) / draws, want[i], 5 * se + 1e-9)
+            << "token " << i;
     }
 }
 
