@@ -115,19 +115,31 @@ void Scheduler::admit() {
     }
 }
 
-void Scheduler::draw(size_t slot, const float* logits) {
+int32_t Scheduler::pick(size_t slot, const float* logits) {
     Sequence& s = *slots_[slot];
     const int64_t vocab = model_.config().vocab_size;
-    // A NaN or infinity would draw an arbitrary token (or none): the sequence ends, visibly.
-    for (int64_t v = 0; v < vocab; ++v)
-        if (!std::isfinite(logits[v])) {
-            finish(slot, StopReason::Failed,
-                   "the model's logits at position " + std::to_string(s.next_position - 1) +
-                       " are not finite (token " + std::to_string(v) + ": " +
-                       std::to_string(logits[v]) + ")");
-            return;
-        }
-    const int32_t token = sample_token(logits, vocab, s.request.sampling, s.history, s.rng);
+    // A NaN or infinity would draw an arbitrary token (or none). Checked over the whole row
+    // without an early exit, which vectorises.
+    bool finite = true;
+#pragma omp simd reduction(&& : finite)
+    for (int64_t v = 0; v < vocab; ++v) finite = finite && std::isfinite(logits[v]);
+    if (!finite) return -1;
+    return sample_token(logits, vocab, s.request.sampling, s.history, s.rng);
+}
+
+void Scheduler::accept(size_t slot, const float* logits, int32_t token) {
+    Sequence& s = *slots_[slot];
+    const int64_t vocab = model_.config().vocab_size;
+    if (token < 0) {  // the sequence ends, visibly
+        const int64_t v =
+            std::find_if(logits, logits + vocab, [](float x) { return !std::isfinite(x); }) -
+            logits;
+        finish(slot, StopReason::Failed,
+               "the model's logits at position " + std::to_string(s.next_position - 1) +
+                   " are not finite (token " + std::to_string(v) + ": " +
+                   std::to_string(logits[v]) + ")");
+        return;
+    }
     s.history.push_back(token);
     s.result.ids.push_back(token);
     bool stop = false;
@@ -168,7 +180,7 @@ void Scheduler::prefill_chunk(size_t slot) {
         finish(slot, StopReason::Length);
         return;
     }
-    draw(slot, logits_.data());
+    accept(slot, logits_.data(), pick(slot, logits_.data()));
 }
 
 void Scheduler::decode() {
@@ -199,12 +211,22 @@ void Scheduler::decode() {
         }
     Tensor out = model_.forward_cached(tokens, B, 1, start, cache_);
     model_.backend().download(out, logits_.data());
+    // Every slot's token at once (each draw reads only its own sequence; a vocabulary's row
+    // takes tens of microseconds, a batch of them as long as a GPU's decode step), then the
+    // callbacks one slot after another, in slot order.
+    std::vector<int32_t> drawn(static_cast<size_t>(B), -1);
+    int decoding = 0;
+    for (int64_t b = 0; b < B; ++b) decoding += slots_[b] && slots_[b]->decoding;
+#pragma omp parallel for schedule(dynamic) if (decoding > 1)
+    for (int64_t b = 0; b < B; ++b)
+        if (slots_[b] && slots_[b]->decoding)
+            drawn[b] = pick(static_cast<size_t>(b), logits_.data() + b * V);
     for (int64_t b = 0; b < B; ++b) {
         Sequence* s = slots_[b].get();
         if (!s || !s->decoding) continue;
         ++s->next_position;
         ++s->result.decode_steps;
-        draw(static_cast<size_t>(b), logits_.data() + b * V);
+        accept(static_cast<size_t>(b), logits_.data() + b * V, drawn[b]);
     }
 }
 

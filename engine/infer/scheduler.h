@@ -117,8 +117,13 @@ class Scheduler {
     void admit();
     void prefill_chunk(size_t slot);
     void decode();
-    // Samples the slot's next token from its logits; ends the sequence when it stops.
-    void draw(size_t slot, const float* logits);
+    // The slot's next token drawn from its logits, or -1 when they are not all finite. Touches
+    // only the slot's own sequence (its history and random stream): decode() draws for every
+    // slot at once on the backend's threads.
+    int32_t pick(size_t slot, const float* logits);
+    // Takes the token pick() drew (-1: ends the sequence, naming the bad logit), runs the
+    // request's on_token, and ends the sequence when it stops. One slot after another.
+    void accept(size_t slot, const float* logits, int32_t token);
     // Ends a sequence (its on_done runs); finish() the one in a slot, freeing it.
     void end_sequence(std::unique_ptr<Sequence> s, StopReason reason, std::string error = {});
     void finish(size_t slot, StopReason reason, std::string error = {});
