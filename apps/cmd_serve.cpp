@@ -4,7 +4,9 @@
 // owns the model. Request and response bodies: apps/serve/openai_api.h.
 #include <httplib.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,6 +45,23 @@ int64_t unix_time() {
                std::chrono::system_clock::now().time_since_epoch())
         .count();
 }
+
+// httplib's worker threads, each lowered below the engine thread's priority (nice + 5) when it
+// takes its first connection: the engine thread is the server's throughput, and where the
+// cores are busy (clients on the same machine, more connections than cores) a streaming
+// thread woken for each token would otherwise take the engine's core from it mid-step.
+class HttpThreads : public httplib::ThreadPool {
+  public:
+    using httplib::ThreadPool::ThreadPool;
+    void enqueue(std::function<void()> fn) override {
+        httplib::ThreadPool::enqueue([fn = std::move(fn)] {
+            thread_local const bool lowered =
+                ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 5) == 0;
+            (void)lowered;  // best effort: a thread that cannot be lowered serves as it is
+            fn();
+        });
+    }
+};
 
 // One choice of a request: its text as it becomes final, filled by the engine thread.
 struct Choice {
@@ -367,7 +386,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         if (srv.model_name.empty()) srv.model_name = "tmx";
 
         http.new_task_queue = [n = o->parallel + o->queue + 8] {
-            return new httplib::ThreadPool(static_cast<size_t>(n));
+            return new HttpThreads(static_cast<size_t>(n));
         };
         http.set_payload_max_length(static_cast<size_t>(o->max_body));
         const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
