@@ -151,12 +151,15 @@ const Truncation& truncate(const float* logits, int64_t vocab, const SamplingOpt
     if (o.top_k > 0 && o.top_k < vocab) {
         // The k first in that order: every token above the k-th largest weight, then as many
         // of the tokens at it as are needed, lowest ids first. The k-th largest is selected
-        // among the weights at or above a power of two low enough that k of them are (found by
-        // counting passes, 16x lower each, which vectorise), not over the whole vocabulary.
-        double floor = 1.0;
+        // among the weights at or above a power of two low enough that k of them are, not over
+        // the whole vocabulary. That floor is found by counting passes, which vectorise: 2^-4,
+        // 2^-12, 2^-28, ... (each step twice the last in the exponent, so at most 9 passes
+        // before the floor reaches 0 and takes every token).
+        double floor = 1.0, step = 0x1p-4;
         int64_t candidates = 0;
         do {
-            floor *= 0x1p-4;
+            floor *= step;
+            step *= step;
             candidates = 0;
 #pragma omp simd reduction(+ : candidates)
             for (int64_t i = 0; i < vocab; ++i) candidates += w[i] >= floor;

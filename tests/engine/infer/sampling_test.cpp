@@ -130,6 +130,8 @@ TEST(Sampling, VocabularySizedRowsGiveTheReferenceDistribution) {
              {SamplingOptions{.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0},
               SamplingOptions{.temperature = 0.05, .top_k = 0, .top_p = 1.0, .min_p = 0.0},
               SamplingOptions{.temperature = 30.0, .top_k = 40, .top_p = 1.0, .min_p = 0.0},
+              // Fewer than k weights above 0: top-k's search for a floor goes down to 0.
+              SamplingOptions{.temperature = 1e-3, .top_k = 40, .top_p = 1.0, .min_p = 0.0},
               SamplingOptions{.temperature = 30.0, .top_k = 0, .top_p = 0.9, .min_p = 0.0},
               SamplingOptions{.temperature = 30.0, .top_k = 0, .top_p = 1.0, .min_p = 0.05},
               SamplingOptions{}}) {
