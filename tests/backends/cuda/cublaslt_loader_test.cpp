@@ -23,9 +23,10 @@ namespace {
 // backend), the library opens and every function the backend calls resolves: the forwarders then
 // reach the library's own functions.
 TEST(CudaCublasLt, OpensAndResolvesEveryFunctionTheBackendCalls) {
-    if (cuda::cublaslt_path().empty())  // not opened yet by an earlier test in this process
+    if (cuda::cublaslt_path().empty()) {  // not opened yet by an earlier test in this process
         EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_SUCCESS), "cuBLASLt not loaded")
             << "the status strings answer before the library is opened";
+    }
     ASSERT_NO_THROW(cuda::load_cublaslt());
     EXPECT_NE(cuda::cublaslt_path().find("libcublasLt.so"), std::string::npos)
         << cuda::cublaslt_path();
