@@ -66,6 +66,9 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                     "of a document: EOS, or BOS starting the next)")
         ->check(in_range<int64_t>(0))
         ->capture_default_str();
+    sub->add_flag("--ignore-eos", g.ignore_eos,
+                  "Keep generating past the end of a document, to --max-new-tokens (or a --stop "
+                  "string): for benchmarks and comparisons of a fixed length");
     sub->add_option("--temperature", s.temperature, "Sampling temperature (0 = greedy)")
         ->capture_default_str();
     sub->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 = off)")

@@ -86,8 +86,9 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
 
     GenerationOptions token_options = options;
     token_options.end_ids.clear();
-    for (int32_t id : {tokenizer.eos_id(), tokenizer.bos_id()})
-        if (id >= 0) token_options.end_ids.push_back(id);
+    if (!options.ignore_eos)
+        for (int32_t id : {tokenizer.eos_id(), tokenizer.bos_id()})
+            if (id >= 0) token_options.end_ids.push_back(id);
     auto on_token = [&](size_t b, int32_t token, std::span<const float>) {
         if (tokenizer.is_control(token)) return false;  // ends the text, adds none
         const bool stopped = streams[b].push(token);

@@ -31,6 +31,9 @@ struct GenerationOptions {
     int64_t prefill_chunk = 0;
     // Drawing any of these ends a sequence with StopReason::Eos.
     std::vector<int32_t> end_ids;
+    // generate_text only: keep generating past the end of a document (no end ids), until
+    // max_new_tokens or a stop string. For benchmarks and comparisons of a fixed length.
+    bool ignore_eos = false;
 };
 
 // The random stream of a prompt generated with `seed`, the `copy`-th identical prompt (0 for the
@@ -62,7 +65,8 @@ using TextCallback = std::function<void(size_t sequence, std::string_view text)>
 // alone), stopping at the end of the document, at any of `stop` (text level), or after
 // max_new_tokens. The end of a document is EOS, or BOS: models trained on `tmx prepare` data
 // (documents that each start with BOS, back to back) end a document by starting the next.
-// options.end_ids is replaced by those two. The tokenizer's vocabulary must match the model's
+// options.end_ids is replaced by those two (or by none, with options.ignore_eos; the control
+// tokens add no text either way). The tokenizer's vocabulary must match the model's
 // (Error otherwise).
 std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts,

@@ -2,6 +2,7 @@
 // strings, streaming, and the errors a user can run into.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -54,6 +55,22 @@ TEST(GenerateCli, JsonLineHasTheDocumentedFields) {
     EXPECT_EQ(tok.decode(all), "Once upon a time" + j["text"].get<std::string>());
     EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0.0);
     EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0.0);
+}
+
+// Greedy, this prompt's story ends after about 50 tokens; --ignore-eos goes on to the limit,
+// through the end of the document, and the first tokens are the same.
+TEST(GenerateCli, IgnoreEosGoesOnToTheLimit) {
+    const std::string args = "--prompt 'Once upon a time' --max-new-tokens 120 --temperature 0";
+    const nlohmann::json ends = generate_one(args);
+    ASSERT_EQ(ends["stop_reason"], "eos") << ends.dump();
+    const auto short_ids = ends["ids"].get<std::vector<int32_t>>();
+    ASSERT_LT(short_ids.size(), 120u);
+    const nlohmann::json goes_on = generate_one(args + " --ignore-eos");
+    EXPECT_EQ(goes_on["stop_reason"], "length");
+    const auto ids = goes_on["ids"].get<std::vector<int32_t>>();
+    ASSERT_EQ(ids.size(), 120u);
+    EXPECT_TRUE(std::equal(short_ids.begin(), short_ids.end(), ids.begin()));
+    EXPECT_TRUE(goes_on["text"].get<std::string>().starts_with(ends["text"].get<std::string>()));
 }
 
 TEST(GenerateCli, EmptyPromptStartsFromBosAlone) {
