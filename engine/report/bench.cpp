@@ -79,6 +79,19 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     } else {
         cpu_model.params_from_host(weights);
     }
+    // The other backends' reference: the CPU on the weights' decoded values. For f32 and the
+    // 16-bit formats that is the CPU model itself; in q8_0 the CPU also quantises the
+    // activations for its int8 products, which the GPU backends do not, so they are checked
+    // against an f32 model holding the q8_0 weights' values (made when first needed).
+    std::unique_ptr<Model> decoded_model;
+    auto reference_model = [&]() -> Model& {
+        if (o.weight_format != DType::Q8_0) return cpu_model;
+        if (!decoded_model) {
+            decoded_model = std::make_unique<Model>(config, *cpu, DType::F32);
+            decoded_model->params_from_host(cpu_model.params_to_host());
+        }
+        return *decoded_model;
+    };
     const std::vector<OpCase> ops = op_cases(config, P, o.seed, o.gemm);
     // The CPU's results in each precision a backend measures in, made when first needed.
     struct Reference {
@@ -113,23 +126,25 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
 
         ModelRun run;
         if (&be == cpu.get()) {
-            r.model = measure_model(cpu_model, o, P, ref.run);
-            ref.model_run = true;
-            run = ref.run;
-        } else {
-            if (!ref.model_run) {  // the reference run, untimed repeats kept small
-                BenchOptions once = o;
-                once.warmup = 0;
-                once.repeats = 1;
-                once.profile = false;
-                once.progress = {};
-                PrecisionScope cpu_scope(*cpu, precision);
-                measure_model(cpu_model, once, P, ref.run);
+            r.model = measure_model(cpu_model, o, P, run);
+            if (&reference_model() == &cpu_model && !ref.model_run) {
+                ref.run = run;
                 ref.model_run = true;
             }
+        } else {
             Model model(config, be, o.weight_format);
             model.params_from_host(weights);
             r.model = measure_model(model, o, P, run);
+        }
+        if (!ref.model_run) {  // the reference run, untimed repeats kept small
+            BenchOptions once = o;
+            once.warmup = 0;
+            once.repeats = 1;
+            once.profile = false;
+            once.progress = {};
+            PrecisionScope cpu_scope(*cpu, precision);
+            measure_model(reference_model(), once, P, ref.run);
+            ref.model_run = true;
         }
         compare_with_cpu(r.model, run, ref.run);
         if (o.train_batch > 0 && be.supports_training()) {

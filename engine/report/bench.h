@@ -38,8 +38,11 @@ struct BenchOptions {
     // the fp32 --gemm; unset: each backend's default_precision(). The CPU results a backend is
     // checked against are made in its precision too.
     std::optional<Precision> precision;
-    // The format the models of prefill and decode hold their weights in (every backend's, and
-    // the CPU's they are checked against; a backend that cannot hold it is refused up front).
+    // The format the models of prefill and decode hold their weights in (every backend's; a
+    // backend that cannot hold it is refused up front). They are checked against the CPU on the
+    // weights' values: in f32, bf16 and f16 the CPU's model in the format; in q8_0 an f32 model
+    // holding the q8_0 values, since the CPU's q8_0 also quantises the activations (so the
+    // CPU's own q8_0 row shows that rounding).
     DType weight_format = DType::F32;
     // Also profile the batch-1 and batch-N decode steps on the backends that can_profile():
     // device time per kind of command (Backend::begin_profile).

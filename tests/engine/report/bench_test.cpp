@@ -102,6 +102,21 @@ TEST(BenchPrecision, EachBackendRunsInItsDefaultAndIsCheckedAgainstTheCpuInIt) {
     EXPECT_NE(results[0].train.loss, results[1].train.loss);
 }
 
+// In q8_0 the reference is the CPU on the weights' values in fp32: the CPU's own q8_0 row then
+// shows the rounding of its int8 activations (small, not 0), while in bf16 (no activation
+// rounding) its row is its own reference exactly.
+TEST(BenchWeights, Q8_0IsCheckedAgainstTheDecodedWeightsAnd16BitsAgainstThemselves) {
+    BenchOptions o = tiny_bench({"cpu"});
+    o.train_batch = o.train_seq = 0;
+    o.weight_format = DType::Q8_0;
+    const ModelConfig c = test::test_config("test-tiny-swiglu");
+    const BackendBench q8 = run_bench(c, {}, o).at(0);
+    EXPECT_GT(q8.model.logits_error, 0.0);
+    EXPECT_LT(q8.model.logits_error, 0.05);
+    o.weight_format = DType::BF16;
+    EXPECT_EQ(run_bench(c, {}, o).at(0).model.logits_error, 0.0);
+}
+
 // Without the check the step is timed as before and no CPU step is taken: no CPU loss.
 TEST(BenchPrecision, WithoutTheTrainingCheckTheStepHasNoCpuLoss) {
     BenchOptions o = tiny_bench({"cpu-bf16"});
