@@ -392,7 +392,6 @@ TEST_F(ServeCli, ConcurrentRequestsGiveWhatEachGivesAloneAndAFullQueueIs429) {
     EXPECT_EQ(stop(), 0);
 
     ASSERT_GT(start("--parallel 1 --queue 0 --max-tokens-limit 1000000"), 0);
-    std::atomic<bool> release{false};
     std::thread hog([&] {
         auto c = client();
         c.Post(

@@ -421,10 +421,18 @@ TEST_F(Interop, GgufExportFollowsTheSpecByteByByte) {
         switch (type) {
             case 4: {
                 const uint32_t v = u32();
-                if (key == "llama.embedding_length") EXPECT_EQ(v, 64u);
-                if (key == "llama.expert_count") EXPECT_EQ(v, 4u);
-                if (key == "general.file_type") EXPECT_EQ(v, 7u);  // mostly Q8_0
-                if (key == "llama.rope.dimension_count") EXPECT_EQ(v, 16u);
+                if (key == "llama.embedding_length") {
+                    EXPECT_EQ(v, 64u);
+                }
+                if (key == "llama.expert_count") {
+                    EXPECT_EQ(v, 4u);
+                }
+                if (key == "general.file_type") {
+                    EXPECT_EQ(v, 7u);  // mostly Q8_0
+                }
+                if (key == "llama.rope.dimension_count") {
+                    EXPECT_EQ(v, 16u);
+                }
                 break;
             }
             case 6:

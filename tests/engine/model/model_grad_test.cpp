@@ -189,7 +189,9 @@ TEST_P(FinishedGrads, AreReportedAsThePassGoesAndNeverWrittenAgain) {
     EXPECT_EQ(reported.back().first, 0);
     for (size_t i = 0; i < reported.size(); ++i) {
         const auto& [offset, g] = reported[i];
-        if (i > 0) EXPECT_LT(offset, reported[i - 1].first);
+        if (i > 0) {
+            EXPECT_LT(offset, reported[i - 1].first);
+        }
         EXPECT_EQ(std::memcmp(g.data(), final_grads.data() + offset, g.size() * sizeof(float)), 0)
             << "gradients from offset " << offset << " changed after they were reported";
     }

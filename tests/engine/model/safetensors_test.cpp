@@ -129,7 +129,9 @@ TEST(Safetensors, F32ToF16RoundsToNearestEven) {
     // Every f16 value survives the round trip; random values land within half an f16 step.
     for (uint32_t h = 0; h < 0x10000; ++h) {
         const float f = f16_to_f32(static_cast<uint16_t>(h));
-        if (!std::isnan(f)) EXPECT_EQ(f32_to_f16(f), h) << h;
+        if (!std::isnan(f)) {
+            EXPECT_EQ(f32_to_f16(f), h) << h;
+        }
     }
     Rng rng(test::fresh_seed());
     for (int i = 0; i < 10000; ++i) {

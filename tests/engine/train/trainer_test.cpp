@@ -204,7 +204,9 @@ TEST(Trainer, GradientSumsStartInBucketsAsTheBackwardPassFinishesThem) {
         for (size_t i = 0; i < per_step; ++i) {
             const auto [offset, numel] = bucketed.started[step * per_step + i];
             EXPECT_EQ(offset + numel, top) << "bucket " << i << " of step " << step;
-            if (i + 1 < per_step) EXPECT_GE(numel, bucket);
+            if (i + 1 < per_step) {
+                EXPECT_GE(numel, bucket);
+            }
             top = offset;
         }
         EXPECT_EQ(top, 0);
