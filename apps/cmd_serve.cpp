@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -55,9 +56,16 @@ class HttpThreads : public httplib::ThreadPool {
     using httplib::ThreadPool::ThreadPool;
     void enqueue(std::function<void()> fn) override {
         httplib::ThreadPool::enqueue([fn = std::move(fn)] {
-            thread_local const bool lowered =
-                ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 5) == 0;
-            (void)lowered;  // best effort: a thread that cannot be lowered serves as it is
+            thread_local const bool lowered = [] {
+                // Relative to the thread's own niceness (a server started with nice 10 must not
+                // have threads raised to 5); best effort: one that cannot be lowered serves as
+                // it is.
+                const auto tid = static_cast<id_t>(::gettid());
+                errno = 0;
+                const int now = ::getpriority(PRIO_PROCESS, tid);
+                return errno == 0 && ::setpriority(PRIO_PROCESS, tid, now + 5) == 0;
+            }();
+            (void)lowered;
             fn();
         });
     }
