@@ -166,7 +166,7 @@ def main():
     p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else float("nan")
     print(f"load-test: {args.clients} clients, {len(ttfts)}/{args.requests} requests complete, "
           f"{tokens[0]} tokens in {wall:.1f} s: {tokens[0] / wall:.1f} tokens/s; "
-          f"time to first token p50 {p(0.5) * 1000:.1f} ms, p99 {p(0.99) * 1000:.1f} ms")
+          f"time to first token p50 {p(0.5) * 1000:.2f} ms, p99 {p(0.99) * 1000:.2f} ms")
     if server:
         print(f"load-test: CPU time over the run: server {server_cpu:.1f} s "
               f"({server_cpu / wall:.2f} cores), these clients {client_cpu:.1f} s "
