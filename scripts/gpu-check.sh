@@ -118,9 +118,10 @@ tests="$build_dir/tests/tmx_tests"
 # Every CUDA and Vulkan test in its own process (NVIDIA's Vulkan driver refuses new instances
 # after about 70 in one process). A CUDA test that skips on a GPU machine is a failure here: it
 # checked nothing.
-# gpu_tests BUILD_DIR NAME [REGEX]: the tests matching REGEX (default: CUDA and Vulkan).
+# gpu_tests BUILD_DIR NAME [REGEX]: the tests matching REGEX (default: CUDA and Vulkan, and the
+# CLI tests that run the same command on every backend present).
 gpu_tests() {
-  local dir=$1 name=$2 regex=${3:-'[Cc]uda|[Vv]ulkan'}
+  local dir=$1 name=$2 regex=${3:-'[Cc]uda|[Vv]ulkan|WeightFormatCli|EveryBackend'}
   # CudaMemory measures the device's free memory, which other processes move: alone, after.
   ctest --test-dir "$dir" --output-on-failure --parallel "$(nproc)" \
         --output-junit "$report/$name.xml" -R "$regex" -E CudaMemory > "$report/$name-ctest.log" 2>&1

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backends/registry.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 
@@ -39,6 +40,16 @@ bool backend_required(const std::string& name) {
     for (std::string item; std::getline(ss, item, ',');)
         if (item == base) return true;
     return false;
+}
+
+bool backend_opens(const std::string& name) {
+    try {
+        make_backend(name);
+        return true;
+    } catch (const std::exception& e) {
+        EXPECT_FALSE(backend_required(name)) << name << ": " << e.what();
+        return false;
+    }
 }
 
 TempDir::TempDir() {

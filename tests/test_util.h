@@ -60,6 +60,10 @@ CommandResult run_tmx(const std::string& args);
 // test that skips because its backend cannot be opened checked nothing, so there it fails.
 bool backend_required(const std::string& name);
 
+// Whether the backend opens on this machine; one that does not is a test failure where
+// TMX_REQUIRE_BACKENDS names it.
+bool backend_opens(const std::string& name);
+
 // Skips the test when `backend` cannot be opened on this machine, saying why, or fails it when
 // TMX_REQUIRE_BACKENDS names that backend. Returns from the calling function either way, so a
 // fixture's SetUp() that calls a helper using it checks IsSkipped() || HasFatalFailure().

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -19,8 +20,10 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "backends/registry.h"
 #include "engine/core/file_io.h"
 #include "engine/core/rng.h"
 #include "tests/test_util.h"
@@ -43,16 +46,17 @@ class ServeCli : public ::testing::Test {
         dir_ = nullptr;
     }
 
-    // Starts `tmx serve` on a free port with extra flags (and another checkpoint); returns its
-    // port.
-    int start(const std::string& flags = "", const std::string& model = "") {
+    // Starts `tmx serve` on a free port with extra flags (and another checkpoint, another
+    // backend); returns its port.
+    int start(const std::string& flags = "", const std::string& model = "",
+              const std::string& backend = "cpu") {
         log_ = *dir_ /
                ("serve-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + ".log");
         pid_ = ::fork();
         if (pid_ == 0) {
             const std::string cmd = std::string(TMX_BINARY) + " serve --model " +
-                                    (model.empty() ? *dir_ / "ckpt" : model) +
-                                    " --backend cpu --port 0 " + flags + " 2>" + log_ +
+                                    (model.empty() ? *dir_ / "ckpt" : model) + " --backend " +
+                                    backend + " --port 0 " + flags + " 2>" + log_ +
                                     " >/dev/null </dev/null";
             ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
             ::_exit(127);
@@ -309,6 +313,71 @@ TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
             streamed += e["choices"][0]["delta"]["content"].get<std::string>();
     }
     EXPECT_EQ(streamed, content);
+}
+
+// The server on every other backend of this build (Vulkan on lavapipe here, CUDA and Vulkan on
+// a GPU) gives the CPU's answers: two streams decoded together, greedy, each token's log-
+// probability within 1e-3 of the CPU's. A token may differ only where the CPU's two best were
+// that close (a near tie the backend's rounding can break the other way); the comparison of
+// that answer stops there.
+TEST_F(ServeCli, EveryBackendServesWhatTheCpuServes) {
+    const std::vector<std::string> prompts = {"the little fox", "once upon a time there was"};
+    auto answers = [&] {
+        std::vector<std::future<std::vector<json>>> streams;
+        for (const std::string& p : prompts)
+            streams.push_back(std::async(std::launch::async, [&, p] {
+                return stream("/v1/completions", {{"prompt", p},
+                                                  {"max_tokens", 12},
+                                                  {"temperature", 0},
+                                                  {"logprobs", 5},
+                                                  {"ignore_eos", true}});
+            }));
+        // Per prompt: each token's text, log-probability and the gap to the runner-up.
+        std::vector<std::vector<std::tuple<std::string, double, double>>> out;
+        for (auto& s : streams) {
+            out.emplace_back();
+            for (const json& e : s.get()) {
+                const json& lp = e["choices"][0]["logprobs"];
+                if (lp.is_null()) continue;
+                for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+                    std::vector<double> top;
+                    for (const auto& [tok, v] : lp["top_logprobs"][i].items())
+                        top.push_back(v.get<double>());
+                    std::sort(top.rbegin(), top.rend());
+                    const double gap = top.size() > 1 ? top[0] - top[1] : INFINITY;
+                    out.back().emplace_back(lp["tokens"][i].get<std::string>(),
+                                            lp["token_logprobs"][i].get<double>(), gap);
+                }
+            }
+            EXPECT_EQ(out.back().size(), 12u);
+        }
+        return out;
+    };
+    ASSERT_GT(start("--parallel 2"), 0);
+    const auto cpu = answers();
+    EXPECT_EQ(stop(), 0);
+    int compared = 0;
+    for (const std::string& backend : backend_names()) {
+        if (backend == "cpu" || !test::backend_opens(backend)) continue;
+        ASSERT_GT(start("--parallel 2 --precision fp32", "", backend), 0) << backend;
+        const auto there = answers();
+        EXPECT_EQ(stop(), 0) << backend;
+        ASSERT_EQ(there.size(), cpu.size());
+        for (size_t p = 0; p < cpu.size(); ++p)
+            for (size_t t = 0; t < std::min(cpu[p].size(), there[p].size()); ++t) {
+                const auto& [text, logprob, gap] = cpu[p][t];
+                if (std::get<0>(there[p][t]) != text) {
+                    EXPECT_LT(gap, 1e-3)
+                        << backend << ": prompt " << p << " token " << t << " is '"
+                        << std::get<0>(there[p][t]) << "', the CPU's '" << text << "'";
+                    break;
+                }
+                EXPECT_NEAR(std::get<1>(there[p][t]), logprob, 1e-3)
+                    << backend << ": prompt " << p << " token " << t;
+                ++compared;
+            }
+    }
+    if (compared == 0) GTEST_SKIP() << "no backend besides the CPU opens here";
 }
 
 TEST_F(ServeCli, BadRequestsGetTheErrorObjectNamingTheField) {

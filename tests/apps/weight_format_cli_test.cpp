@@ -31,17 +31,6 @@ std::string token_list(uint64_t seed) {
     return out;
 }
 
-// Whether the backend opens here (a GPU backend on a GPU machine must: TMX_REQUIRE_BACKENDS).
-bool available(const std::string& backend) {
-    try {
-        make_backend(backend);
-        return true;
-    } catch (const std::exception& e) {
-        EXPECT_FALSE(test::backend_required(backend)) << backend << ": " << e.what();
-        return false;
-    }
-}
-
 double eval_loss(const std::string& model, const std::string& backend, const std::string& tokens,
                  const std::string& extra, std::string* err = nullptr) {
     auto r = test::run_tmx("eval --model " + model + " --backend " + backend + " --tokens " +
@@ -78,7 +67,7 @@ TEST(WeightFormatCli, ConvertedCheckpointsEvaluateCloseToF32OnEveryBackend) {
         EXPECT_NE(err.find("weights: f32 (as --weights asks)"), std::string::npos) << err;
         EXPECT_NEAR(widened, f32, tolerance * f32);
         for (const std::string backend : {"vulkan", "cuda"}) {
-            if (!available(backend)) continue;
+            if (!test::backend_opens(backend)) continue;
             const double there = eval_loss(dir, backend, tokens, " --precision fp32", &err);
             // The GPU backends read every format as stored and multiply the decoded weights in
             // fp32 (x is not quantised): the widened file's loss, to summation order.
