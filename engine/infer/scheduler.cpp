@@ -166,9 +166,20 @@ void Scheduler::prefill_chunk(size_t slot) {
     const size_t n = std::min(p.size() - start, static_cast<size_t>(chunk_));
     const std::vector<int32_t> piece(p.begin() + static_cast<std::ptrdiff_t>(start),
                                      p.begin() + static_cast<std::ptrdiff_t>(start + n));
+    Model::LogitsBlock every_position;
+    if (s.request.on_prompt_logits)
+        every_position = [&](int64_t first_row, const Tensor& block) {
+            const int64_t vocab = model_.config().vocab_size;
+            std::vector<float> host(static_cast<size_t>(block.numel()));
+            model_.backend().download(block, host.data());
+            for (int64_t r = 0; r < block.dim(0); ++r)
+                s.request.on_prompt_logits(
+                    static_cast<int64_t>(start) + first_row + r,
+                    std::span<const float>(host.data() + r * vocab, static_cast<size_t>(vocab)));
+        };
     Tensor last =
         model_.forward_cached(piece, 1, static_cast<int64_t>(n), {static_cast<int32_t>(start)},
-                              cache_.sequence(static_cast<int64_t>(slot)));
+                              cache_.sequence(static_cast<int64_t>(slot)), every_position);
     s.prefilled += static_cast<int64_t>(n);
     if (s.prefilled < static_cast<int64_t>(p.size())) {
         s.result.prefill_seconds += seconds_since(t0);

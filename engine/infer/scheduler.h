@@ -51,6 +51,10 @@ struct SequenceRequest {
     // Each drawn token with the logits it was drawn from; returning true ends the sequence
     // (StopReason::Stop), e.g. when a stop string completed.
     std::function<bool(int32_t token, std::span<const float> logits)> on_token;
+    // Where set, the logits at every prompt position as the prefill computes them, in order:
+    // position p's logits predict prompt[p + 1] (the last position's, the first drawn token).
+    // For scoring text (the server's echo with logprobs); costs a LM head over every position.
+    std::function<void(int64_t position, std::span<const float> logits)> on_prompt_logits;
     // Once, when the sequence ends for any reason.
     std::function<void(TokenGeneration&& result)> on_done;
 };

@@ -826,7 +826,8 @@ void Model::backward(float loss_scale, const GradsFinal& grads_final_from) {
 }
 
 Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
-                             const std::vector<int32_t>& start, const KvCache& cache) {
+                             const std::vector<int32_t>& start, const KvCache& cache,
+                             const LogitsBlock& every_position, int64_t block_rows) {
     const ModelConfig& c = config_;
     const int64_t N = B * T;
     if (static_cast<int64_t>(tokens.size()) != N || static_cast<int64_t>(start.size()) != B ||
@@ -841,7 +842,11 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
         for (int64_t t = 0; t < T; ++t) pos_host[b * T + t] = static_cast<int32_t>(start[b] + t);
     }
     refresh_bf16_weights();
-    if (T == 1) return decode_step(tokens, start, cache);
+    if (T == 1) {
+        Tensor logits = decode_step(tokens, start, cache);
+        if (every_position) every_position(0, logits);
+        return logits;
+    }
     Tensor ids = upload_tokens(tokens);
     Tensor positions = be.alloc({N}, DType::I32);
     be.upload(positions, pos_host.data());
@@ -853,6 +858,12 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
     be.embedding(embed_, ids, h);
     for (int64_t l = 0; l < c.n_layers; ++l)
         layer_forward(l, h, scratch, positions, B, T, Tensor{}, &cached);
+    if (every_position) {
+        const int64_t rows =
+            block_rows > 0 ? block_rows : std::max<int64_t>(1, kLogitsBlockElements / c.vocab_size);
+        for (int64_t r = 0; r < N; r += rows)
+            every_position(r, logits_of(h.rows(r, std::min(N, r + rows))));
+    }
     // Only each sequence's last token is needed (T > 1 here: decode_step takes one token): the
     // LM head is the largest matmul.
     std::vector<int32_t> last(static_cast<size_t>(B));

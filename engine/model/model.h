@@ -153,8 +153,16 @@ class Model {
     // chunk is at positions start[b] .. start[b] + T - 1 and attends to what `cache` holds of
     // its earlier positions, then is written into the cache. Returns the logits of each
     // sequence's last chunk token, [B, V] on the device.
+    //
+    // every_position, where given, also receives the logits of every chunk token (for scoring a
+    // prompt), in blocks of `block_rows` rows in order: (first row of the block in tokens'
+    // order, its logits [n, V] on the device, valid during the call). By default (0) a block
+    // holds at most kLogitsBlockElements logits, so a long chunk's [B*T, V] never exist whole.
+    using LogitsBlock = std::function<void(int64_t first_row, const Tensor& logits)>;
+    static constexpr int64_t kLogitsBlockElements = int64_t{1} << 22;
     Tensor forward_cached(const std::vector<int32_t>& tokens, int64_t B, int64_t T,
-                          const std::vector<int32_t>& start, const KvCache& cache);
+                          const std::vector<int32_t>& start, const KvCache& cache,
+                          const LogitsBlock& every_position = {}, int64_t block_rows = 0);
 
     // Gradients of loss_scale * (mean cross-entropy + router_aux_loss_coef * aux) of the last
     // forward(..., keep_activations = true), accumulated into grads(). The aux gradient flows

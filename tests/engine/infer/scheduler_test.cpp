@@ -19,6 +19,7 @@
 #include "engine/core/errors.h"
 #include "engine/core/threads.h"
 #include "engine/infer/serve_loop.h"
+#include "engine/model/kv_cache.h"
 #include "tests/model_scenarios.h"
 #include "tests/test_util.h"
 
@@ -163,6 +164,83 @@ TEST(Scheduler, ACancelledSequenceFreesItsSlotForTheNextAtOnce) {
     fresh.run_until_idle();
     EXPECT_EQ(next.result.ids, alone.result.ids);
     EXPECT_EQ(next.logits, alone.logits);
+}
+
+// A prompt's logits at every position (for scoring text) are the whole sequence's, row by row:
+// through a rolling buffer that wraps (19 tokens, window 8), in chunks of 3 ending with one of a
+// single token, beside another sequence; the last position's are those of the first drawn token.
+TEST(Scheduler, PromptLogitsAreTheWholeSequencesAtEveryPosition) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    auto be = make_backend("cpu");
+    const ModelConfig c = test::test_config("test-tiny-swiglu");  // window 8
+    auto model = test::spread_model(c, *be, seed);
+    Rng rng(seed ^ 0x9e0);
+    const int64_t V = c.vocab_size;
+    const std::vector<int32_t> prompt = test::random_ints(rng, 19, 0, static_cast<int32_t>(V));
+    std::vector<float> whole(static_cast<size_t>(19 * V));
+    be->download(model->forward(prompt, 1, 19).logits, whole.data());
+    auto row = [&](int64_t p) {
+        return std::vector<float>(whole.begin() + p * V, whole.begin() + (p + 1) * V);
+    };
+
+    SchedulerOptions so;
+    so.slots = 2;
+    so.prefill_chunk = 3;
+    Scheduler s(*model, so);
+    Recorded other, scored;
+    s.submit(request(test::random_ints(rng, 5, 0, static_cast<int32_t>(V)), 12, 1, other));
+    s.step();
+    std::vector<int64_t> positions;
+    SequenceRequest r = request(prompt, 2, 2, scored);
+    r.on_prompt_logits = [&](int64_t position, std::span<const float> logits) {
+        ASSERT_EQ(logits.size(), static_cast<size_t>(V));
+        EXPECT_LT(relative_error(std::vector<float>(logits.begin(), logits.end()), row(position)),
+                  2e-5)
+            << "position " << position;
+        positions.push_back(position);
+    };
+    s.submit(std::move(r));
+    s.run_until_idle();
+    std::vector<int64_t> all(19);
+    for (int64_t p = 0; p < 19; ++p) all[static_cast<size_t>(p)] = p;
+    EXPECT_EQ(positions, all);
+    ASSERT_TRUE(scored.done);
+    ASSERT_FALSE(scored.logits.empty());
+    EXPECT_LT(relative_error(scored.logits[0], row(18)), 2e-5);
+}
+
+// forward_cached hands every chunk row's logits over in blocks of the rows asked for.
+TEST(Scheduler, ForwardCachedGivesEveryRowsLogitsInBlocks) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    auto be = make_backend("cpu");
+    const ModelConfig c = test::test_config("test-tiny");
+    auto model = test::spread_model(c, *be, seed);
+    Rng rng(seed ^ 0xb10c);
+    const int64_t V = c.vocab_size;
+    const std::vector<int32_t> prompt = test::random_ints(rng, 7, 0, static_cast<int32_t>(V));
+    std::vector<float> whole(static_cast<size_t>(7 * V));
+    be->download(model->forward(prompt, 1, 7).logits, whole.data());
+    KvCache cache(c, *be, 1);
+    std::vector<int64_t> firsts, sizes;
+    const Tensor last = model->forward_cached(
+        prompt, 1, 7, {0}, cache,
+        [&](int64_t first, const Tensor& block) {
+            firsts.push_back(first);
+            sizes.push_back(block.dim(0));
+            std::vector<float> got(static_cast<size_t>(block.numel()));
+            be->download(block, got.data());
+            const std::vector<float> want(whole.begin() + first * V,
+                                          whole.begin() + (first + block.dim(0)) * V);
+            EXPECT_LT(relative_error(got, want), 2e-5) << "block at row " << first;
+        },
+        /*block_rows=*/2);
+    EXPECT_EQ(firsts, (std::vector<int64_t>{0, 2, 4, 6}));
+    EXPECT_EQ(sizes, (std::vector<int64_t>{2, 2, 2, 1}));
+    std::vector<float> got_last(static_cast<size_t>(V));
+    be->download(last, got_last.data());
+    EXPECT_LT(relative_error(got_last, std::vector<float>(whole.end() - V, whole.end())), 2e-5);
 }
 
 TEST(Scheduler, BadRequestsAreRefusedAtSubmit) {
