@@ -84,8 +84,28 @@ struct Choice {
     ServeLoop::Ticket ticket = 0;
     std::vector<serve::TokenLogprob> logprobs, pending_logprobs;  // when asked for
     size_t text_start = 0;      // where the generated text starts (after an echoed prompt)
-    size_t logprob_offset = 0;  // text offset of the pending logprobs' first token
+    size_t logprob_offset = 0;  // text offset of the next generated token
+    // echo with logprobs: the echoed prompt's tokens, scored as the prefill computes them; the
+    // echo is held back until the last one is (release_echo).
+    std::vector<serve::TokenLogprob> prompt_logprobs;
+    size_t first_echoed = 0;  // the prompt id prompt_logprobs[0] is (1 after a BOS we added)
 };
+
+// A prompt as the model takes it and as it is echoed.
+struct Prompt {
+    std::vector<int32_t> ids;
+    std::string text;     // what echo returns
+    size_t first_echoed;  // ids before it are not part of the text (the BOS we add)
+};
+
+// The held echo and its prompt's scores become the choice's first text.
+void release_echo(Choice& c) {
+    c.pending += c.all.substr(0, c.text_start);
+    c.logprobs.insert(c.logprobs.begin(), c.prompt_logprobs.begin(), c.prompt_logprobs.end());
+    c.pending_logprobs.insert(c.pending_logprobs.begin(), c.prompt_logprobs.begin(),
+                              c.prompt_logprobs.end());
+    c.prompt_logprobs.clear();
+}
 
 // The choices of one HTTP request, shared by its HTTP thread and the engine thread.
 struct Job {
@@ -153,26 +173,85 @@ struct Server {
     std::atomic<uint64_t> next_id{1};
     serve::Metrics metrics;
 
+    // The request's prompts: strings (and chat's rendered messages) encoded after a BOS, ids
+    // as given (checked against the vocabulary here: they are decoded for echo).
+    std::vector<Prompt> read_prompts(const serve::CompletionRequest& r) const {
+        std::vector<Prompt> out;
+        if (!r.prompt_tokens.empty()) {
+            for (size_t p = 0; p < r.prompt_tokens.size(); ++p) {
+                const std::vector<int32_t>& ids = r.prompt_tokens[p];
+                for (size_t t = 0; t < ids.size(); ++t)
+                    if (ids[t] >= tokenizer.vocab_size())
+                        throw ApiError{
+                            400,
+                            "token " + std::to_string(ids[t]) + " is outside the vocabulary (" +
+                                std::to_string(tokenizer.vocab_size()) + " tokens)",
+                            "prompt" +
+                                (r.prompt_tokens.size() > 1 ? "[" + std::to_string(p) + "]"
+                                                            : std::string()) +
+                                "[" + std::to_string(t) + "]",
+                            "", "invalid_request_error"};
+                out.push_back({ids, tokenizer.decode(ids), 0});
+            }
+            return out;
+        }
+        const std::vector<std::string> texts =
+            r.chat ? std::vector<std::string>{serve::render_chat(r.messages, chat_template)}
+                   : r.prompts;
+        for (const std::string& text : texts) {
+            std::vector<int32_t> ids{tokenizer.bos_id()};
+            const std::vector<int32_t> body = tokenizer.encode(text);
+            ids.insert(ids.end(), body.begin(), body.end());
+            out.push_back({std::move(ids), text, 1});
+        }
+        return out;
+    }
+
+    // The echoed tokens of a prompt, each with its text and where it starts, not yet scored:
+    // decoded as a stream, so their texts join into the decoded prompt (a character split over
+    // byte pieces is the text of its last piece).
+    std::vector<serve::TokenLogprob> echoed_tokens(const Prompt& prompt) const {
+        std::vector<serve::TokenLogprob> out;
+        StreamDecoder decoder(tokenizer);
+        size_t offset = 0;
+        for (size_t t = 0; t < prompt.ids.size(); ++t) {
+            std::string piece = decoder.push(prompt.ids[t]);
+            if (t < prompt.first_echoed) continue;
+            const size_t size = piece.size();
+            out.push_back({std::move(piece), std::nullopt, {}, offset});
+            offset += size;
+        }
+        if (!out.empty()) out.back().token += decoder.flush();
+        return out;
+    }
+
     // Queues every (prompt, n) sequence of the request; ApiError when one cannot run.
     std::shared_ptr<Job> start(const serve::CompletionRequest& r) {
         auto job = std::make_shared<Job>();
-        const std::vector<std::string> prompts =
-            r.chat ? std::vector<std::string>{serve::render_chat(r.messages, chat_template)}
-                   : r.prompts;
+        const std::vector<Prompt> prompts = read_prompts(r);
+        // echo with logprobs scores the prompt too: every prompt token's log-probability.
+        const bool score_prompt = !r.chat && r.echo && r.logprobs >= 0;
         job->choices.resize(prompts.size() * static_cast<size_t>(r.n));
         std::vector<SequenceRequest> requests;
         for (size_t p = 0; p < prompts.size(); ++p) {
-            std::vector<int32_t> ids{tokenizer.bos_id()};
-            const std::vector<int32_t> body = tokenizer.encode(prompts[p]);
-            ids.insert(ids.end(), body.begin(), body.end());
+            const std::vector<int32_t>& ids = prompts[p].ids;
             for (int64_t k = 0; k < r.n; ++k) {
                 const size_t i = p * static_cast<size_t>(r.n) + static_cast<size_t>(k);
                 Choice& c = job->choices[i];
                 c.text = std::make_unique<TextStream>(tokenizer, ids, r.stop);
                 c.prompt_tokens = static_cast<int64_t>(ids.size());
                 metrics.prompt_tokens += ids.size();
-                if (r.echo) c.pending = c.all = prompts[p];
+                if (r.echo) c.all = prompts[p].text;
                 c.text_start = c.logprob_offset = c.all.size();
+                // The first prompt token with a score: one that has a token before it.
+                const size_t scored_from = std::max<size_t>(1, prompts[p].first_echoed);
+                if (score_prompt) {
+                    c.prompt_logprobs = echoed_tokens(prompts[p]);
+                    c.first_echoed = prompts[p].first_echoed;
+                    if (scored_from >= ids.size()) release_echo(c);  // nothing to score
+                } else if (r.echo) {
+                    c.pending = c.all;
+                }
                 SequenceRequest q;
                 q.prompt = ids;
                 q.max_new_tokens = r.max_tokens;
@@ -197,6 +276,8 @@ struct Server {
                     ++c.completion_tokens;
                     if (lp >= 0) {
                         c.logprobs.push_back(token_logprob(tokenizer, token, logits, lp));
+                        c.logprobs.back().text_offset = c.logprob_offset;
+                        c.logprob_offset += c.logprobs.back().token.size();
                         c.pending_logprobs.push_back(c.logprobs.back());
                     }
                     if (tokenizer.is_control(token)) return false;
@@ -207,6 +288,25 @@ struct Server {
                     job->changed.notify_all();
                     return stopped;
                 };
+                if (score_prompt && scored_from < ids.size())
+                    q.on_prompt_logits = [this, job, i, scored_from, lp = r.logprobs, ids](
+                                             int64_t position, std::span<const float> logits) {
+                        // Position p's logits score prompt token p + 1 (the last position's,
+                        // the first generated token: on_token's).
+                        const size_t target = static_cast<size_t>(position) + 1;
+                        if (target < scored_from || target >= ids.size()) return;
+                        const serve::TokenLogprob scored =
+                            token_logprob(tokenizer, ids[target], logits, lp);
+                        std::lock_guard<std::mutex> lock(job->mutex);
+                        Choice& c = job->choices[i];
+                        serve::TokenLogprob& t = c.prompt_logprobs[target - c.first_echoed];
+                        t.logprob = scored.logprob;
+                        t.top = scored.top;
+                        if (target + 1 == ids.size()) {
+                            release_echo(c);
+                            job->changed.notify_all();
+                        }
+                    };
                 q.on_done = [job, i](TokenGeneration&& g) {
                     std::lock_guard<std::mutex> lock(job->mutex);
                     Choice& c = job->choices[i];
@@ -494,9 +594,8 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                             ch["message"] = {{"role", "assistant"}, {"content", c.all}};
                         else
                             ch["text"] = c.all;
-                        ch["logprobs"] = r.logprobs >= 0
-                                             ? serve::logprobs_json(c.logprobs, chat, c.text_start)
-                                             : json(nullptr);
+                        ch["logprobs"] = r.logprobs >= 0 ? serve::logprobs_json(c.logprobs, chat)
+                                                         : json(nullptr);
                         choices.push_back(ch);
                     }
                     res.set_content(dump(json{{"id", id},
@@ -546,12 +645,9 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                     } else {
                                         ch["text"] = c.pending;
                                     }
-                                    ch["logprobs"] =
-                                        want_logprobs ? serve::logprobs_json(c.pending_logprobs,
-                                                                             chat, c.logprob_offset)
-                                                      : json(nullptr);
-                                    for (const auto& t : c.pending_logprobs)
-                                        c.logprob_offset += t.token.size();
+                                    ch["logprobs"] = want_logprobs ? serve::logprobs_json(
+                                                                         c.pending_logprobs, chat)
+                                                                   : json(nullptr);
                                     c.pending_logprobs.clear();
                                     announced[i] = true;
                                     c.pending.clear();

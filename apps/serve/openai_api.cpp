@@ -44,6 +44,18 @@ std::string text(const json& v, const std::string& param) {
     return v.get<std::string>();
 }
 
+// A non-empty array of token ids (each 0 .. 2^31 - 1; the vocabulary is checked where the
+// model is known).
+std::vector<int32_t> token_ids(const json& v, const std::string& param) {
+    if (!v.is_array() || v.empty()) bad(param, "expected a non-empty array of token ids");
+    std::vector<int32_t> out;
+    out.reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+        out.push_back(static_cast<int32_t>(
+            integer(v[i], param + "[" + std::to_string(i) + "]", 0, INT32_MAX)));
+    return out;
+}
+
 // A string or an array of strings (`max` of them at most).
 std::vector<std::string> strings(const json& v, const std::string& param, size_t max) {
     std::vector<std::string> out;
@@ -86,7 +98,18 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat,
         }
     } else {
         if (!has("prompt")) bad("prompt", "required");
-        r.prompts = strings(j.at("prompt"), "prompt", static_cast<size_t>(limits.max_prompts));
+        // A string, an array of strings, an array of token ids or an array of such arrays.
+        const json& p = j.at("prompt");
+        if (p.is_array() && !p.empty() && p[0].is_number()) {
+            r.prompt_tokens.push_back(token_ids(p, "prompt"));
+        } else if (p.is_array() && !p.empty() && p[0].is_array()) {
+            if (p.size() > static_cast<size_t>(limits.max_prompts))
+                bad("prompt", "at most " + std::to_string(limits.max_prompts) + " entries");
+            for (size_t i = 0; i < p.size(); ++i)
+                r.prompt_tokens.push_back(token_ids(p[i], "prompt[" + std::to_string(i) + "]"));
+        } else {
+            r.prompts = strings(p, "prompt", static_cast<size_t>(limits.max_prompts));
+        }
     }
     if (has("model")) r.model = text(j.at("model"), "model");
     const char* max_key =
@@ -139,7 +162,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat,
     return r;
 }
 
-json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat, size_t offset) {
+json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat) {
     if (chat) {
         auto bytes = [](const std::string& t) {
             json b = json::array();
@@ -152,7 +175,7 @@ json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat, size_t of
             for (const auto& [tok, lp] : t.top)
                 top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", bytes(tok)}});
             content.push_back({{"token", t.token},
-                               {"logprob", t.logprob},
+                               {"logprob", t.logprob.value_or(0.0)},
                                {"bytes", bytes(t.token)},
                                {"top_logprobs", top}});
         }
@@ -161,14 +184,18 @@ json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat, size_t of
     json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     for (const TokenLogprob& t : tokens) {
         toks.push_back(t.token);
-        lps.push_back(t.logprob);
+        offsets.push_back(t.text_offset);
+        if (!t.logprob) {
+            lps.push_back(nullptr);
+            tops.push_back(nullptr);
+            continue;
+        }
+        lps.push_back(*t.logprob);
         json top = json::object();
         // Tokens with the same text (a byte piece and a piece) share a key: the likelier one.
         for (const auto& [tok, lp] : t.top)
             if (!top.contains(tok) || top[tok].get<double>() < lp) top[tok] = lp;
         tops.push_back(top);
-        offsets.push_back(offset);
-        offset += t.token.size();
     }
     return {{"tokens", toks},
             {"token_logprobs", lps},

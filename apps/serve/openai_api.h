@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,10 @@ struct ChatMessage {
 // A completion or chat request, read and checked.
 struct CompletionRequest {
     bool chat = false;
-    std::vector<std::string> prompts;   // completions: one or more; chat: the rendered template
+    std::vector<std::string> prompts;  // completions: one or more; chat: the rendered template
+    // Completions' prompts given as token ids (OpenAI's array of tokens, or array of such
+    // arrays) instead of strings: used as given, no BOS added. Either this or `prompts`.
+    std::vector<std::vector<int32_t>> prompt_tokens;
     std::vector<ChatMessage> messages;  // chat only
     int64_t max_tokens = 16;
     SamplingOptions sampling;
@@ -52,18 +56,19 @@ struct CompletionRequest {
     std::string model;
 };
 
-// One drawn token's log-probability under the model (before temperature and truncation) and the
-// `top` most likely alternatives.
+// A token's log-probability under the model (before temperature and truncation) and the `top`
+// most likely alternatives: a drawn token's, or with echo a prompt token's. The first token of
+// a prompt given as ids has none (null, as OpenAI answers): nothing came before it.
 struct TokenLogprob {
     std::string token;
-    double logprob = 0;
+    std::optional<double> logprob;
     std::vector<std::pair<std::string, double>> top;
+    size_t text_offset = 0;  // where the token's text starts in the choice's text
 };
 
 // The `logprobs` object of a choice: completions' {tokens, token_logprobs, top_logprobs,
-// text_offset} or chat's {content: [{token, logprob, bytes, top_logprobs}]}. `offset` is the
-// text offset of the first token (completions).
-nlohmann::json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat, size_t offset);
+// text_offset} or chat's {content: [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat);
 
 // Reads a /v1/completions (chat = false) or /v1/chat/completions body; throws ApiError.
 CompletionRequest parse_completion_request(const std::string& body, bool chat,

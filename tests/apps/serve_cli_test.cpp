@@ -292,6 +292,90 @@ TEST_F(ServeCli, LogprobsDescribeEachDrawnToken) {
     post("/v1/completions", {{"prompt", "x"}, {"logprobs", 6}}, 400);
 }
 
+// echo with logprobs scores the prompt, as OpenAI's completions do (and lm-evaluation-harness
+// relies on): one entry per prompt token, then the generated ones; a prompt given as ids has
+// nothing before its first token (null). Each prompt position's alternatives are those the
+// model gives for the next token after that prefix alone.
+TEST_F(ServeCli, EchoWithLogprobsScoresThePrompt) {
+    ASSERT_GT(start(), 0);
+    const std::string text = "the little fox ran to the tree";
+    const json a = post("/v1/completions", {{"prompt", text},
+                                            {"max_tokens", 3},
+                                            {"temperature", 0},
+                                            {"echo", true},
+                                            {"logprobs", 2},
+                                            {"ignore_eos", true}});
+    const json& choice = a["choices"][0];
+    const json& lp = choice["logprobs"];
+    ASSERT_EQ(choice["text"].get<std::string>().rfind(text, 0), 0u) << a.dump();
+    const size_t prompt_count = lp["tokens"].size() - 3;
+    EXPECT_EQ(a["usage"]["prompt_tokens"], prompt_count + 1) << "the BOS is not echoed";
+    std::string joined;
+    for (size_t t = 0; t < lp["tokens"].size(); ++t) {
+        EXPECT_EQ(lp["text_offset"][t], joined.size()) << t;
+        joined += lp["tokens"][t].get<std::string>();
+        ASSERT_TRUE(lp["token_logprobs"][t].is_number()) << t << " " << lp.dump();
+        EXPECT_LE(lp["token_logprobs"][t].get<double>(), 0.0);
+        EXPECT_GE(lp["top_logprobs"][t].size(), 1u);
+    }
+    EXPECT_EQ(joined, choice["text"]);
+    // Streamed: the same entries, the echo first.
+    std::vector<json> streamed;
+    std::string streamed_text;
+    for (const json& e : stream("/v1/completions", {{"prompt", text},
+                                                    {"max_tokens", 3},
+                                                    {"temperature", 0},
+                                                    {"echo", true},
+                                                    {"logprobs", 2},
+                                                    {"ignore_eos", true}})) {
+        streamed_text += e["choices"][0]["text"].get<std::string>();
+        const json& l = e["choices"][0]["logprobs"];
+        for (size_t t = 0; t < l["tokens"].size(); ++t)
+            streamed.push_back({l["tokens"][t], l["token_logprobs"][t], l["text_offset"][t]});
+    }
+    EXPECT_EQ(streamed_text, choice["text"]);
+    ASSERT_EQ(streamed.size(), lp["tokens"].size());
+    for (size_t t = 0; t < streamed.size(); ++t) {
+        EXPECT_EQ(streamed[t][0], lp["tokens"][t]) << t;
+        EXPECT_NEAR(streamed[t][1].get<double>(), lp["token_logprobs"][t].get<double>(), 1e-9);
+        EXPECT_EQ(streamed[t][2], lp["text_offset"][t]) << t;
+    }
+
+    // Ids as given: 8 random tokens, scored without generating (max_tokens 0).
+    Rng rng(test::fresh_seed());
+    const std::vector<int32_t> ids = test::random_ints(rng, 8, 3, 300);
+    const json b = post(
+        "/v1/completions",
+        {{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 5}, {"temperature", 0}});
+    const json& scored = b["choices"][0]["logprobs"];
+    ASSERT_EQ(scored["tokens"].size(), 8u) << b.dump();
+    EXPECT_TRUE(scored["token_logprobs"][0].is_null());
+    EXPECT_TRUE(scored["top_logprobs"][0].is_null());
+    EXPECT_EQ(b["usage"]["completion_tokens"], 0);
+    EXPECT_EQ(b["choices"][0]["finish_reason"], "length");
+    for (const size_t m : {size_t{1}, size_t{4}, size_t{7}}) {
+        SCOPED_TRACE("prefix of " + std::to_string(m));
+        ASSERT_TRUE(scored["token_logprobs"][m].is_number()) << scored.dump();
+        const json next =
+            post("/v1/completions", {{"prompt", std::vector<int32_t>(ids.begin(), ids.begin() + m)},
+                                     {"max_tokens", 1},
+                                     {"logprobs", 5},
+                                     {"temperature", 0},
+                                     {"ignore_eos", true}});
+        const json& want = next["choices"][0]["logprobs"]["top_logprobs"][0];
+        const json& got = scored["top_logprobs"][m];
+        ASSERT_EQ(got.size(), want.size()) << got.dump() << " vs " << want.dump();
+        for (const auto& [token, value] : want.items()) {
+            ASSERT_TRUE(got.contains(token)) << token;
+            EXPECT_NEAR(got[token].get<double>(), value.get<double>(), 1e-4) << token;
+        }
+        // The scored token is at most as likely as the likeliest.
+        double best = -INFINITY;
+        for (const auto& [token, value] : want.items()) best = std::max(best, value.get<double>());
+        EXPECT_LE(scored["token_logprobs"][m].get<double>(), best + 1e-4);
+    }
+}
+
 TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
     ASSERT_GT(start(), 0);
     const json req = {{"messages",
@@ -403,6 +487,13 @@ TEST_F(ServeCli, BadRequestsGetTheErrorObjectNamingTheField) {
     expect_error(json::parse(res->body), "");
     expect_error(post("/v1/completions", {{"max_tokens", 3}}, 400, key), "prompt");
     expect_error(post("/v1/completions", {{"prompt", 5}}, 400, key), "prompt");
+    // Prompts as token ids: each an id in the vocabulary (300 here).
+    expect_error(post("/v1/completions", {{"prompt", {5, "a"}}}, 400, key), "prompt[1]");
+    expect_error(post("/v1/completions", {{"prompt", {5, -1}}}, 400, key), "prompt[1]");
+    expect_error(post("/v1/completions", {{"prompt", {{5, 6}, {7, 300}}}}, 400, key),
+                 "prompt[1][1]");
+    expect_error(post("/v1/completions", {{"prompt", {{5, 6}, json::array()}}}, 400, key),
+                 "prompt[1]");
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", "3"}}, 400, key),
                  "max_tokens");
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 51}}, 400, key),

@@ -1,5 +1,6 @@
 // The official OpenAI Node.js client (npm's `openai`, which scripts/test.sh installs into
-// build/npm) against a running `tmx serve`: completions and chat, streamed and not, and an error.
+// build/npm) against a running `tmx serve`: completions and chat, streamed and not, a prompt
+// scored from token ids, and an error.
 // Run by tests/apps/serve_cli_test.cpp with TMX_BASE_URL and TMX_OPENAI_PACKAGE set.
 const assert = require('node:assert/strict');
 const mod = require(process.env.TMX_OPENAI_PACKAGE);
@@ -34,6 +35,15 @@ async function main() {
   for await (const chunk of await client.chat.completions.create({ ...chatRequest, stream: true }))
     deltas += chunk.choices[0].delta.content || '';
   assert.equal(deltas, chat.choices[0].message.content);
+
+  // Scoring a prompt given as token ids: echo with logprobs and no new token.
+  const scored = await client.completions.create(
+    { model, prompt: [5, 17, 42, 9], max_tokens: 0, echo: true, logprobs: 1, temperature: 0 });
+  const lp = scored.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 4);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.ok(lp.token_logprobs.slice(1).every((v) => typeof v === 'number' && v <= 0));
+  assert.equal(scored.usage.completion_tokens, 0);
 
   await assert.rejects(
     client.completions.create({ model, prompt: 'x', max_tokens: 1e9 }),

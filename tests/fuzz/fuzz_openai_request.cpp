@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             require(r.max_tokens >= 0 && r.max_tokens <= limits.max_tokens, "max_tokens in range");
             require(r.n >= 1 && r.n <= limits.max_n, "n in range");
             require(r.logprobs >= -1 && r.logprobs <= 20, "logprobs in range");
-            require(chat ? !r.messages.empty() : !r.prompts.empty(), "something to continue");
+            require(chat ? !r.messages.empty() : !r.prompts.empty() || !r.prompt_tokens.empty(),
+                    "something to continue");
             if (chat) (void)tmx::serve::render_chat(r.messages, "{{messages}}\n");
             (void)r.sampling;
         } catch (const tmx::serve::ApiError& e) {
