@@ -231,6 +231,17 @@ struct Server {
         const std::vector<Prompt> prompts = read_prompts(r);
         // echo with logprobs scores the prompt too: every prompt token's log-probability.
         const bool score_prompt = !r.chat && r.echo && r.logprobs >= 0;
+        if (score_prompt) {
+            size_t scored = 0;
+            for (const Prompt& p : prompts) scored += p.ids.size() * static_cast<size_t>(r.n);
+            if (scored > static_cast<size_t>(limits.max_scored_tokens))
+                throw ApiError{400,
+                               "echo with logprobs scores at most " +
+                                   std::to_string(limits.max_scored_tokens) +
+                                   " prompt tokens per request (over all choices); this one has " +
+                                   std::to_string(scored),
+                               "prompt", "", "invalid_request_error"};
+        }
         job->choices.resize(prompts.size() * static_cast<size_t>(r.n));
         std::vector<SequenceRequest> requests;
         for (size_t p = 0; p < prompts.size(); ++p) {

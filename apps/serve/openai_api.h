@@ -28,6 +28,9 @@ struct ApiLimits {
     int64_t max_tokens = 2048;  // --max-tokens-limit
     int64_t max_n = 8;          // choices per prompt
     int64_t max_prompts = 16;   // prompts per request
+    // Prompt tokens that echo with logprobs scores in one request, over all its choices: each
+    // score is held until the answer is sent.
+    int64_t max_scored_tokens = 65536;
 };
 
 struct ChatMessage {

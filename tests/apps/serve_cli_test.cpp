@@ -374,6 +374,15 @@ TEST_F(ServeCli, EchoWithLogprobsScoresThePrompt) {
         for (const auto& [token, value] : want.items()) best = std::max(best, value.get<double>());
         EXPECT_LE(scored["token_logprobs"][m].get<double>(), best + 1e-4);
     }
+    // Scoring holds every prompt token's score: at most 65,536 per request.
+    const json too_many = post("/v1/completions",
+                               {{"prompt", std::vector<int32_t>(8193, 7)},
+                                {"n", 8},
+                                {"echo", true},
+                                {"logprobs", 0},
+                                {"max_tokens", 0}},
+                               400);
+    EXPECT_EQ(too_many["error"]["param"], "prompt") << too_many.dump();
 }
 
 TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
