@@ -81,7 +81,16 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                     "Drop tokens less likely than this fraction of the top token (0 = off)")
         ->capture_default_str();
     sub->add_option("--repetition-penalty", s.repetition_penalty,
-                    "Penalise tokens already in the text (1 = off; applied first)")
+                    "Penalise tokens already in the text, prompt included: positive logits "
+                    "divided by it, negative ones multiplied (1 = off)")
+        ->capture_default_str();
+    sub->add_option("--frequency-penalty", s.frequency_penalty,
+                    "Subtract this times the number of times a token was generated from its "
+                    "logit, as OpenAI's API does (-2 .. 2; 0 = off)")
+        ->capture_default_str();
+    sub->add_option("--presence-penalty", s.presence_penalty,
+                    "Subtract this from the logit of every token generated at least once, as "
+                    "OpenAI's API does (-2 .. 2; 0 = off)")
         ->capture_default_str();
     sub->add_option("--seed", g.seed,
                     "Random seed; a prompt samples the same in a batch as alone (repeats of a "

@@ -228,6 +228,12 @@ struct Server {
     // Queues every (prompt, n) sequence of the request; ApiError when one cannot run.
     std::shared_ptr<Job> start(const serve::CompletionRequest& r) {
         auto job = std::make_shared<Job>();
+        for (const auto& [id, bias] : r.sampling.logit_bias)
+            if (id >= tokenizer.vocab_size())
+                throw ApiError{400,
+                               "token " + std::to_string(id) + " is outside the vocabulary (" +
+                                   std::to_string(tokenizer.vocab_size()) + " tokens)",
+                               "logit_bias." + std::to_string(id), "", "invalid_request_error"};
         const std::vector<Prompt> prompts = read_prompts(r);
         // echo with logprobs scores the prompt too: every prompt token's log-probability.
         const bool score_prompt = !r.chat && r.echo && r.logprobs >= 0;

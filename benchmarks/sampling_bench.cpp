@@ -19,7 +19,7 @@ void sample(benchmark::State& state, const tmx::SamplingOptions& options) {
     for (float& x : logits) x = static_cast<float>(3.0 * rng.normal());
     const std::vector<int32_t> history = {1, 2, 3};
     for (auto _ : state)
-        benchmark::DoNotOptimize(tmx::sample_token(logits.data(), V, options, history, rng));
+        benchmark::DoNotOptimize(tmx::sample_token(logits.data(), V, options, history, 0, rng));
     state.counters["tokens/s"] =
         benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
 }

@@ -124,6 +124,32 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat,
     if (has("top_p") && r.sampling.top_p == 0) bad("top_p", "must be above 0");
     r.sampling.top_k = has("top_k") ? integer(j.at("top_k"), "top_k", 0, 1 << 20) : 0;
     r.sampling.min_p = 0;
+    r.sampling.frequency_penalty =
+        has("frequency_penalty") ? number(j.at("frequency_penalty"), "frequency_penalty", -2, 2)
+                                 : 0.0;
+    r.sampling.presence_penalty =
+        has("presence_penalty") ? number(j.at("presence_penalty"), "presence_penalty", -2, 2) : 0.0;
+    if (has("logit_bias")) {
+        // {"token id": bias}: the ids as decimal strings (JSON keys), the vocabulary checked
+        // where the model is known.
+        const json& b = j.at("logit_bias");
+        if (!b.is_object()) bad("logit_bias", "expected an object of token ids to numbers");
+        if (b.size() > 1024) bad("logit_bias", "at most 1024 tokens");
+        for (const auto& [key, value] : b.items()) {
+            const std::string param = "logit_bias." + key;
+            if (key.empty() || key.size() > 10 ||
+                key.find_first_not_of("0123456789") != std::string::npos ||
+                std::stoll(key) > INT32_MAX)
+                bad(param, "keys must be token ids (decimal integers)");
+            r.sampling.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(key)),
+                                               number(value, param, -100, 100));
+        }
+    }
+    if (has("suffix") && !(j.at("suffix").is_string() && j.at("suffix").get<std::string>().empty()))
+        bad("suffix", "not supported (tmx's models do not fill in the middle)");
+    if (has("best_of") &&
+        !(j.at("best_of").is_number_integer() && j.at("best_of").get<int64_t>() == 1))
+        bad("best_of", "only 1 is supported (use n for several choices)");
     if (has("seed")) {
         const json& s = j.at("seed");
         if (!s.is_number_integer()) bad("seed", "expected an integer, got " + s.dump());

@@ -118,11 +118,33 @@ Truncation& scratch() {
     return t;
 }
 
+// Whether the options change the logits before the temperature (else greedy needs no copy).
+bool adjusts_logits(const SamplingOptions& o) {
+    return o.repetition_penalty != 1.0 || o.frequency_penalty != 0.0 || o.presence_penalty != 0.0 ||
+           !o.logit_bias.empty();
+}
+
 const Truncation& truncate(const float* logits, int64_t vocab, const SamplingOptions& o,
-                           const std::vector<int32_t>& history) {
+                           const std::vector<int32_t>& history, size_t drawn) {
     Truncation& t = scratch();
     std::vector<double>& w = t.weight;
     w.assign(logits, logits + vocab);
+    for (const auto& [id, bias] : o.logit_bias)
+        if (id >= 0 && id < vocab) w[id] += bias;
+    if (o.frequency_penalty != 0.0 || o.presence_penalty != 0.0) {
+        // Counted over the drawn tokens only, in a buffer that is all zeros between calls.
+        thread_local std::vector<int32_t> count;
+        count.resize(static_cast<size_t>(vocab), 0);
+        const auto first =
+            history.end() - static_cast<std::ptrdiff_t>(std::min(drawn, history.size()));
+        for (auto it = first; it != history.end(); ++it)
+            if (*it >= 0 && *it < vocab) ++count[*it];
+        for (auto it = first; it != history.end(); ++it) {
+            if (*it < 0 || *it >= vocab || count[*it] == 0) continue;
+            w[*it] -= o.frequency_penalty * count[*it] + o.presence_penalty;
+            count[*it] = 0;
+        }
+    }
     if (o.repetition_penalty != 1.0) {
         std::vector<char> seen(static_cast<size_t>(vocab), 0);
         for (int32_t id : history) {
@@ -226,12 +248,19 @@ void validate(const SamplingOptions& o) {
         bad("--top-p", o.top_p, "a number in [0, 1] (1 = off)");
     if (!(o.min_p >= 0.0 && o.min_p <= 1.0))
         bad("--min-p", o.min_p, "a number in [0, 1] (0 = off)");
+    if (!(o.frequency_penalty >= -2.0 && o.frequency_penalty <= 2.0))
+        bad("--frequency-penalty", o.frequency_penalty, "a number in [-2, 2] (0 = off)");
+    if (!(o.presence_penalty >= -2.0 && o.presence_penalty <= 2.0))
+        bad("--presence-penalty", o.presence_penalty, "a number in [-2, 2] (0 = off)");
+    for (const auto& [id, bias] : o.logit_bias)
+        if (!(bias >= -100.0 && bias <= 100.0))
+            bad("logit_bias", bias, "a number in [-100, 100] for each token");
 }
 
 std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
                                           const SamplingOptions& options,
-                                          const std::vector<int32_t>& history) {
-    const Truncation& t = truncate(logits, vocab, options, history);
+                                          const std::vector<int32_t>& history, size_t drawn) {
+    const Truncation& t = truncate(logits, vocab, options, history, drawn);
     double total = 0.0;
     for (int32_t id : t.kept) total += t.weight[id];
     std::vector<double> p(static_cast<size_t>(vocab), 0.0);
@@ -240,12 +269,12 @@ std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
 }
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,
-                     const std::vector<int32_t>& history, Rng& rng) {
+                     const std::vector<int32_t>& history, size_t drawn, Rng& rng) {
     const double u = rng.uniform();
-    // Greedy without a penalty: the first largest logit, with no copy of the row.
-    if (options.temperature == 0.0 && options.repetition_penalty == 1.0)
+    // Greedy on the logits as they are: the first largest, with no copy of the row.
+    if (options.temperature == 0.0 && !adjusts_logits(options))
         return static_cast<int32_t>(first_max(logits, vocab));
-    const Truncation& t = truncate(logits, vocab, options, history);
+    const Truncation& t = truncate(logits, vocab, options, history, drawn);
     if (t.kept.size() == 1) return t.kept[0];
     // Inverse CDF over the kept tokens in id order (any fixed order samples the same
     // distribution). Nothing truncated: every id, in order already.

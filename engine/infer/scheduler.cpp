@@ -124,7 +124,7 @@ int32_t Scheduler::pick(size_t slot, const float* logits) {
 #pragma omp simd reduction(&& : finite)
     for (int64_t v = 0; v < vocab; ++v) finite = finite && std::isfinite(logits[v]);
     if (!finite) return -1;
-    return sample_token(logits, vocab, s.request.sampling, s.history, s.rng);
+    return sample_token(logits, vocab, s.request.sampling, s.history, s.result.ids.size(), s.rng);
 }
 
 void Scheduler::accept(size_t slot, const float* logits, int32_t token) {

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -385,6 +386,35 @@ TEST_F(ServeCli, EchoWithLogprobsScoresThePrompt) {
     EXPECT_EQ(too_many["error"]["param"], "prompt") << too_many.dump();
 }
 
+// logit_bias and OpenAI's penalties reach the sampler. One token lifted by 100 takes every
+// greedy step. Two lifted by 60 take every step between them; with a frequency penalty of 2 a
+// token drawn three times has lost 6, more than this random model's logits of two tokens
+// differ by, so both appear in four tokens.
+TEST_F(ServeCli, LogitBiasAndPenaltiesShapeTheAnswer) {
+    ASSERT_GT(start(), 0);
+    auto tokens = [&](const json& extra) {
+        json req = {{"prompt", "the fox"},
+                    {"max_tokens", 4},
+                    {"temperature", 0},
+                    {"logprobs", 0},
+                    {"ignore_eos", true}};
+        req.update(extra);
+        const json a = post("/v1/completions", req);
+        std::set<std::string> distinct;
+        for (const json& t : a["choices"][0]["logprobs"]["tokens"]) distinct.insert(t);
+        EXPECT_EQ(a["choices"][0]["logprobs"]["tokens"].size(), 4u) << a.dump();
+        return std::make_pair(distinct, a["choices"][0]["logprobs"]["tokens"]);
+    };
+    const auto [one, one_tokens] = tokens({{"logit_bias", {{"280", 100}}}});
+    EXPECT_EQ(one.size(), 1u) << one_tokens.dump();
+    const auto [unbiased, unbiased_tokens] = tokens(json::object());
+    EXPECT_NE(unbiased_tokens, one_tokens);
+    const auto [two, two_tokens] =
+        tokens({{"logit_bias", {{"280", 60}, {"290", 60}}}, {"frequency_penalty", 2}});
+    EXPECT_EQ(two.size(), 2u) << two_tokens.dump();
+    EXPECT_TRUE(two.count(*one.begin())) << two_tokens.dump();
+}
+
 TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
     ASSERT_GT(start(), 0);
     const json req = {{"messages",
@@ -503,6 +533,18 @@ TEST_F(ServeCli, BadRequestsGetTheErrorObjectNamingTheField) {
                  "prompt[1][1]");
     expect_error(post("/v1/completions", {{"prompt", {{5, 6}, json::array()}}}, 400, key),
                  "prompt[1]");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"frequency_penalty", 2.5}}, 400, key),
+                 "frequency_penalty");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"presence_penalty", "1"}}, 400, key),
+                 "presence_penalty");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"7", 101}}}}, 400, key),
+                 "logit_bias.7");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"x7", 1}}}}, 400, key),
+                 "logit_bias.x7");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"300", 1}}}}, 400, key),
+                 "logit_bias.300");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"suffix", "end"}}, 400, key), "suffix");
+    expect_error(post("/v1/completions", {{"prompt", "x"}, {"best_of", 3}}, 400, key), "best_of");
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", "3"}}, 400, key),
                  "max_tokens");
     expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 51}}, 400, key),

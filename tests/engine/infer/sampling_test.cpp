@@ -91,14 +91,14 @@ TEST(Sampling, DrawFrequenciesMatchTheTruncatedDistribution) {
         const std::vector<int32_t> history = {3, 7, 7, 12};
         const std::vector<double> want = reference_distribution(logits, c.options, history);
         const std::vector<double> got =
-            sampling_distribution(logits.data(), 16, c.options, history);
+            sampling_distribution(logits.data(), 16, c.options, history, 0);
         for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
 
         const int draws = 200000;
         std::vector<int> counts(16, 0);
         Rng rng(seed + 1);
         for (int d = 0; d < draws; ++d)
-            ++counts[sample_token(logits.data(), 16, c.options, history, rng)];
+            ++counts[sample_token(logits.data(), 16, c.options, history, 0, rng)];
         for (size_t i = 0; i < want.size(); ++i) {
             const double freq = static_cast<double>(counts[i]) / draws;
             if (want[i] == 0.0) {
@@ -138,7 +138,7 @@ TEST(Sampling, VocabularySizedRowsGiveTheReferenceDistribution) {
             SCOPED_TRACE("V " + std::to_string(V) + ", temperature " +
                          std::to_string(o.temperature) + ", top-k " + std::to_string(o.top_k));
             const std::vector<double> want = reference_distribution(logits, o, {});
-            const std::vector<double> got = sampling_distribution(logits.data(), V, o, {});
+            const std::vector<double> got = sampling_distribution(logits.data(), V, o, {}, 0);
             for (int64_t i = 0; i < V; ++i) {
                 ASSERT_NEAR(got[i], want[i], 1e-13 * want[i] + 1e-300) << "token " << i;
             }
@@ -158,7 +158,7 @@ TEST(Sampling, DrawsOverAWholeVocabularyFollowTheDistribution) {
     const int draws = 200000;
     std::vector<int> counts(static_cast<size_t>(V), 0);
     Rng rng(seed + 1);
-    for (int d = 0; d < draws; ++d) ++counts[sample_token(logits.data(), V, o, {}, rng)];
+    for (int d = 0; d < draws; ++d) ++counts[sample_token(logits.data(), V, o, {}, 0, rng)];
     for (int64_t i = 0; i < V; ++i) {
         const double se = std::sqrt(want[i] * (1 - want[i]) / draws);
         EXPECT_NEAR(static_cast<double>(counts[i]) / draws, want[i], 5 * se + 1e-9)
@@ -170,7 +170,9 @@ TEST(Sampling, TruncationsKeepWhatTheyShould) {
     // Probabilities 0.4, 0.3, 0.2, 0.1 at temperature 1.
     const std::vector<float> logits = {std::log(0.1f), std::log(0.4f), std::log(0.2f),
                                        std::log(0.3f)};
-    auto dist = [&](SamplingOptions o) { return sampling_distribution(logits.data(), 4, o, {}); };
+    auto dist = [&](SamplingOptions o) {
+        return sampling_distribution(logits.data(), 4, o, {}, 0);
+    };
     SamplingOptions off{.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0};
     SamplingOptions o = off;
     o.top_k = 2;  // 0.4, 0.3 -> 4/7, 3/7
@@ -192,11 +194,52 @@ TEST(Sampling, TruncationsKeepWhatTheyShould) {
     EXPECT_NEAR(dist(o)[1], 4.0 / 7, 1e-6);
 }
 
+// OpenAI's adjustments: the bias added, then a token drawn c times loses frequency * c +
+// presence; tokens only in the prompt keep their logits.
+TEST(Sampling, LogitBiasAndFrequencyAndPresencePenaltiesCountOnlyDrawnTokens) {
+    const std::vector<float> logits = {1.0f, 0.5f, 0.2f, -0.3f};
+    SamplingOptions o{.repetition_penalty = 1.0,
+                      .temperature = 1.0,
+                      .top_k = 0,
+                      .top_p = 1.0,
+                      .min_p = 0.0,
+                      .frequency_penalty = 0.5,
+                      .presence_penalty = 0.25,
+                      .logit_bias = {{3, 1.5}}};
+    const std::vector<int32_t> history = {0, 0, 3, 1, 1, 2};  // a prompt of 3, then 3 drawn
+    const std::vector<double> p = sampling_distribution(logits.data(), 4, o, history, 3);
+    const std::vector<double> adjusted = {1.0, 0.5 - 0.5 * 2 - 0.25, 0.2 - 0.5 - 0.25, -0.3 + 1.5};
+    double z = 0;
+    for (double a : adjusted) z += std::exp(a);
+    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(p[i], std::exp(adjusted[i]) / z, 1e-7) << i;
+
+    SamplingOptions greedy = o;
+    greedy.temperature = 0.0;
+    Rng rng(test::fresh_seed());
+    EXPECT_EQ(sample_token(logits.data(), 4, greedy, history, 3, rng), 3);  // the bias wins
+    greedy.logit_bias.clear();
+    EXPECT_EQ(sample_token(logits.data(), 4, greedy, history, 3, rng), 0);
+    // Nothing drawn yet: no penalty, token 0 leads.
+    EXPECT_NEAR(sampling_distribution(logits.data(), 4, o, history, 0)[1],
+                std::exp(0.5) / (std::exp(1.0) + std::exp(0.5) + std::exp(0.2) + std::exp(1.2)),
+                1e-7);
+
+    SamplingOptions bad = o;
+    bad.frequency_penalty = 2.5;
+    EXPECT_THROW(validate(bad), UsageError);
+    bad = o;
+    bad.presence_penalty = -3;
+    EXPECT_THROW(validate(bad), UsageError);
+    bad = o;
+    bad.logit_bias = {{1, 101.0}};
+    EXPECT_THROW(validate(bad), UsageError);
+}
+
 TEST(Sampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
     const std::vector<float> logits = {2.0f, -1.0f, 0.5f};
     SamplingOptions o{
         .repetition_penalty = 2.0, .temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0};
-    const std::vector<double> p = sampling_distribution(logits.data(), 3, o, {0, 1, 1});
+    const std::vector<double> p = sampling_distribution(logits.data(), 3, o, {0, 1, 1}, 0);
     const double z = std::exp(1.0) + std::exp(-2.0) + std::exp(0.5);
     EXPECT_NEAR(p[0], std::exp(1.0) / z, 1e-12);
     EXPECT_NEAR(p[1], std::exp(-2.0) / z, 1e-12);
@@ -214,7 +257,7 @@ TEST(Sampling, DegenerateSettingsBehave) {
     Rng rng(seed);
     auto draws_only_best = [&](SamplingOptions o) {
         for (int i = 0; i < 200; ++i)
-            if (sample_token(logits.data(), V, o, {}, rng) != best) return false;
+            if (sample_token(logits.data(), V, o, {}, 0, rng) != best) return false;
         return true;
     };
     SamplingOptions o;
@@ -235,8 +278,8 @@ TEST(Sampling, DegenerateSettingsBehave) {
     SamplingOptions all{.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.0};
     SamplingOptions big = all;
     big.top_k = 1000;
-    EXPECT_EQ(sampling_distribution(logits.data(), V, all, {}),
-              sampling_distribution(logits.data(), V, big, {}));
+    EXPECT_EQ(sampling_distribution(logits.data(), V, all, {}, 0),
+              sampling_distribution(logits.data(), V, big, {}, 0));
 
     // Huge temperatures, huge logits and ties: finite, normalised distributions.
     std::vector<float> extreme(V, 0.0f);
@@ -247,20 +290,20 @@ TEST(Sampling, DegenerateSettingsBehave) {
          {SamplingOptions{.temperature = 1e30, .top_k = 0, .top_p = 1.0, .min_p = 0.0},
           SamplingOptions{.temperature = 1e-3, .top_k = 0, .top_p = 0.5, .min_p = 0.1},
           SamplingOptions{.repetition_penalty = 1e10, .temperature = 2.0}}) {
-        const std::vector<double> p = sampling_distribution(extreme.data(), V, s, {3, 4});
+        const std::vector<double> p = sampling_distribution(extreme.data(), V, s, {3, 4}, 0);
         double sum = 0.0;
         for (double x : p) {
             ASSERT_TRUE(std::isfinite(x));
             sum += x;
         }
         EXPECT_NEAR(sum, 1.0, 1e-12);
-        const int32_t t = sample_token(extreme.data(), V, s, {3, 4}, rng);
+        const int32_t t = sample_token(extreme.data(), V, s, {3, 4}, 0, rng);
         EXPECT_TRUE(t >= 0 && t < V);
     }
     // Greedy ties go to the lower id.
     SamplingOptions greedy;
     greedy.temperature = 0.0;
-    EXPECT_EQ(sample_token(extreme.data(), V, greedy, {}, rng), 3);
+    EXPECT_EQ(sample_token(extreme.data(), V, greedy, {}, 0, rng), 3);
 }
 
 TEST(Sampling, UsesOneRandomNumberPerDrawWhateverTheSettings) {
@@ -268,8 +311,8 @@ TEST(Sampling, UsesOneRandomNumberPerDrawWhateverTheSettings) {
     Rng a(5), b(5);
     SamplingOptions greedy;
     greedy.temperature = 0.0;
-    sample_token(logits.data(), 4, greedy, {}, a);
-    sample_token(logits.data(), 4, SamplingOptions{}, {}, b);
+    sample_token(logits.data(), 4, greedy, {}, 0, a);
+    sample_token(logits.data(), 4, SamplingOptions{}, {}, 0, b);
     EXPECT_EQ(a.next_u64(), b.next_u64());
 }
 
