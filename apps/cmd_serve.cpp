@@ -628,6 +628,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                 res.set_chunked_content_provider(
                     "text/event-stream",
                     [&srv, job, id, created, chat, want_logprobs = r.logprobs >= 0,
+                     stream_usage = r.stream_usage,
                      object = object + (chat ? ".chunk" : "")](size_t, httplib::DataSink& sink) {
                         auto send = [&](const json& j) {
                             const std::string line = "data: " + dump(j) + "\n\n";
@@ -679,11 +680,12 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                 all = job->all_done();
                             }
                             for (const json& ch : chunks) {
-                                const json body = {{"id", id},
-                                                   {"object", object},
-                                                   {"created", created},
-                                                   {"model", srv.model_name},
-                                                   {"choices", {ch}}};
+                                json body = {{"id", id},
+                                             {"object", object},
+                                             {"created", created},
+                                             {"model", srv.model_name},
+                                             {"choices", {ch}}};
+                                if (stream_usage) body["usage"] = nullptr;
                                 if (!send(body)) {  // the client left: free its slots
                                     srv.metrics.count_request("cancelled");
                                     srv.cancel(*job);
@@ -709,6 +711,15 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                                     send(failed->body());
                                 } else {
                                     srv.metrics.count_request(cancelled ? "cancelled" : "ok");
+                                    if (stream_usage && !cancelled) {
+                                        std::lock_guard<std::mutex> lock(job->mutex);
+                                        send({{"id", id},
+                                              {"object", object},
+                                              {"created", created},
+                                              {"model", srv.model_name},
+                                              {"choices", json::array()},
+                                              {"usage", srv.usage(*job)}});
+                                    }
                                 }
                                 if (cancelled && !failed)
                                     send(ApiError{500,

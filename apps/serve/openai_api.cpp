@@ -166,6 +166,16 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat,
         if (!j.at("stream").is_boolean()) bad("stream", "expected true or false");
         r.stream = j.at("stream").get<bool>();
     }
+    if (has("stream_options")) {
+        const json& so = j.at("stream_options");
+        if (!so.is_object()) bad("stream_options", "expected an object");
+        if (!r.stream) bad("stream_options", "only allowed when stream is true");
+        if (so.contains("include_usage") && !so.at("include_usage").is_null()) {
+            if (!so.at("include_usage").is_boolean())
+                bad("stream_options.include_usage", "expected true or false");
+            r.stream_usage = so.at("include_usage").get<bool>();
+        }
+    }
     if (!chat && has("echo")) {
         if (!j.at("echo").is_boolean()) bad("echo", "expected true or false");
         r.echo = j.at("echo").get<bool>();

@@ -51,6 +51,9 @@ struct CompletionRequest {
     std::vector<std::string> stop;
     int64_t n = 1;
     bool stream = false;
+    // stream_options.include_usage: every chunk has "usage": null, and a last chunk before
+    // [DONE] has no choices and the request's usage.
+    bool stream_usage = false;
     bool echo = false;
     bool ignore_eos = false;  // extension (as llama.cpp's server): generate max_tokens exactly
     // Log-probabilities of the drawn tokens: completions' `logprobs` N (0..5: the drawn token and

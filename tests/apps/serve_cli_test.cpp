@@ -184,6 +184,20 @@ TEST_F(ServeCli, CompletionsStreamingAndNotAgreeAndCountUsage) {
     }
     EXPECT_EQ(streamed, text);
     EXPECT_EQ(finish, "length");
+    // stream_options.include_usage: "usage": null on each chunk, then one with no choices and
+    // the request's usage.
+    json with_usage = req;
+    with_usage["stream_options"] = {{"include_usage", true}};
+    const std::vector<json> events = stream("/v1/completions", with_usage);
+    ASSERT_GE(events.size(), 2u);
+    for (size_t e = 0; e + 1 < events.size(); ++e) {
+        EXPECT_TRUE(events[e].contains("usage") && events[e]["usage"].is_null()) << e;
+        EXPECT_EQ(events[e]["choices"].size(), 1u);
+    }
+    EXPECT_EQ(events.back()["choices"], json::array());
+    EXPECT_EQ(events.back()["usage"], a["usage"]);
+    with_usage.erase("stream");
+    EXPECT_EQ(post("/v1/completions", with_usage, 400)["error"]["param"], "stream_options");
 
     // A stop string across token boundaries: the text ends before it, finish_reason stop.
     if (text.size() > 8) {
@@ -230,9 +244,9 @@ TEST_F(ServeCli, CompletionsStreamingAndNotAgreeAndCountUsage) {
         if (at == std::string::npos) return -1;
         return std::stod(m.substr(at + series.size() + 2));
     };
-    const int ok = text.size() > 8 ? 6 : 4;  // completions above, streamed or not
+    const int ok = text.size() > 8 ? 7 : 5;  // completions above, streamed or not
     EXPECT_EQ(value("tmx_requests_total{outcome=\"ok\"}"), ok) << m;
-    EXPECT_EQ(value("tmx_requests_total{outcome=\"client_error\"}"), 1) << m;
+    EXPECT_EQ(value("tmx_requests_total{outcome=\"client_error\"}"), 2) << m;
     EXPECT_EQ(value("tmx_slots"), 2) << m;
     EXPECT_LE(value("tmx_active_slots"), 2) << m;  // updated after the engine's step
     EXPECT_GE(value("tmx_completion_tokens_total"), 60 + 20) << m;

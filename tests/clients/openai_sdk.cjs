@@ -25,6 +25,11 @@ async function main() {
   for await (const chunk of await client.completions.create({ ...request, stream: true }))
     streamed += chunk.choices[0].text;
   assert.equal(streamed, c.choices[0].text);
+  let usage = null;
+  for await (const chunk of await client.completions.create(
+    { ...request, stream: true, stream_options: { include_usage: true } }))
+    if (chunk.usage) usage = chunk.usage;
+  assert.deepEqual(usage, c.usage);
 
   const chatRequest = { model, messages: [{ role: 'user', content: 'tell me of the fox' }],
                         max_tokens: 8, seed: 4 };
