@@ -120,6 +120,18 @@ struct Job {
     }
 };
 
+// An ApiError naming `param[t]` when ids[t] is outside the tokenizer's vocabulary (ids come from
+// a client; decoding one outside it would throw).
+void check_in_vocabulary(const Tokenizer& tok, const std::vector<int32_t>& ids,
+                         const std::string& param) {
+    for (size_t t = 0; t < ids.size(); ++t)
+        if (ids[t] < 0 || ids[t] >= tok.vocab_size())
+            throw ApiError{400,
+                           "token " + std::to_string(ids[t]) + " is outside the vocabulary (" +
+                               std::to_string(tok.vocab_size()) + " tokens)",
+                           param + "[" + std::to_string(t) + "]", "", "invalid_request_error"};
+}
+
 // A token as text: its piece with the SentencePiece space marker as a space, a byte piece as
 // its byte.
 std::string token_text(const Tokenizer& tok, int32_t id) {
@@ -180,17 +192,9 @@ struct Server {
         if (!r.prompt_tokens.empty()) {
             for (size_t p = 0; p < r.prompt_tokens.size(); ++p) {
                 const std::vector<int32_t>& ids = r.prompt_tokens[p];
-                for (size_t t = 0; t < ids.size(); ++t)
-                    if (ids[t] >= tokenizer.vocab_size())
-                        throw ApiError{
-                            400,
-                            "token " + std::to_string(ids[t]) + " is outside the vocabulary (" +
-                                std::to_string(tokenizer.vocab_size()) + " tokens)",
-                            "prompt" +
-                                (r.prompt_tokens.size() > 1 ? "[" + std::to_string(p) + "]"
-                                                            : std::string()) +
-                                "[" + std::to_string(t) + "]",
-                            "", "invalid_request_error"};
+                check_in_vocabulary(
+                    tokenizer, ids,
+                    r.prompt_tokens.size() > 1 ? "prompt[" + std::to_string(p) + "]" : "prompt");
                 out.push_back({ids, tokenizer.decode(ids), 0});
             }
             return out;
@@ -523,13 +527,15 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             static_cast<time_t>(std::clamp(std::ceil(o->timeout), 1.0, 5.0)));
         http.set_tcp_nodelay(true);  // SSE pieces are small: never wait for Nagle's 40 ms
         http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-            if (req.path.rfind("/v1/", 0) == 0 && !srv.api_key.empty() &&
+            const bool api = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" ||
+                             req.path == "/detokenize";
+            if (api && !srv.api_key.empty() &&
                 req.get_header_value("Authorization") != "Bearer " + srv.api_key) {
                 send_error(res, {401, "a valid API key is required (Authorization: Bearer KEY)", "",
                                  "invalid_api_key", "invalid_request_error"});
                 return httplib::Server::HandlerResponse::Handled;
             }
-            if (srv.draining && req.path.rfind("/v1/", 0) == 0) {
+            if (srv.draining && api) {
                 send_error(
                     res, {503, "the server is shutting down", "", "shutting_down", "server_error"});
                 return httplib::Server::HandlerResponse::Handled;
@@ -560,6 +566,28 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             const ServeLoop::Stats st = loop.stats();
             res.set_content(srv.metrics.render(st.running, st.waiting, st.slots),
                             "text/plain; version=0.0.4");
+        });
+        http.Post("/tokenize", [&](const httplib::Request& req, httplib::Response& res) {
+            try {
+                const serve::TokenizeRequest r = serve::parse_tokenize_request(req.body);
+                std::vector<int32_t> ids;
+                if (r.add_special_tokens) ids.push_back(tokenizer.bos_id());
+                const std::vector<int32_t> body = tokenizer.encode(r.prompt);
+                ids.insert(ids.end(), body.begin(), body.end());
+                res.set_content(json{{"tokens", ids}, {"count", ids.size()}}.dump(),
+                                "application/json");
+            } catch (const ApiError& e) {
+                send_error(res, e);
+            }
+        });
+        http.Post("/detokenize", [&](const httplib::Request& req, httplib::Response& res) {
+            try {
+                const std::vector<int32_t> ids = serve::parse_detokenize_request(req.body);
+                check_in_vocabulary(tokenizer, ids, "tokens");
+                res.set_content(dump(json{{"prompt", tokenizer.decode(ids)}}), "application/json");
+            } catch (const ApiError& e) {
+                send_error(res, e);
+            }
         });
         http.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
             json m = {{"id", srv.model_name},

@@ -67,10 +67,8 @@ std::vector<std::string> strings(const json& v, const std::string& param, size_t
     return out;
 }
 
-}  // namespace
-
-CompletionRequest parse_completion_request(const std::string& body, bool chat,
-                                           const ApiLimits& limits) {
+// The body as a JSON object.
+json parse_object(const std::string& body) {
     json j;
     try {
         j = json::parse(body);
@@ -78,6 +76,34 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat,
         bad("", std::string("the body is not valid JSON: ") + e.what());
     }
     if (!j.is_object()) bad("", "the body must be a JSON object");
+    return j;
+}
+
+}  // namespace
+
+TokenizeRequest parse_tokenize_request(const std::string& body) {
+    const json j = parse_object(body);
+    if (!j.contains("prompt")) bad("prompt", "required");
+    TokenizeRequest r;
+    r.prompt = text(j.at("prompt"), "prompt");
+    if (j.contains("add_special_tokens") && !j.at("add_special_tokens").is_null()) {
+        if (!j.at("add_special_tokens").is_boolean())
+            bad("add_special_tokens", "expected true or false");
+        r.add_special_tokens = j.at("add_special_tokens").get<bool>();
+    }
+    return r;
+}
+
+std::vector<int32_t> parse_detokenize_request(const std::string& body) {
+    const json j = parse_object(body);
+    if (!j.contains("tokens")) bad("tokens", "required");
+    if (j.at("tokens").is_array() && j.at("tokens").empty()) return {};
+    return token_ids(j.at("tokens"), "tokens");
+}
+
+CompletionRequest parse_completion_request(const std::string& body, bool chat,
+                                           const ApiLimits& limits) {
+    const json j = parse_object(body);
     CompletionRequest r;
     r.chat = chat;
     auto has = [&](const char* k) { return j.contains(k) && !j.at(k).is_null(); };

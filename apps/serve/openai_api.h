@@ -80,6 +80,16 @@ nlohmann::json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat)
 CompletionRequest parse_completion_request(const std::string& body, bool chat,
                                            const ApiLimits& limits);
 
+// POST /tokenize (as vLLM's server has it): {"prompt": text, "add_special_tokens": true by
+// default, which puts the BOS first as a completion's string prompt gets it}.
+struct TokenizeRequest {
+    std::string prompt;
+    bool add_special_tokens = true;
+};
+TokenizeRequest parse_tokenize_request(const std::string& body);
+// POST /detokenize: {"tokens": [ids]}; the vocabulary is checked where the model is known.
+std::vector<int32_t> parse_detokenize_request(const std::string& body);
+
 // The default chat template: one line "role: content" per message, then "assistant:", for
 // models that were not chat-tuned (tmx's are not). A --chat-template file replaces it: its text
 // with {{messages}} replaced by those lines.

@@ -429,6 +429,30 @@ TEST_F(ServeCli, LogitBiasAndPenaltiesShapeTheAnswer) {
     EXPECT_TRUE(two.count(*one.begin())) << two_tokens.dump();
 }
 
+// /tokenize and /detokenize (as vLLM's server has them): the ids a string prompt is given
+// (the BOS first by default), which as a prompt of ids give the same answer as the string.
+TEST_F(ServeCli, TokenizeGivesTheIdsAStringPromptRunsOn) {
+    ASSERT_GT(start(), 0);
+    const std::string text = "the little fox ran";
+    const json with_bos = post("/tokenize", {{"prompt", text}});
+    const json bare = post("/tokenize", {{"prompt", text}, {"add_special_tokens", false}});
+    ASSERT_EQ(with_bos["tokens"].size(), bare["tokens"].size() + 1) << with_bos.dump();
+    EXPECT_EQ(with_bos["count"], with_bos["tokens"].size());
+    EXPECT_EQ(json(std::vector<json>(with_bos["tokens"].begin() + 1, with_bos["tokens"].end())),
+              bare["tokens"]);
+    EXPECT_EQ(post("/detokenize", {{"tokens", with_bos["tokens"]}})["prompt"], text);
+    EXPECT_EQ(post("/detokenize", {{"tokens", json::array()}})["prompt"], "");
+    const json by_text =
+        post("/v1/completions",
+             {{"prompt", text}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}});
+    const json by_ids = post("/v1/completions", {{"prompt", with_bos["tokens"]},
+                                                 {"max_tokens", 8},
+                                                 {"temperature", 0},
+                                                 {"ignore_eos", true}});
+    EXPECT_EQ(by_ids["choices"][0]["text"], by_text["choices"][0]["text"]);
+    EXPECT_EQ(by_ids["usage"], by_text["usage"]);
+}
+
 TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
     ASSERT_GT(start(), 0);
     const json req = {{"messages",
@@ -531,6 +555,10 @@ TEST_F(ServeCli, BadRequestsGetTheErrorObjectNamingTheField) {
         EXPECT_TRUE(e["error"].contains("code"));
     };
     expect_error(post("/v1/completions", {{"prompt", "x"}}, 401), "");
+    expect_error(post("/tokenize", {{"prompt", "x"}}, 401), "");
+    expect_error(post("/tokenize", json::object(), 400, key), "prompt");
+    expect_error(post("/detokenize", {{"tokens", {1, 300}}}, 400, key), "tokens[1]");
+    expect_error(post("/detokenize", {{"tokens", "1"}}, 400, key), "tokens");
     expect_error(
         post("/v1/completions", {{"prompt", "x"}}, 401, {{"Authorization", "Bearer wrong"}}), "");
     auto c = client();

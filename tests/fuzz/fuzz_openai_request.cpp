@@ -1,11 +1,23 @@
 // libFuzzer target: the server's request reader (apps/serve/openai_api.h) on arbitrary bodies,
-// as /v1/completions and as /v1/chat/completions. Anything wrong must be an ApiError with a 4xx
-// status; what it accepts must be within the limits, and a chat request must render.
+// as /v1/completions, /v1/chat/completions, /tokenize and /detokenize. Anything wrong must be an
+// ApiError with a 4xx status; what it accepts must be within the limits, and a chat request must
+// render.
 #include <cstdint>
 #include <string>
 
 #include "apps/serve/openai_api.h"
 #include "tests/fuzz/fuzz_util.h"
+
+namespace {
+
+void refused(const tmx::serve::ApiError& e) {
+    using tmx::fuzz::require;
+    require(e.status >= 400 && e.status < 500, "a refused request is a 4xx");
+    require(!e.message.empty(), "a refused request says why");
+    (void)e.body().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using tmx::fuzz::require;
@@ -21,12 +33,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             require(chat ? !r.messages.empty() : !r.prompts.empty() || !r.prompt_tokens.empty(),
                     "something to continue");
             if (chat) (void)tmx::serve::render_chat(r.messages, "{{messages}}\n");
-            (void)r.sampling;
+            require(r.sampling.frequency_penalty >= -2 && r.sampling.frequency_penalty <= 2 &&
+                        r.sampling.presence_penalty >= -2 && r.sampling.presence_penalty <= 2,
+                    "penalties in range");
+            for (const auto& [id, bias] : r.sampling.logit_bias)
+                require(id >= 0 && bias >= -100 && bias <= 100, "logit_bias in range");
+            for (const auto& ids : r.prompt_tokens)
+                for (int32_t id : ids) require(id >= 0, "token ids are not negative");
         } catch (const tmx::serve::ApiError& e) {
-            require(e.status >= 400 && e.status < 500, "a refused request is a 4xx");
-            require(!e.message.empty(), "a refused request says why");
-            (void)e.body().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+            refused(e);
         }
+    }
+    try {
+        (void)tmx::serve::parse_tokenize_request(body);
+    } catch (const tmx::serve::ApiError& e) {
+        refused(e);
+    }
+    try {
+        for (int32_t id : tmx::serve::parse_detokenize_request(body))
+            require(id >= 0, "token ids are not negative");
+    } catch (const tmx::serve::ApiError& e) {
+        refused(e);
     }
     return 0;
 }
