@@ -453,6 +453,28 @@ TEST_F(ServeCli, TokenizeGivesTheIdsAStringPromptRunsOn) {
     EXPECT_EQ(by_ids["usage"], by_text["usage"]);
 }
 
+// A prompt scored through the server (echo, logprobs, no new token) has the mean loss `tmx
+// eval` gives the same ids: 30 tokens, past the attention window of 8, prefilled in chunks
+// through the rolling buffer by one and computed whole by the other.
+TEST_F(ServeCli, ScoringAPromptAgreesWithTmxEval) {
+    ASSERT_GT(start("--weights f32"), 0);
+    Rng rng(test::fresh_seed());
+    const std::vector<int32_t> ids = test::random_ints(rng, 30, 3, 300);
+    std::string list;
+    for (int32_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+    const auto eval =
+        test::run_tmx("eval --model " + *dir_ / "ckpt" + " --tokens " + list + " --json");
+    ASSERT_EQ(eval.exit_code, 0) << eval.err;
+    const double loss = json::parse(eval.out)["loss"];
+    const json scored = post("/v1/completions",
+                             {{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+    const json& lps = scored["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(lps.size(), 30u) << scored.dump();
+    double sum = 0;
+    for (size_t t = 1; t < lps.size(); ++t) sum -= lps[t].get<double>();
+    EXPECT_NEAR(sum / 29, loss, 1e-5 * loss);
+}
+
 TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
     ASSERT_GT(start(), 0);
     const json req = {{"messages",
