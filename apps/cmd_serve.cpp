@@ -120,16 +120,21 @@ struct Job {
     }
 };
 
-// An ApiError naming `param[t]` when ids[t] is outside the tokenizer's vocabulary (ids come from
-// a client; decoding one outside it would throw).
+// The 400 for a client's token id outside the tokenizer's vocabulary, naming `param`.
+ApiError outside_vocabulary(const Tokenizer& tok, int32_t id, const std::string& param) {
+    return {400,
+            "token " + std::to_string(id) + " is outside the vocabulary (" +
+                std::to_string(tok.vocab_size()) + " tokens)",
+            param, "", "invalid_request_error"};
+}
+
+// Throws outside_vocabulary naming `param[t]` for the first such ids[t] (ids come from a client;
+// decoding one outside the vocabulary would throw).
 void check_in_vocabulary(const Tokenizer& tok, const std::vector<int32_t>& ids,
                          const std::string& param) {
     for (size_t t = 0; t < ids.size(); ++t)
         if (ids[t] < 0 || ids[t] >= tok.vocab_size())
-            throw ApiError{400,
-                           "token " + std::to_string(ids[t]) + " is outside the vocabulary (" +
-                               std::to_string(tok.vocab_size()) + " tokens)",
-                           param + "[" + std::to_string(t) + "]", "", "invalid_request_error"};
+            throw outside_vocabulary(tok, ids[t], param + "[" + std::to_string(t) + "]");
 }
 
 // A token as text: its piece with the SentencePiece space marker as a space, a byte piece as
@@ -151,6 +156,8 @@ serve::TokenLogprob token_logprob(const Tokenizer& tok, int32_t token,
     for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
     const double log_z = max + std::log(sum);
     serve::TokenLogprob out{token_text(tok, token), logits[static_cast<size_t>(token)] - log_z, {}};
+    // No alternatives asked for (logprobs 0, often when scoring every prompt token): no sort.
+    if (top <= 0) return out;
     std::vector<int32_t> ids(logits.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
     const size_t k = std::min(static_cast<size_t>(top), ids.size());
@@ -234,10 +241,7 @@ struct Server {
         auto job = std::make_shared<Job>();
         for (const auto& [id, bias] : r.sampling.logit_bias)
             if (id >= tokenizer.vocab_size())
-                throw ApiError{400,
-                               "token " + std::to_string(id) + " is outside the vocabulary (" +
-                                   std::to_string(tokenizer.vocab_size()) + " tokens)",
-                               "logit_bias." + std::to_string(id), "", "invalid_request_error"};
+                throw outside_vocabulary(tokenizer, id, "logit_bias." + std::to_string(id));
         const std::vector<Prompt> prompts = read_prompts(r);
         // echo with logprobs scores the prompt too: every prompt token's log-probability.
         const bool score_prompt = !r.chat && r.echo && r.logprobs >= 0;

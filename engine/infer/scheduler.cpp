@@ -170,12 +170,12 @@ void Scheduler::prefill_chunk(size_t slot) {
     if (s.request.on_prompt_logits)
         every_position = [&](int64_t first_row, const Tensor& block) {
             const int64_t vocab = model_.config().vocab_size;
-            std::vector<float> host(static_cast<size_t>(block.numel()));
-            model_.backend().download(block, host.data());
+            prompt_logits_.resize(static_cast<size_t>(block.numel()));
+            model_.backend().download(block, prompt_logits_.data());
             for (int64_t r = 0; r < block.dim(0); ++r)
-                s.request.on_prompt_logits(
-                    static_cast<int64_t>(start) + first_row + r,
-                    std::span<const float>(host.data() + r * vocab, static_cast<size_t>(vocab)));
+                s.request.on_prompt_logits(static_cast<int64_t>(start) + first_row + r,
+                                           std::span<const float>(prompt_logits_.data() + r * vocab,
+                                                                  static_cast<size_t>(vocab)));
         };
     Tensor last =
         model_.forward_cached(piece, 1, static_cast<int64_t>(n), {static_cast<int32_t>(start)},

@@ -140,6 +140,7 @@ class Scheduler {
     std::deque<std::unique_ptr<Sequence>> queue_;
     std::vector<Id> cancelled_;
     std::vector<float> logits_;
+    std::vector<float> prompt_logits_;  // a block of a scored prompt's logits, reused
     Id next_id_ = 1;
 };
 
