@@ -1,6 +1,7 @@
 // Vulkan instance, device listing and selection, logical device.
 #include "backends/vulkan/vulkan_context.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -188,6 +189,12 @@ DeviceInfo describe(VkPhysicalDevice dev, uint32_t index) {
     info.shared_memory_bytes = p.limits.maxComputeSharedMemorySize;
     info.max_workgroup_invocations = p.limits.maxComputeWorkGroupInvocations;
     info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
+    info.max_workgroup_size_x = p.limits.maxComputeWorkGroupSize[0];
+    info.vendor_id = p.vendorID;
+    info.device_id = p.deviceID;
+    info.driver_version = p.driverVersion;
+    std::copy(std::begin(p.pipelineCacheUUID), std::end(p.pipelineCacheUUID),
+              info.pipeline_cache_uuid.begin());
 
     VkPhysicalDeviceMaintenance3Properties m3{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};

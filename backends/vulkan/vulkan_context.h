@@ -13,6 +13,7 @@
 
 #include <vulkan/vulkan.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,6 +32,9 @@ struct VulkanOptions {
     int device = -1;          // index into list_vulkan_devices(); -1: TMX_VULKAN_DEVICE or default
     bool validation = false;  // VK_LAYER_KHRONOS_validation (also TMX_VULKAN_VALIDATION=1)
     std::optional<bool> fp16_weights;  // unset: TMX_VULKAN_FP16 or the device's default
+    // The matmul shapes' tuning (vulkan_tuning.h): "off", or a tuning file; unset:
+    // TMX_VULKAN_TUNING, else the device's file in tmx's cache directory if there is one.
+    std::optional<std::string> tuning;
 };
 
 // What `tmx devices` shows, and what the backend uses to pick pipelines.
@@ -49,6 +53,12 @@ struct DeviceInfo {
     bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
     uint64_t max_storage_buffer_range = 0;
     uint64_t max_allocation_bytes = 0;
+    uint32_t max_workgroup_size_x = 0;
+    // What tuned shapes and the on-disk pipeline cache are keyed by (vulkan_tuning.h): the
+    // PCI vendor and device ids, the driver's own version number and its pipeline-cache UUID
+    // (which a driver changes whenever its compiled pipelines would differ).
+    uint32_t vendor_id = 0, device_id = 0, driver_version = 0;
+    std::array<uint8_t, VK_UUID_SIZE> pipeline_cache_uuid{};
 };
 
 // Every physical device the loader reports. Throws tmx::Error when Vulkan is unavailable.
