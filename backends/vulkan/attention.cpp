@@ -14,10 +14,9 @@
 namespace tmx {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;       // attention.comp's MAX_HEAD_DIM
-constexpr int64_t kTiledMaxHeadDim = 128;  // attention_tiled.comp's MAX_HEAD_DIM
-constexpr int64_t kSplitMaxGroup = 16;     // attention_split.comp's MAX_GROUP
-constexpr int64_t kSplitGroupDim = 2048;   // attention_split.comp's MAX_GROUP_DIM
+constexpr int64_t kMaxHeadDim = 256;      // attention.comp's MAX_HEAD_DIM
+constexpr int64_t kSplitMaxGroup = 16;    // attention_split.comp's MAX_GROUP
+constexpr int64_t kSplitGroupDim = 2048;  // attention_split.comp's MAX_GROUP_DIM
 // attention_backward.comp (the query side) and attention_backward_kv.comp (the key side):
 // their MAX_HEAD_DIM, and the workgroup size and keys (or query-head pairs) per chunk.
 constexpr int64_t kBackwardMaxHeadDim = 256;
@@ -99,17 +98,22 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
         return;
     }
 
-    // attention_tiled.comp's shared arrays, with their padded rows.
-    const uint64_t tile_lanes = tu.attention_tile_wg / tu.attention_tile_q;
-    const uint64_t tile_shared =
-        ((tu.attention_tile_q + tu.attention_tile_k) * (kTiledMaxHeadDim + 1) +
-         2 * tu.attention_tile_q * (tu.attention_tile_k + tile_lanes)) *
-        4;
-    if (T >= tu.attention_tile_min_t && hd <= kTiledMaxHeadDim && tile_shared <= shared_limit) {
-        run("attention_tiled", {tu.attention_tile_wg, tu.attention_tile_q, tu.attention_tile_k},
+    if (T >= tu.attention_tile_min_t && hd <= vk::kAttentionTiledMaxHeadDim) {
+        // Every candidate fits the device's shared memory (vulkan_tuning.h).
+        const int64_t span = std::min<int64_t>(window, std::numeric_limits<int32_t>::max());
+        const vk::Variant shape =
+            choose(vk::Kernel::AttentionTiled, T, hd, span, static_cast<uint32_t>(H),
+                   {.op = TunableCall::Op::Attention,
+                    .rows = T,
+                    .n = hd,
+                    .k = span,
+                    .heads = H,
+                    .kv_heads = Hkv});
+        const uint32_t bq = shape.spec[1];
+        run("attention_tiled", shape.spec,
             {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,
-            static_cast<uint32_t>((T + tu.attention_tile_q - 1) / tu.attention_tile_q),
-            static_cast<uint32_t>(H), static_cast<uint32_t>(B));
+            static_cast<uint32_t>((T + bq - 1) / bq), static_cast<uint32_t>(H),
+            static_cast<uint32_t>(B));
         return;
     }
 

@@ -46,13 +46,13 @@ VulkanBackend::WeightBinding VulkanBackend::stored_weight(const Tensor& w,
                                    " weights");
     }
     const vk::Binding b = in(w);
-    return {b, static_cast<uint32_t>(b.range.offset % 4)};
+    return {b, static_cast<uint32_t>(b.range.offset % 4), true};
 }
 
 VulkanBackend::WeightBinding VulkanBackend::weight(const Tensor& w, std::string& shader) {
     if (!fp16_weights() || w.dtype() != DType::F32) return stored_weight(w, shader);
     shader += "_f16w";
-    if (w.numel() == 0) return {in(w)};  // nothing is read
+    if (w.numel() == 0) return {in(w), 0, true};  // nothing is read
     const vk::Fp16Weights::Copy copy = fp16_->get(range(w), static_cast<size_t>(w.numel()));
     if (copy.fresh) {
         const uint64_t words = static_cast<uint64_t>(w.numel() + 1) / 2;
@@ -62,7 +62,7 @@ VulkanBackend::WeightBinding VulkanBackend::weight(const Tensor& w, std::string&
         auto [gx, gy] = grid(words, tuning_.elementwise_wg);
         run("to_fp16", {tuning_.elementwise_wg}, {in(w), {copy.range, true}}, push, gx, gy);
     }
-    return {{copy.range, false}};
+    return {{copy.range, false}, 0, true};
 }
 
 void VulkanBackend::matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out_t,
@@ -98,25 +98,30 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         bias.defined() ? 1u : 0u,
         opts.accumulate ? 1u : 0u,
         b_read.byte_adjust};
+    const uint32_t layout = (opts.trans_a ? 1u : 0u) | (opts.trans_b ? 2u : 0u);
+    const TunableCall call{.op = b_is_weight ? TunableCall::Op::Linear : TunableCall::Op::Matmul,
+                           .rows = M,
+                           .n = N,
+                           .k = K,
+                           .trans_a = opts.trans_a,
+                           .trans_b = opts.trans_b,
+                           .weight = b.dtype(),
+                           .reduced_weights = b_read.reduced};
 
     if (gemv) {
         struct {
             decltype(p) base;
             uint32_t dot_mode;
         } pg{p, opts.trans_b ? 1u : 0u};
-        const uint64_t groups =
-            opts.trans_b ? ceil_div(N, tuning_.gemv_rows) : ceil_div(N, tuning_.gemv_wg);
+        const vk::Variant v = choose(vk::Kernel::MatmulGemv, M, N, K, layout, call);
+        const uint32_t wg = v.spec[0], rows = v.spec[1];
+        const uint64_t groups = opts.trans_b ? ceil_div(N, rows) : ceil_div(N, wg);
         auto [gx, gy] = grid(groups, 1);
-        run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, pg, gx, gy,
-            ceil_div(M, kGemvRowsPerGroup));
+        run(shader, v.spec, bindings, pg, gx, gy, ceil_div(M, kGemvRowsPerGroup));
         return;
     }
-    // Large tiles only when there are enough of them to occupy a big GPU.
-    const Tuning::Tile& t = M >= 256 && N >= 256           ? tuning_.large
-                            : M <= tuning_.skinny_max_rows ? tuning_.skinny
-                                                           : tuning_.small;
-    run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(N, t.bn),
-        ceil_div(M, t.bm));
+    const vk::Variant t = choose(vk::Kernel::Matmul, M, N, K, layout, call);
+    run(shader, t.spec, bindings, p, ceil_div(N, t.spec[2]), ceil_div(M, t.spec[1]));
 }
 
 void VulkanBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {
@@ -142,19 +147,25 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
         uint32_t E, Nout, K, has_bias, w_adjust;
     } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
         bias.defined() ? 1u : 0u, w_read.byte_adjust};
+    const TunableCall call{.op = TunableCall::Op::GroupedMatmul,
+                           .rows = S,
+                           .n = Nout,
+                           .k = K,
+                           .experts = E,
+                           .weight = w.dtype(),
+                           .reduced_weights = w_read.reduced};
+    const uint32_t experts = static_cast<uint32_t>(E);
     if (gemv) {
+        const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, S, Nout, K, experts, call);
         // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at
         // most ceil(S / 4) plus one per expert (the shader's extra rows leave at once).
         const int64_t runs = std::min(S, (S + kGemvRowsPerGroup - 1) / kGemvRowsPerGroup + E);
-        run(shader, {tuning_.gemv_wg, tuning_.gemv_rows}, bindings, p,
-            ceil_div(Nout, tuning_.gemv_rows), static_cast<uint32_t>(runs));
+        run(shader, v.spec, bindings, p, ceil_div(Nout, v.spec[1]), static_cast<uint32_t>(runs));
         return;
     }
-    // Expert slabs are short (each is cut into its own tiles): small tiles waste less.
-    const Tuning::Tile& t =
-        S <= E * int64_t{tuning_.skinny_max_rows} ? tuning_.skinny : tuning_.small;
-    run(shader, {t.wg, t.bm, t.bn, t.bk, t.tm, t.tn}, bindings, p, ceil_div(Nout, t.bn),
-        ceil_div(S, t.bm) + static_cast<uint32_t>(E));
+    const vk::Variant t = choose(vk::Kernel::GroupedMatmul, S, Nout, K, experts, call);
+    run(shader, t.spec, bindings, p, ceil_div(Nout, t.spec[2]),
+        ceil_div(S, t.spec[1]) + static_cast<uint32_t>(E));
 }
 
 void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,
@@ -171,16 +182,19 @@ void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& 
         struct {
             uint32_t E, Nout, K;
         } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K)};
-        const Tuning::Tile& tx =
-            S <= E * int64_t{tuning_.skinny_max_rows} ? tuning_.skinny : tuning_.small;
-        run("grouped_matmul_backward_dx", {tx.wg, tx.bm, tx.bn, tx.bk, tx.tm, tx.tn},
-            {in(d_out), in(w), in(offsets), inout(d_x)}, p, ceil_div(K, tx.bn),
-            ceil_div(S, tx.bm) + static_cast<uint32_t>(E));
+        const TunableCall call{.op = TunableCall::Op::GroupedMatmulBackward,
+                               .rows = S,
+                               .n = Nout,
+                               .k = K,
+                               .experts = E};
+        const uint32_t experts = static_cast<uint32_t>(E);
+        const vk::Variant tx = choose(vk::Kernel::GroupedMatmulDx, S, K, Nout, experts, call);
+        run("grouped_matmul_backward_dx", tx.spec, {in(d_out), in(w), in(offsets), inout(d_x)}, p,
+            ceil_div(K, tx.spec[2]), ceil_div(S, tx.spec[1]) + experts);
         // d_w[e] [Nout, K] += d_out[e's slots]^T . x[e's slots]: a grid of tiles per expert.
-        const Tuning::Tile& tw = Nout >= 256 && K >= 256 ? tuning_.large : tuning_.small;
-        run("grouped_matmul_backward_dw", {tw.wg, tw.bm, tw.bn, tw.bk, tw.tm, tw.tn},
-            {in(d_out), in(x), in(offsets), inout(d_w)}, p, ceil_div(K, tw.bn),
-            ceil_div(Nout, tw.bm), static_cast<uint32_t>(E));
+        const vk::Variant tw = choose(vk::Kernel::GroupedMatmulDw, S, Nout, K, experts, call);
+        run("grouped_matmul_backward_dw", tw.spec, {in(d_out), in(x), in(offsets), inout(d_w)}, p,
+            ceil_div(K, tw.spec[2]), ceil_div(Nout, tw.spec[1]), experts);
     }
     if (d_bias.defined()) {
         // d_bias[e, n] += column sums of d_out over e's slots, one invocation per (e, n).

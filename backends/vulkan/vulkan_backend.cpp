@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -76,25 +77,34 @@ std::unique_ptr<Backend> make_vulkan_backend(const vk::VulkanOptions& options) {
     return std::make_unique<VulkanBackend>(options);
 }
 
+namespace {
+
+// The device's pipeline cache file, or "" where there is no cache directory.
+std::string pipeline_cache_file(const vk::DeviceInfo& d) {
+    try {
+        return vk::pipeline_cache_path(d);
+    } catch (const Error&) {
+        return "";
+    }
+}
+
+}  // namespace
+
 VulkanBackend::VulkanBackend(const vk::VulkanOptions& options)
     : ctx_(std::make_shared<vk::Context>(options)),
       allocator_(std::make_shared<vk::Allocator>(ctx_)),
       fp16_(ctx_->fp16_weights() ? std::make_shared<vk::Fp16Weights>(allocator_) : nullptr),
-      pipelines_(std::make_unique<vk::Pipelines>(ctx_)),
-      stream_(std::make_unique<vk::Stream>(ctx_, allocator_)) {
+      pipelines_(std::make_unique<vk::Pipelines>(ctx_, pipeline_cache_file(ctx_->info()))),
+      stream_(std::make_unique<vk::Stream>(ctx_, allocator_)),
+      table_(ctx_->info()) {
     if (fp16_) stream_->on_write([c = fp16_.get()](const vk::BufferRange& r) { c->invalidate(r); });
     // Every device has 128 invocations and 16 KiB of shared memory per workgroup; most have
     // more, which the defaults assume.
     const vk::DeviceInfo& d = ctx_->info();
-    if (d.max_workgroup_invocations < 256) {
-        tuning_.elementwise_wg = tuning_.group_wg = 128;
-        tuning_.large = {128, 128, 128, 16, 8, 16};
-        tuning_.small = {128, 64, 64, 16, 4, 8};
-    }
-    auto shared_bytes = [](const Tuning::Tile& t) {
-        return (t.bk * (t.bm + 1) + t.bk * t.bn) * 4u;
-    };
-    if (shared_bytes(tuning_.large) > d.shared_memory_bytes) tuning_.large = tuning_.small;
+    if (d.max_workgroup_invocations < 256) tuning_.elementwise_wg = tuning_.group_wg = 128;
+    load_tuning(options);
+    if (const char* force = std::getenv("TMX_VULKAN_FORCE_VARIANT"); force && *force)
+        table_.force_from_list(force);
     dummy_ = alloc({4});
 }
 
@@ -247,7 +257,8 @@ uint64_t VulkanBackend::memory_capacity() const {
 std::string VulkanBackend::description() const {
     const vk::DeviceInfo& d = ctx_->info();
     return "vulkan: " + d.name + " (device " + std::to_string(d.index) + "), " +
-           "f32 weights read as " + (fp16_weights() ? "fp16" : "fp32");
+           "f32 weights read as " + (fp16_weights() ? "fp16" : "fp32") + ", " +
+           (table_.tuned_shapes() > 0 ? "tuned" : "untuned");
 }
 
 void VulkanBackend::synchronize() {

@@ -23,14 +23,16 @@
 #include "backends/vulkan/vulkan_fp16.h"
 #include "backends/vulkan/vulkan_memory.h"
 #include "backends/vulkan/vulkan_pipelines.h"
+#include "backends/vulkan/vulkan_tuning.h"
 #include "engine/compute/backend.h"
+#include "engine/compute/kernel_tuning.h"
 
 namespace tmx {
 
 // Throws tmx::Error when Vulkan or the chosen device is unavailable.
 std::unique_ptr<Backend> make_vulkan_backend(const vk::VulkanOptions& options = {});
 
-class VulkanBackend final : public Backend {
+class VulkanBackend final : public Backend, public KernelTuning {
   public:
     explicit VulkanBackend(const vk::VulkanOptions& options = {});
     ~VulkanBackend() override;
@@ -46,8 +48,9 @@ class VulkanBackend final : public Backend {
     bool supports_weight_format(DType t) const override {
         return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::Q8_0;
     }
-    // "vulkan: <device name> (device N), f32 weights read as fp32 | fp16" (the latter through
-    // fp16 copies; weights stored in other formats are read as stored).
+    // "vulkan: <device name> (device N), f32 weights read as fp32 | fp16, tuned | untuned" (the
+    // fp16 through fp16 copies; weights stored in other formats are read as stored; tuned: a
+    // tuning file of `tmx tune` chooses the matmul shapes, vulkan_tuning.h).
     std::string description() const override;
     void synchronize() override;
     // Records the step into a secondary command buffer on its second run; from the third, the
@@ -75,27 +78,28 @@ class VulkanBackend final : public Backend {
         // Column sums (bias_backward, norm_backward's weights) and row scatters
         // (embedding_backward): one invocation per column, walking the rows in order.
         uint32_t column_wg = 64;
-        struct Tile {
-            uint32_t wg, bm, bn, bk, tm, tn;
-        };
-        Tile large{256, 128, 128, 16, 8, 8};
-        Tile small{256, 64, 64, 16, 4, 4};
-        // Few rows: short prompts, and each expert's slots in a prefill chunk (about 2T/E):
-        // 64-row tiles would be mostly padding. 128 invocations fit every device.
-        Tile skinny{128, 16, 64, 16, 2, 4};
-        uint32_t skinny_max_rows = 32;  // rows (dense) or mean slots per expert (grouped)
-        uint32_t gemv_wg = 64, gemv_rows = 4;
+        // The matmul kernels' shapes are chosen per call by the tuning table (vulkan_tuning.h).
         uint32_t attention_wg = 64, attention_chunk = 256;  // attention.comp, the fallback
         // Few queries (T <= split_max_t): each query's window in slices of at most split_keys
         // keys, a workgroup per slice, then a merge (attention_split.comp, _combine.comp).
         uint32_t attention_split_wg = 64, attention_split_keys = 64, attention_split_max_t = 4;
-        // Many queries (T >= tile_min_t, head_dim <= 128): tiles of tile_q queries walking the
-        // keys in tiles of tile_k (attention_tiled.comp; tile_wg a multiple of tile_q).
-        uint32_t attention_tile_wg = 64, attention_tile_q = 16, attention_tile_k = 32,
-                 attention_tile_min_t = 16;
+        // Many queries (T >= tile_min_t, head_dim <= 128): tiles of queries walking the keys in
+        // tiles (attention_tiled.comp), shaped by the tuning table (vulkan_tuning.h).
+        uint32_t attention_tile_min_t = 16;
         uint32_t group_wg = 256;  // moe_group, router_aux_loss: one workgroup in all
     };
     const Tuning& tuning() const { return tuning_; }
+
+    // ---- the matmul kernels' shapes (KernelTuning; vulkan_tuning.h)
+    void log_calls(std::vector<TunableCall>* log) override { call_log_ = log; }
+    std::vector<std::string> variants(const std::string& kernel) const override;
+    std::string default_variant(const TunableCall& call) const override;
+    void force_variant(const std::string& kernel, const std::string& variant) override;
+    std::string save_tuning(const std::vector<TunedChoice>& choices) override;
+    std::string tuning_path() const override;
+    const vk::TuningTable& tuning_table() const { return table_; }
+    // "tuned (N shapes, FILE)", "untuned", or "untuned (WHY)": a refused file, or tuning off.
+    const std::string& tuning_status() const { return tuning_status_; }
 
   protected:
     TMX_BACKEND_MEMORY_OP_OVERRIDES
@@ -121,6 +125,7 @@ class VulkanBackend final : public Backend {
     struct WeightBinding {
         vk::Binding binding;
         uint32_t byte_adjust = 0;
+        bool reduced = false;  // read in fewer than 32 bits (stored so, or an fp16 copy)
     };
     // The weight as stored; `shader` becomes the variant that reads its format.
     WeightBinding stored_weight(const Tensor& w, std::string& shader) const;
@@ -131,10 +136,23 @@ class VulkanBackend final : public Backend {
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                       const Tensor& bias, bool b_is_weight);
 
+    // The variant a tunable call runs with (the tuning table's choice), logged while call_log_
+    // is set. rows, n, k: the kernel's shape; layout as vk::ShapeKey's.
+    vk::Variant choose(vk::Kernel kernel, int64_t rows, int64_t n, int64_t k, uint32_t layout,
+                       TunableCall call);
+    // Loads the tuning file the options or the environment name (vulkan_tuning.h).
+    void load_tuning(const vk::VulkanOptions& options);
+
     // Records shader `shader` (specialization constants spec) over the bindings, with the
     // op's push constants (a struct of 4-byte fields) after the per-binding offsets.
     template <class Push>
     void run(const std::string& shader, std::initializer_list<uint32_t> spec,
+             std::initializer_list<vk::Binding> bindings, const Push& push, uint32_t gx,
+             uint32_t gy = 1, uint32_t gz = 1) {
+        run(shader, std::vector<uint32_t>(spec), bindings, push, gx, gy, gz);
+    }
+    template <class Push>
+    void run(const std::string& shader, const std::vector<uint32_t>& spec,
              std::initializer_list<vk::Binding> bindings, const Push& push, uint32_t gx,
              uint32_t gy = 1, uint32_t gz = 1) {
         static_assert(sizeof(Push) % 4 == 0);
@@ -177,6 +195,9 @@ class VulkanBackend final : public Backend {
     // Recordings may outlive the backend: they reach its stream only while this is set.
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     Tuning tuning_;
+    vk::TuningTable table_;
+    std::string tuning_status_ = "untuned";
+    std::vector<TunableCall>* call_log_ = nullptr;
     bool training_mode_ = false;
     Tensor dummy_;
     std::map<std::pair<double, int64_t>, Tensor> rope_tables_;

@@ -1,0 +1,525 @@
+// Tunable shader shapes: candidates, defaults, the tuning file and the table the backend
+// chooses from (vulkan_tuning.h).
+#include "backends/vulkan/vulkan_tuning.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "backends/vulkan/vulkan_shaders.h"
+#include "engine/core/errors.h"
+#include "engine/core/file_io.h"
+#include "engine/core/json_fields.h"
+#include "engine/core/sha256.h"
+
+namespace tmx::vk {
+namespace {
+
+constexpr const char* kNames[kKernelCount] = {"matmul",
+                                              "matmul_gemv",
+                                              "grouped_matmul",
+                                              "grouped_matmul_gemv",
+                                              "grouped_matmul_backward_dx",
+                                              "grouped_matmul_backward_dw",
+                                              "attention_tiled"};
+
+constexpr uint32_t kVendorNvidia = 0x10DE;
+
+// Tiled candidates {BM, BN, BK, TM, TN}; the workgroup is (BM/TM) * (BN/TN) invocations. From
+// big register blocks (high arithmetic intensity, few workgroups) to skinny tiles for few rows.
+constexpr std::array<std::array<uint32_t, 5>, 16> kTiles = {{
+    {128, 128, 16, 8, 8},
+    {128, 128, 16, 8, 16},
+    {128, 64, 16, 8, 4},
+    {64, 128, 16, 4, 8},
+    {64, 64, 16, 4, 4},
+    {64, 64, 16, 4, 8},
+    {64, 64, 32, 4, 4},
+    {64, 64, 8, 4, 4},
+    {64, 32, 16, 4, 2},
+    {32, 64, 16, 2, 4},
+    {32, 64, 16, 4, 4},
+    {32, 32, 16, 2, 2},
+    {32, 32, 16, 4, 4},
+    {16, 64, 16, 2, 4},
+    {16, 64, 16, 1, 4},
+    {16, 128, 16, 2, 8},
+}};
+// Matrix-vector candidates {WG, NR}: WG a power of two (the shaders' reduction tree), NR output
+// columns per workgroup.
+constexpr uint32_t kGemvWg[] = {32, 64, 128, 256};
+constexpr uint32_t kGemvRows[] = {1, 2, 4, 8};
+constexpr uint32_t kGemvSlots = 4;  // rows of a (or slots) per workgroup: the shaders' MMAX, MS
+// Attention candidates {WG, BQ, BK}: BQ queries per tile, keys staged BK at a time, WG / BQ
+// invocations per query. The last four fit Vulkan's minimum of 16 KiB of shared memory.
+constexpr std::array<std::array<uint32_t, 3>, 16> kAttentionTiles = {{
+    {64, 16, 32},
+    {64, 16, 16},
+    {128, 16, 16},
+    {128, 16, 32},
+    {256, 16, 32},
+    {64, 8, 32},
+    {128, 8, 32},
+    {32, 8, 32},
+    {128, 32, 16},
+    {256, 32, 16},
+    {64, 8, 64},
+    {128, 32, 32},
+    {32, 8, 16},
+    {64, 8, 16},
+    {128, 8, 16},
+    {32, 4, 16},
+}};
+
+enum class Form { Tiled, Gemv, Attention };
+Form form_of(Kernel k) {
+    return k == Kernel::AttentionTiled ? Form::Attention : is_gemv(k) ? Form::Gemv : Form::Tiled;
+}
+
+Variant tile(uint32_t bm, uint32_t bn, uint32_t bk, uint32_t tm, uint32_t tn) {
+    return {{(bm / tm) * (bn / tn), bm, bn, bk, tm, tn}};
+}
+
+bool parse_uint(std::string_view s, uint32_t& out) {
+    if (s.empty() || s.size() > 5) return false;  // every real size is far below 100,000
+    uint32_t v = 0;
+    for (char c : s) {
+        if (c < '0' || c > '9') return false;
+        v = v * 10 + static_cast<uint32_t>(c - '0');
+    }
+    out = v;
+    return true;
+}
+
+std::string hex(const uint8_t* bytes, size_t n) {
+    static const char* digits = "0123456789abcdef";
+    std::string s;
+    for (size_t i = 0; i < n; ++i) {
+        s += digits[bytes[i] >> 4];
+        s += digits[bytes[i] & 15];
+    }
+    return s;
+}
+
+std::string hex32(uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%04x", v);
+    return buf;
+}
+
+}  // namespace
+
+const char* kernel_name(Kernel k) {
+    return kNames[static_cast<int>(k)];
+}
+
+std::optional<Kernel> kernel_from_name(std::string_view name) {
+    for (int i = 0; i < kKernelCount; ++i)
+        if (name == kNames[i]) return static_cast<Kernel>(i);
+    return std::nullopt;
+}
+
+bool is_gemv(Kernel k) {
+    return k == Kernel::MatmulGemv || k == Kernel::GroupedMatmulGemv;
+}
+
+std::string Variant::name(Kernel k) const {
+    if (form_of(k) == Form::Attention)
+        return spec.size() == 3 ? "wg" + std::to_string(spec[0]) + ".bq" + std::to_string(spec[1]) +
+                                      ".bk" + std::to_string(spec[2])
+                                : "?";
+    if (is_gemv(k))
+        return spec.size() == 2 ? "wg" + std::to_string(spec[0]) + ".nr" + std::to_string(spec[1])
+                                : "?";
+    if (spec.size() != 6) return "?";
+    return "bm" + std::to_string(spec[1]) + ".bn" + std::to_string(spec[2]) + ".bk" +
+           std::to_string(spec[3]) + ".tm" + std::to_string(spec[4]) + ".tn" +
+           std::to_string(spec[5]);
+}
+
+std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
+    const Form form = form_of(k);
+    const std::vector<std::string> fields =
+        form == Form::Gemv        ? std::vector<std::string>{"wg", "nr"}
+        : form == Form::Attention ? std::vector<std::string>{"wg", "bq", "bk"}
+                                  : std::vector<std::string>{"bm", "bn", "bk", "tm", "tn"};
+    std::vector<uint32_t> values;
+    size_t at = 0;
+    for (size_t i = 0; i < fields.size(); ++i) {
+        if (name.substr(at, 2) != fields[i]) return std::nullopt;
+        at += 2;
+        const size_t end = i + 1 < fields.size() ? name.find('.', at) : name.size();
+        if (end == std::string_view::npos) return std::nullopt;
+        uint32_t v = 0;
+        if (!parse_uint(name.substr(at, end - at), v) || v == 0) return std::nullopt;
+        values.push_back(v);
+        at = end + 1;
+    }
+    if (form != Form::Tiled) return Variant{values};
+    const uint32_t bm = values[0], bn = values[1], tm = values[3], tn = values[4];
+    if (bm % tm != 0 || bn % tn != 0) return std::nullopt;
+    return tile(bm, bn, values[2], tm, tn);
+}
+
+std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
+    const uint32_t wg = v.spec.empty() ? 0 : v.spec[0];
+    uint64_t shared_floats = 0;
+    if (form_of(k) == Form::Attention) {
+        if (v.spec.size() != 3) return "not an attention variant";
+        const uint64_t bq = v.spec[1], bk = v.spec[2];
+        if (bq == 0 || bk == 0 || wg % bq != 0)
+            return "its workgroup is not a multiple of its queries per tile";
+        const uint64_t lanes = wg / bq;
+        // attention_tiled.comp's arrays: query and key rows padded to MAX_HEAD_DIM + 1, score
+        // and weight rows to BK + LANES.
+        shared_floats = (bq + bk) * (kAttentionTiledMaxHeadDim + 1) + 2 * bq * (bk + lanes);
+    } else if (is_gemv(k)) {
+        if (v.spec.size() != 2) return "not a matrix-vector variant";
+        if (!std::has_single_bit(wg)) return "its workgroup is not a power of two";
+        shared_floats = uint64_t{kGemvSlots} * v.spec[1] * wg;
+    } else {
+        if (v.spec.size() != 6) return "not a tiled variant";
+        // 64-bit products: a variant read from a file may hold any 32-bit values.
+        const uint64_t bm = v.spec[1], bn = v.spec[2], bk = v.spec[3], tm = v.spec[4],
+                       tn = v.spec[5];
+        if (tm == 0 || tn == 0 || bm % tm != 0 || bn % tn != 0 || wg != (bm / tm) * (bn / tn))
+            return "its workgroup does not match its tile and register block";
+        if (tm * tn > 128) return "its register block is over 128 accumulators";
+        shared_floats = uint64_t{bk} * (bm + 1) + uint64_t{bk} * bn;  // matmul_tile.glsl
+    }
+    if (wg == 0 || wg > d.max_workgroup_invocations || wg > d.max_workgroup_size_x)
+        return "its workgroup of " + std::to_string(wg) + " invocations is over the device's " +
+               std::to_string(std::min(d.max_workgroup_invocations, d.max_workgroup_size_x));
+    if (shared_floats * 4 > d.shared_memory_bytes)
+        return "it needs " + std::to_string(shared_floats * 4) +
+               " bytes of shared memory, the device has " + std::to_string(d.shared_memory_bytes);
+    return "";
+}
+
+std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
+    std::vector<Variant> all;
+    if (form_of(k) == Form::Attention) {
+        for (const auto& t : kAttentionTiles) all.push_back({{t[0], t[1], t[2]}});
+    } else if (is_gemv(k)) {
+        for (uint32_t wg : kGemvWg)
+            for (uint32_t nr : kGemvRows) all.push_back({{wg, nr}});
+    } else {
+        for (const auto& t : kTiles) all.push_back(tile(t[0], t[1], t[2], t[3], t[4]));
+    }
+    std::erase_if(all, [&](const Variant& v) { return !invalid_reason(k, v, d).empty(); });
+    return all;
+}
+
+std::string ShapeKey::to_string() const {
+    if (kernel == Kernel::AttentionTiled)
+        return std::string(kernel_name(kernel)) + " rows<=" + std::to_string(rows_class) +
+               " head_dim=" + std::to_string(n) + " window=" + std::to_string(k) +
+               " heads=" + std::to_string(layout);
+    std::string s = std::string(kernel_name(kernel)) + " rows<=" + std::to_string(rows_class) +
+                    " n=" + std::to_string(n) + " k=" + std::to_string(k);
+    if (kernel == Kernel::Matmul || kernel == Kernel::MatmulGemv) {
+        if (layout & 1) s += " a^T";
+        if (layout & 2) s += " b^T";
+    } else {
+        s += " experts=" + std::to_string(layout);
+    }
+    return s;
+}
+
+ShapeKey shape_key(Kernel kernel, int64_t rows, int64_t n, int64_t k, uint32_t layout) {
+    const auto clamp32 = [](int64_t v) {
+        return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, int64_t{1} << 30));
+    };
+    return {kernel, std::bit_ceil(std::max<uint32_t>(1, clamp32(rows))), clamp32(n), clamp32(k),
+            layout};
+}
+
+DeviceIdentity identity_of(const DeviceInfo& d) {
+    return {d.vendor_id, d.device_id, d.driver_version, d.pipeline_cache_uuid, d.name};
+}
+
+const std::string& shaders_hash() {
+    static const std::string hash = [] {
+        std::string all;
+        for (const EmbeddedShader& s : embedded_shaders()) {
+            all += s.name;
+            all += '\0';
+            all.append(reinterpret_cast<const char*>(s.code), s.words * sizeof(uint32_t));
+        }
+        return sha256_hex(all);
+    }();
+    return hash;
+}
+
+// ---- the file
+
+std::string tuning_file_json(const TuningFile& f) {
+    nlohmann::json shapes = nlohmann::json::array();
+    for (const TunedShape& s : f.shapes)
+        shapes.push_back({{"kernel", kernel_name(s.key.kernel)},
+                          {"rows_class", s.key.rows_class},
+                          {"n", s.key.n},
+                          {"k", s.key.k},
+                          {"layout", s.key.layout},
+                          {"variant", s.best.name(s.key.kernel)},
+                          {"ms", s.best_ms},
+                          {"default_ms", s.default_ms},
+                          {"candidates", s.candidates_tried}});
+    const nlohmann::json j = {{"format", "tmx-vulkan-tuning"},
+                              {"version", 1},
+                              {"device",
+                               {{"name", f.device.name},
+                                {"vendor_id", f.device.vendor_id},
+                                {"device_id", f.device.device_id},
+                                {"driver_version", f.device.driver_version},
+                                {"pipeline_cache_uuid", hex(f.device.pipeline_cache_uuid.data(),
+                                                            f.device.pipeline_cache_uuid.size())}}},
+                              {"shaders", f.shaders},
+                              {"shapes", shapes}};
+    return j.dump(1) + "\n";
+}
+
+TuningFile parse_tuning_file(std::string_view text, const std::string& path) {
+    using json_fields::Fields;
+    const nlohmann::json j = json_fields::parse_unique_keys(text, path);
+    const Fields top(j, path);
+    if (top.string("format") != "tmx-vulkan-tuning")
+        json_fields::fail(path, "format", "expected \"tmx-vulkan-tuning\"");
+    if (top.integer("version") != 1)
+        json_fields::fail(path, "version", "expected 1 (the version this tmx reads)");
+    TuningFile f;
+    const Fields dev(top.at("device", "an object"), path, "device.");
+    constexpr int64_t kU32 = 0xFFFFFFFFll;
+    f.device.name = dev.string("name");
+    f.device.vendor_id = static_cast<uint32_t>(dev.integer("vendor_id", 0, kU32));
+    f.device.device_id = static_cast<uint32_t>(dev.integer("device_id", 0, kU32));
+    f.device.driver_version = static_cast<uint32_t>(dev.integer("driver_version", 0, kU32));
+    const std::string uuid = dev.string("pipeline_cache_uuid");
+    if (uuid.size() != 32 || uuid.find_first_not_of("0123456789abcdef") != std::string::npos)
+        json_fields::fail(path, "device.pipeline_cache_uuid", "expected 32 lowercase hex digits");
+    for (size_t i = 0; i < 16; ++i)
+        f.device.pipeline_cache_uuid[i] =
+            static_cast<uint8_t>(std::stoul(uuid.substr(2 * i, 2), nullptr, 16));
+    f.shaders = top.string("shaders");
+    const nlohmann::json& shapes = top.at("shapes", "an array");
+    if (!shapes.is_array()) json_fields::fail(path, "shapes", "expected an array");
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        const std::string at = "shapes[" + std::to_string(i) + "].";
+        const Fields s(shapes[i], path, at);
+        TunedShape t;
+        const std::string kernel = s.string("kernel");
+        const std::optional<Kernel> k = kernel_from_name(kernel);
+        if (!k) json_fields::fail(path, at + "kernel", "no tunable kernel '" + kernel + "'");
+        const int64_t rows = s.integer("rows_class", 1, int64_t{1} << 30);
+        if (!std::has_single_bit(static_cast<uint64_t>(rows)))
+            json_fields::fail(path, at + "rows_class", "expected a power of two");
+        t.key = {*k, static_cast<uint32_t>(rows),
+                 static_cast<uint32_t>(s.integer("n", 0, int64_t{1} << 30)),
+                 static_cast<uint32_t>(s.integer("k", 0, int64_t{1} << 30)),
+                 static_cast<uint32_t>(s.integer("layout", 0, int64_t{1} << 20))};
+        const std::string name = s.string("variant");
+        const std::optional<Variant> v = parse_variant(*k, name);
+        if (!v)
+            json_fields::fail(path, at + "variant", "'" + name + "' is not a variant of " + kernel);
+        t.best = *v;
+        t.best_ms = s.number("ms");
+        t.default_ms = s.number("default_ms");
+        t.candidates_tried = static_cast<int>(s.integer("candidates", 0, 1 << 20));
+        f.shapes.push_back(std::move(t));
+    }
+    return f;
+}
+
+void check_tuning_applies(const TuningFile& f, const DeviceInfo& here, const std::string& path) {
+    const DeviceIdentity me = identity_of(here);
+    const auto refuse = [&](const std::string& why) {
+        throw Error(path + ": " + why + "; run `tmx tune` again for this device");
+    };
+    // The name too: lavapipe keeps its ids at every vector width, and names the width.
+    if (f.device.vendor_id != me.vendor_id || f.device.device_id != me.device_id ||
+        f.device.name != me.name)
+        refuse("tuned for another device ('" + f.device.name + "', " + hex32(f.device.vendor_id) +
+               ":" + hex32(f.device.device_id) + "), not '" + me.name + "' (" +
+               hex32(me.vendor_id) + ":" + hex32(me.device_id) + ")");
+    if (f.device.driver_version != me.driver_version ||
+        f.device.pipeline_cache_uuid != me.pipeline_cache_uuid)
+        refuse("tuned under another driver (version " + std::to_string(f.device.driver_version) +
+               ", pipeline cache " + hex(f.device.pipeline_cache_uuid.data(), 16) +
+               "); this one is version " + std::to_string(me.driver_version) + ", " +
+               hex(me.pipeline_cache_uuid.data(), 16));
+    if (f.shaders != shaders_hash()) refuse("tuned with the shaders of another tmx build");
+    for (const TunedShape& s : f.shapes)
+        if (std::string why = invalid_reason(s.key.kernel, s.best, here); !why.empty())
+            refuse(s.key.to_string() + ": variant " + s.best.name(s.key.kernel) +
+                   " cannot run here: " + why);
+}
+
+std::string cache_dir() {
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/')
+        return std::string(x) + "/tmx";
+    if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tmx";
+    throw Error("no cache directory: neither XDG_CACHE_HOME nor HOME is set");
+}
+
+namespace {
+std::string device_stem(const DeviceInfo& d) {
+    return hex32(d.vendor_id) + "-" + hex32(d.device_id);
+}
+}  // namespace
+
+std::string tuning_file_path(const DeviceInfo& d) {
+    return cache_dir() + "/vulkan-tuning-" + device_stem(d) + ".json";
+}
+
+std::string pipeline_cache_path(const DeviceInfo& d) {
+    return cache_dir() + "/vulkan-pipelines-" + device_stem(d) + ".bin";
+}
+
+TuningSource tuning_source(const std::optional<std::string>& requested) {
+    std::string v;
+    if (requested) {
+        v = *requested;
+    } else if (const char* env = std::getenv("TMX_VULKAN_TUNING")) {
+        v = env;
+    }
+    if (v.empty()) return {};
+    if (v == "off") return {TuningSource::Kind::Off, ""};
+    return {TuningSource::Kind::File, v};
+}
+
+LoadedTuning load_tuning(const DeviceInfo& d, const std::optional<std::string>& requested) {
+    LoadedTuning t;
+    const TuningSource src = tuning_source(requested);
+    if (src.kind == TuningSource::Kind::Off) {
+        t.status = "untuned (TMX_VULKAN_TUNING=off)";
+        return t;
+    }
+    t.path = src.path;
+    if (src.kind == TuningSource::Kind::DeviceFile) {
+        try {
+            t.path = tuning_file_path(d);
+        } catch (const Error&) {
+            return t;  // no cache directory: nothing was tuned
+        }
+        std::error_code ec;
+        if (!std::filesystem::exists(t.path, ec)) return t;
+    }
+    try {
+        TuningFile f = parse_tuning_file(read_file(t.path), t.path);
+        check_tuning_applies(f, d, t.path);
+        t.status = "tuned (" + std::to_string(f.shapes.size()) + " shapes, " + t.path + ")";
+        t.file = std::move(f);
+    } catch (const Error& e) {
+        t.refused = e.what();
+        t.status = "untuned (refused " + t.refused + ")";
+    }
+    return t;
+}
+
+// ---- the table
+
+TuningTable::TuningTable(const DeviceInfo& d) : device_(&d) {
+    // Every device has 128 invocations and 16 KiB of shared memory per workgroup; most have
+    // more, which the 256-invocation tiles assume.
+    const bool wide = d.max_workgroup_invocations >= 256 && d.max_workgroup_size_x >= 256;
+    large_ = wide ? tile(128, 128, 16, 8, 8) : tile(128, 128, 16, 8, 16);
+    small_ = wide ? tile(64, 64, 16, 4, 4) : tile(64, 64, 16, 4, 8);
+    skinny_ = tile(16, 64, 16, 2, 4);
+    gemv_ = {{64, 4}};
+    // 16 queries x 32 keys; on a device with less shared memory than that needs, the tile
+    // that fits Vulkan's minimum.
+    attention_ = {{64, 16, 32}};
+    if (!invalid_reason(Kernel::AttentionTiled, attention_, d).empty()) attention_ = {{32, 8, 16}};
+    // On NVIDIA the 8x8 register block of the 128x128 tile is 2-11x slower than the 64x64
+    // tile's 4x4 (H100, docs/gpu-results.md, 2026-11-23).
+    if (d.vendor_id == kVendorNvidia) large_ = small_;
+    if (!invalid_reason(Kernel::Matmul, large_, d).empty()) large_ = small_;
+}
+
+Variant TuningTable::default_variant(Kernel kernel, int64_t rows, int64_t n, int64_t k,
+                                     uint32_t layout) const {
+    switch (kernel) {
+        case Kernel::MatmulGemv:
+        case Kernel::GroupedMatmulGemv:
+            return gemv_;
+        case Kernel::Matmul:
+            // Large tiles only when there are enough of them to occupy a big GPU.
+            return rows >= 256 && n >= 256 ? large_ : rows <= skinny_max_rows_ ? skinny_ : small_;
+        case Kernel::GroupedMatmul:
+        case Kernel::GroupedMatmulDx:
+            // Expert slabs are short (each is cut into its own tiles): small tiles waste less.
+            return rows <= int64_t{layout} * skinny_max_rows_ ? skinny_ : small_;
+        case Kernel::GroupedMatmulDw:  // rows: the slots summed over; n x k: w's shape
+            return n >= 256 && k >= 256 ? large_ : small_;
+        case Kernel::AttentionTiled:
+            return attention_;
+    }
+    return small_;
+}
+
+Variant TuningTable::choose(Kernel kernel, int64_t rows, int64_t n, int64_t k,
+                            uint32_t layout) const {
+    if (const auto& f = forced_[static_cast<int>(kernel)]) return *f;
+    if (!tuned_.empty()) {
+        const ShapeKey key = shape_key(kernel, rows, n, k, layout);
+        if (auto it = tuned_.find(key); it != tuned_.end()) return it->second;
+        // The nearest rows class of the same kernel, columns, depth and layout.
+        const Variant* best = nullptr;
+        uint32_t best_distance = UINT32_MAX;
+        for (auto it = tuned_.lower_bound({kernel, 0, 0, 0, 0});
+             it != tuned_.end() && it->first.kernel == kernel; ++it) {
+            const ShapeKey& t = it->first;
+            if (t.n != key.n || t.k != key.k || t.layout != key.layout) continue;
+            const uint32_t d = static_cast<uint32_t>(
+                std::abs(std::countr_zero(t.rows_class) - std::countr_zero(key.rows_class)));
+            if (d < best_distance) best_distance = d, best = &it->second;
+        }
+        if (best) return *best;
+    }
+    return default_variant(kernel, rows, n, k, layout);
+}
+
+void TuningTable::force(Kernel kernel, std::optional<Variant> v) {
+    if (v) {
+        if (std::string why = invalid_reason(kernel, *v, *device_); !why.empty())
+            throw Error(std::string("Vulkan: variant ") + v->name(kernel) + " of " +
+                        kernel_name(kernel) + " cannot run on this device: " + why);
+    }
+    forced_[static_cast<int>(kernel)] = std::move(v);
+}
+
+void TuningTable::force_from_list(std::string_view list) {
+    size_t at = 0;
+    while (at <= list.size()) {
+        size_t end = list.find(',', at);
+        if (end == std::string_view::npos) end = list.size();
+        const std::string_view part = list.substr(at, end - at);
+        at = end + 1;
+        if (part.empty()) continue;
+        const size_t eq = part.find('=');
+        const std::optional<Kernel> k =
+            eq == std::string_view::npos ? std::nullopt : kernel_from_name(part.substr(0, eq));
+        if (!k)
+            throw Error("TMX_VULKAN_FORCE_VARIANT: '" + std::string(part) +
+                        "': expected KERNEL=VARIANT with KERNEL one of matmul, matmul_gemv, "
+                        "grouped_matmul, grouped_matmul_gemv, grouped_matmul_backward_dx, "
+                        "grouped_matmul_backward_dw, attention_tiled");
+        const std::optional<Variant> v = parse_variant(*k, part.substr(eq + 1));
+        if (!v)
+            throw Error("TMX_VULKAN_FORCE_VARIANT: '" + std::string(part.substr(eq + 1)) +
+                        "' is not a variant of " + kernel_name(*k) + " (e.g. " +
+                        candidates(*k, *device_).front().name(*k) + ")");
+        force(*k, v);
+    }
+}
+
+void TuningTable::set_tuned(const TuningFile& f, const std::string& path) {
+    tuned_.clear();
+    for (const TunedShape& s : f.shapes) tuned_[s.key] = s.best;
+    tuned_from_ = path;
+}
+
+}  // namespace tmx::vk

@@ -1,0 +1,362 @@
+// The Vulkan backend's tuning (backends/vulkan/vulkan_tuning.h, engine/report/tune.h): the
+// candidates and their names, the defaults, the tuning file (written, read back, refused when it
+// is corrupt or belongs to another device, driver or build), the choice per call, and tmx tune's
+// measurement end to end on the device: a backend started afterwards uses the file, and a model
+// computes the same logits with it as without it.
+#ifdef TMX_HAS_VULKAN
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/core/file_io.h"
+#include "engine/model/model.h"
+#include "engine/report/tune.h"
+#include "tests/backends/vulkan/vulkan_fixture.h"
+
+namespace tmx::test {
+namespace {
+
+using vk::Kernel;
+
+// A device of the given limits, as the listing describes one.
+vk::DeviceInfo device(uint32_t invocations, uint32_t shared_bytes, uint32_t vendor = 0x1002) {
+    vk::DeviceInfo d;
+    d.name = "a test device";
+    d.max_workgroup_invocations = d.max_workgroup_size_x = invocations;
+    d.shared_memory_bytes = shared_bytes;
+    d.vendor_id = vendor;
+    d.device_id = 0x1234;
+    d.driver_version = 77;
+    for (size_t i = 0; i < d.pipeline_cache_uuid.size(); ++i)
+        d.pipeline_cache_uuid[i] = static_cast<uint8_t>(i * 17 + 3);
+    return d;
+}
+
+std::vector<Kernel> every_kernel() {
+    std::vector<Kernel> all;
+    for (int k = 0; k < vk::kKernelCount; ++k) all.push_back(static_cast<Kernel>(k));
+    return all;
+}
+
+TEST(VulkanTuning, EveryCandidateNameParsesBackAndNonsenseDoesNot) {
+    const vk::DeviceInfo big = device(1024, 64 * 1024);
+    for (Kernel k : every_kernel()) {
+        SCOPED_TRACE(vk::kernel_name(k));
+        EXPECT_EQ(vk::kernel_from_name(vk::kernel_name(k)), k);
+        const std::vector<vk::Variant> all = vk::candidates(k, big);
+        EXPECT_GE(all.size(), 12u);
+        for (const vk::Variant& v : all) {
+            const std::optional<vk::Variant> back = vk::parse_variant(k, v.name(k));
+            ASSERT_TRUE(back) << v.name(k);
+            EXPECT_EQ(*back, v);
+        }
+        for (const char* bad :
+             {"", "bm64", "bm64.bn64.bk16.tm4.tnx", "wg64.nr", "wg0.nr4", "bm64.bn64.bk16.tm3.tn4",
+              "wg64.nr4.", "bm0.bn64.bk16.tm4.tn4", "bm99999999.bn64.bk16.tm4.tn4"})
+            EXPECT_FALSE(vk::parse_variant(k, bad)) << bad;
+    }
+    EXPECT_FALSE(vk::kernel_from_name("attention"));
+}
+
+TEST(VulkanTuning, CandidatesAndDefaultsFitTheSmallestDeviceVulkanAllows) {
+    // Vulkan guarantees 128 invocations and 16 KiB of shared memory per workgroup.
+    const vk::DeviceInfo small = device(128, 16 * 1024), big = device(1024, 64 * 1024);
+    const vk::TuningTable table(small);
+    for (Kernel k : every_kernel()) {
+        SCOPED_TRACE(vk::kernel_name(k));
+        const std::vector<vk::Variant> fit = vk::candidates(k, small);
+        EXPECT_GE(fit.size(), 4u);
+        EXPECT_LT(fit.size(), vk::candidates(k, big).size());
+        for (const vk::Variant& v : fit) EXPECT_EQ(vk::invalid_reason(k, v, small), "");
+        for (int64_t rows : {1, 16, 40, 300, 5000}) {
+            const vk::Variant d = table.default_variant(k, rows, 512, 512, 8);
+            EXPECT_EQ(vk::invalid_reason(k, d, small), "") << d.name(k);
+            EXPECT_NE(std::find(fit.begin(), fit.end(), d), fit.end()) << d.name(k);
+        }
+    }
+    // The reasons name the limit.
+    const vk::Variant wide{{256, 64, 64, 16, 4, 4}};
+    EXPECT_NE(vk::invalid_reason(Kernel::Matmul, wide, small).find("invocations"),
+              std::string::npos);
+    const vk::Variant deep{{256, 64, 64, 128, 4, 4}};
+    EXPECT_NE(vk::invalid_reason(Kernel::Matmul, deep, big).find("shared memory"),
+              std::string::npos);
+}
+
+TEST(VulkanTuning, NvidiaIsNotGivenThe128x128TileByDefault) {
+    // docs/gpu-results.md (2026-11-23): its 8x8 register block ran 2-11x slower on an H100.
+    const vk::TuningTable nvidia(device(1024, 48 * 1024, 0x10DE));
+    const vk::TuningTable other(device(1024, 48 * 1024, 0x1002));
+    const vk::Variant n = nvidia.default_variant(Kernel::Matmul, 512, 512, 512, 0);
+    EXPECT_EQ(n.name(Kernel::Matmul), "bm64.bn64.bk16.tm4.tn4");
+    EXPECT_EQ(other.default_variant(Kernel::Matmul, 512, 512, 512, 0).name(Kernel::Matmul),
+              "bm128.bn128.bk16.tm8.tn8");
+}
+
+vk::TuningFile sample_file(const vk::DeviceInfo& d) {
+    vk::TuningFile f;
+    f.device = vk::identity_of(d);
+    f.shaders = vk::shaders_hash();
+    f.shapes.push_back({vk::shape_key(Kernel::Matmul, 300, 512, 512, 2),
+                        *vk::parse_variant(Kernel::Matmul, "bm32.bn64.bk16.tm2.tn4"), 0.25, 0.5,
+                        16});
+    f.shapes.push_back({vk::shape_key(Kernel::MatmulGemv, 8, 32000, 512, 2),
+                        *vk::parse_variant(Kernel::MatmulGemv, "wg128.nr2"), 0.1, 0.12, 16});
+    f.shapes.push_back({vk::shape_key(Kernel::GroupedMatmulDw, 4096, 2048, 512, 8),
+                        *vk::parse_variant(Kernel::GroupedMatmulDw, "bm64.bn64.bk8.tm4.tn4"), 1.0,
+                        1.5, 16});
+    return f;
+}
+
+TEST(VulkanTuning, FileRoundTripsAndIsRefusedOnAnotherDeviceDriverOrBuild) {
+    const vk::DeviceInfo here = device(1024, 48 * 1024);
+    const vk::TuningFile f = sample_file(here);
+    const vk::TuningFile back = vk::parse_tuning_file(vk::tuning_file_json(f), "t.json");
+    EXPECT_TRUE(back.device == f.device);
+    EXPECT_EQ(back.device.name, f.device.name);
+    EXPECT_EQ(back.shaders, f.shaders);
+    ASSERT_EQ(back.shapes.size(), f.shapes.size());
+    for (size_t i = 0; i < f.shapes.size(); ++i) {
+        EXPECT_EQ(back.shapes[i].key, f.shapes[i].key);
+        EXPECT_EQ(back.shapes[i].best, f.shapes[i].best);
+        EXPECT_EQ(back.shapes[i].best_ms, f.shapes[i].best_ms);
+        EXPECT_EQ(back.shapes[i].candidates_tried, 16);
+    }
+    EXPECT_NO_THROW(vk::check_tuning_applies(back, here, "t.json"));
+
+    auto refusal = [&](const vk::DeviceInfo& other, const vk::TuningFile& file) {
+        return error_of([&] { vk::check_tuning_applies(file, other, "t.json"); });
+    };
+    vk::DeviceInfo other_device = here;
+    other_device.device_id = 0x9999;
+    EXPECT_NE(refusal(other_device, f).find("another device"), std::string::npos);
+    vk::DeviceInfo other_name = here;  // lavapipe at another vector width: the same ids
+    other_name.name = "llvmpipe (LLVM 15.0.6, 512 bits)";
+    EXPECT_NE(refusal(other_name, f).find("another device"), std::string::npos);
+    vk::DeviceInfo other_driver = here;
+    other_driver.driver_version = 78;
+    EXPECT_NE(refusal(other_driver, f).find("another driver"), std::string::npos);
+    vk::DeviceInfo other_uuid = here;
+    other_uuid.pipeline_cache_uuid[5] ^= 1;
+    EXPECT_NE(refusal(other_uuid, f).find("another driver"), std::string::npos);
+    vk::TuningFile other_build = f;
+    other_build.shaders[0] = other_build.shaders[0] == 'a' ? 'b' : 'a';
+    EXPECT_NE(refusal(here, other_build).find("another tmx build"), std::string::npos);
+    // A variant the device cannot run (its shared memory is smaller than where it was tuned).
+    vk::DeviceInfo smaller = here;
+    smaller.max_workgroup_invocations = smaller.max_workgroup_size_x = 64;
+    EXPECT_NE(refusal(smaller, f).find("cannot run here"), std::string::npos);
+    for (const std::string& m : {refusal(other_device, f), refusal(here, other_build)}) {
+        EXPECT_EQ(m.rfind("t.json: ", 0), 0u) << m;
+        EXPECT_NE(m.find("tmx tune"), std::string::npos) << m;
+    }
+}
+
+TEST(VulkanTuning, CorruptFilesAreRefusedNamingTheField) {
+    const vk::DeviceInfo here = device(1024, 48 * 1024);
+    const std::string good = vk::tuning_file_json(sample_file(here));
+    auto message = [](const std::string& text) {
+        return error_of([&] { vk::parse_tuning_file(text, "t.json"); });
+    };
+    auto replaced = [&](const std::string& from, const std::string& to) {
+        std::string s = good;
+        const size_t at = s.find(from);
+        EXPECT_NE(at, std::string::npos) << from;
+        return s.replace(at, from.size(), to);
+    };
+    // Every cut of the file is refused with a message, never a crash.
+    for (size_t cut = 0; cut + 1 < good.size(); cut += 7) {
+        const std::string m = message(good.substr(0, cut));
+        EXPECT_EQ(m.rfind("t.json", 0), 0u) << "cut at " << cut << ": " << m;
+    }
+    EXPECT_NE(message(replaced("tmx-vulkan-tuning", "other")).find("'format'"), std::string::npos);
+    EXPECT_NE(message(replaced("\"version\": 1", "\"version\": 2")).find("'version'"),
+              std::string::npos);
+    EXPECT_NE(message(replaced("bm32.bn64.bk16.tm2.tn4", "bm32.bn64")).find("shapes[0].variant"),
+              std::string::npos);
+    EXPECT_NE(message(replaced("\"kernel\": \"matmul\"", "\"kernel\": \"conv\""))
+                  .find("shapes[0].kernel"),
+              std::string::npos);
+    EXPECT_NE(message(replaced("\"rows_class\": 512", "\"rows_class\": 500"))
+                  .find("shapes[0].rows_class"),
+              std::string::npos);
+    EXPECT_NE(message(replaced("\"pipeline_cache_uuid\": \"", "\"pipeline_cache_uuid\": \"zz"))
+                  .find("device.pipeline_cache_uuid"),
+              std::string::npos);
+    EXPECT_NE(message(replaced("\"n\": 512,", "\"n\": 512, \"n\": 3,")).find("twice"),
+              std::string::npos);
+}
+
+TEST(VulkanTuning, ACallTakesTheForcedThenTheTunedThenTheNearestTunedThenTheDefaultChoice) {
+    const vk::DeviceInfo here = device(1024, 48 * 1024);
+    vk::TuningTable table(here);
+    const vk::Variant dflt = table.default_variant(Kernel::Matmul, 300, 512, 512, 2);
+    EXPECT_EQ(table.choose(Kernel::Matmul, 300, 512, 512, 2), dflt);
+    table.set_tuned(sample_file(here), "t.json");
+    EXPECT_EQ(table.tuned_shapes(), 3u);
+    const vk::Variant tuned = *vk::parse_variant(Kernel::Matmul, "bm32.bn64.bk16.tm2.tn4");
+    EXPECT_EQ(table.choose(Kernel::Matmul, 300, 512, 512, 2), tuned);  // rows 257..512
+    EXPECT_EQ(table.choose(Kernel::Matmul, 512, 512, 512, 2), tuned);
+    EXPECT_EQ(table.choose(Kernel::Matmul, 4000, 512, 512, 2), tuned);  // the nearest class
+    // Another layout, depth or kernel: the default.
+    EXPECT_EQ(table.choose(Kernel::Matmul, 300, 512, 512, 0),
+              table.default_variant(Kernel::Matmul, 300, 512, 512, 0));
+    EXPECT_EQ(table.choose(Kernel::Matmul, 300, 512, 256, 2),
+              table.default_variant(Kernel::Matmul, 300, 512, 256, 2));
+    EXPECT_EQ(table.choose(Kernel::GroupedMatmul, 300, 512, 512, 2),
+              table.default_variant(Kernel::GroupedMatmul, 300, 512, 512, 2));
+    const vk::Variant forced = *vk::parse_variant(Kernel::Matmul, "bm16.bn64.bk16.tm1.tn4");
+    table.force(Kernel::Matmul, forced);
+    EXPECT_EQ(table.choose(Kernel::Matmul, 300, 512, 512, 2), forced);
+    EXPECT_EQ(table.choose(Kernel::MatmulGemv, 8, 32000, 512, 2).name(Kernel::MatmulGemv),
+              "wg128.nr2");
+    table.force(Kernel::Matmul, std::nullopt);
+    EXPECT_EQ(table.choose(Kernel::Matmul, 300, 512, 512, 2), tuned);
+    // A variant this device cannot run is refused by name.
+    const std::string m = error_of([&] {
+        table.force(Kernel::Matmul, vk::Variant{{1024, 128, 128, 16, 2, 2}});
+    });
+    EXPECT_NE(m.find("bm128.bn128.bk16.tm2.tn2"), std::string::npos) << m;
+}
+
+// ---- on the device
+
+// Sets XDG_CACHE_HOME to a fresh directory for the test (each test runs in its own process).
+class VulkanTuningOnDevice : public VulkanTest {
+  protected:
+    void SetUp() override {
+        setenv("XDG_CACHE_HOME", cache_.path().c_str(), 1);
+        unsetenv("TMX_VULKAN_TUNING");
+        VulkanTest::SetUp();
+    }
+    void TearDown() override { unsetenv("XDG_CACHE_HOME"); }
+
+    std::unique_ptr<VulkanBackend> open(std::optional<std::string> tuning = std::nullopt) {
+        return std::make_unique<VulkanBackend>(
+            vk::VulkanOptions{.fp16_weights = false, .tuning = std::move(tuning)});
+    }
+
+    TempDir cache_;
+};
+
+TEST_F(VulkanTuningOnDevice, TunedShapesAreUsedByTheNextStartAndComputeWhatTheDefaultsDo) {
+    EXPECT_EQ(vk().tuning_status(), "untuned");
+    const ModelConfig config = load_config(source_dir() + "/assets/configs/test-tiny.json");
+    TuneOptions o;
+    o.prompt_tokens = 20;
+    o.batch = 3;
+    o.train_batch = 2;
+    o.train_seq = 16;  // prefill chunks stop at the window (8): training tiles the attention
+    o.repeats = 1;
+    o.min_ms = 0.1;
+    const TuneReport r = tune_kernels(config, vk(), cpu(), o);
+    ASSERT_FALSE(r.shapes.empty());
+    EXPECT_EQ(r.saved_to, vk().tuning_path());
+    EXPECT_EQ(r.saved_to.rfind(cache_.path().string() + "/tmx/vulkan-tuning-", 0), 0u)
+        << r.saved_to;
+    // Inference and training shapes, every kernel family the model runs.
+    std::set<std::string> kernels;
+    for (const TunedShapeReport& s : r.shapes) {
+        kernels.insert(s.call.kernel);
+        EXPECT_GT(s.best_ms, 0.0) << s.call.key;
+        EXPECT_GT(s.default_ms, 0.0) << s.call.key;
+        EXPECT_LE(s.best_ms, s.default_ms) << s.call.key;
+        EXPECT_EQ(s.tried.size(), vk().variants(s.call.kernel).size()) << s.call.key;
+        for (const auto& t : s.tried) EXPECT_FALSE(t.rejected) << s.call.key << " " << t.variant;
+    }
+    for (const char* k :
+         {"matmul", "matmul_gemv", "grouped_matmul", "grouped_matmul_gemv",
+          "grouped_matmul_backward_dx", "grouped_matmul_backward_dw", "attention_tiled"})
+        EXPECT_TRUE(kernels.count(k)) << k;
+
+    auto tuned = open();
+    EXPECT_EQ(tuned->tuning_status().rfind(
+                  "tuned (" + std::to_string(r.shapes.size()) + " shapes, " + r.saved_to, 0),
+              0u)
+        << tuned->tuning_status();
+    EXPECT_NE(tuned->description().find(", tuned"), std::string::npos);
+    auto untuned = open("off");
+    EXPECT_EQ(untuned->tuning_status(), "untuned (TMX_VULKAN_TUNING=off)");
+    EXPECT_NE(untuned->description().find(", untuned"), std::string::npos);
+
+    // The model on the tuned and the untuned backend: the same logits to fp32 summation order.
+    Model a(config, *tuned), b(config, *untuned);
+    Model ref(config, cpu());
+    ref.init_random(11);
+    a.params_from_host(ref.params_to_host());
+    b.params_from_host(ref.params_to_host());
+    const int64_t B = 2, T = 20;
+    std::vector<int32_t> tokens(B * T);
+    for (int64_t i = 0; i < B * T; ++i)
+        tokens[i] = static_cast<int32_t>((i * 37 + 11) % config.vocab_size);
+    const std::vector<float> la = down(*tuned, a.forward(tokens, B, T, nullptr).logits);
+    const std::vector<float> lb = down(*untuned, b.forward(tokens, B, T, nullptr).logits);
+    EXPECT_TRUE(Close(la, lb, 1e-4));
+    EXPECT_TRUE(Close(la, down(cpu(), ref.forward(tokens, B, T, nullptr).logits), 1e-4));
+}
+
+TEST_F(VulkanTuningOnDevice, ACorruptForeignOrStaleFileIsRefusedAndTheDefaultsRun) {
+    const std::string path = vk().tuning_path();
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    const vk::DeviceInfo& here = vk().context().info();
+    vk::DeviceInfo foreign = here;
+    foreign.device_id ^= 0x55;
+    vk::DeviceInfo stale = here;
+    stale.driver_version += 1;
+    const std::string good = vk::tuning_file_json(sample_file(here));
+    const std::vector<std::pair<std::string, std::string>> files = {
+        {"truncated", good.substr(0, good.size() / 2)},
+        {"not JSON", std::string("\x00\xff\x13garbage", 10)},
+        {"another device", vk::tuning_file_json(sample_file(foreign))},
+        {"another driver", vk::tuning_file_json(sample_file(stale))},
+    };
+    for (const auto& [what, text] : files) {
+        SCOPED_TRACE(what);
+        write_file_atomic(path, text);
+        std::unique_ptr<VulkanBackend> be;
+        ASSERT_NO_THROW(be = open());
+        EXPECT_EQ(be->tuning_status().rfind("untuned (refused " + path, 0), 0u)
+            << be->tuning_status();
+        EXPECT_EQ(be->tuning_table().tuned_shapes(), 0u);
+        // It computes as ever.
+        const std::vector<float> a = normal(40 * 24), b = normal(24 * 30);
+        Tensor va = up(*be, a, {40, 24}), vb = up(*be, b, {24, 30}), vo = be->alloc({40, 30});
+        Tensor ca = up(cpu(), a, {40, 24}), cb = up(cpu(), b, {24, 30}), co = cpu().alloc({40, 30});
+        be->matmul(va, vb, vo);
+        cpu().matmul(ca, cb, co);
+        EXPECT_TRUE(Close(down(*be, vo), down(cpu(), co), 1e-5));
+    }
+    // The same file for this device is taken; TMX_VULKAN_TUNING=off ignores it.
+    write_file_atomic(path, good);
+    EXPECT_EQ(open()->tuning_table().tuned_shapes(), 3u);
+    // Tuning another model keeps the shapes it did not measure (one file serves every model),
+    // and replaces the ones it did.
+    TunableCall call{.op = TunableCall::Op::Matmul,
+                     .rows = 300,
+                     .n = 512,
+                     .k = 512,
+                     .trans_b = true,
+                     .kernel = "matmul"};
+    vk().save_tuning(
+        {{call, "bm64.bn64.bk16.tm4.tn4", 0.2, 0.3, 16},
+         {{.op = TunableCall::Op::Matmul, .rows = 5, .n = 7, .k = 9, .kernel = "matmul"},
+          "bm16.bn64.bk16.tm1.tn4",
+          0.1,
+          0.1,
+          16}});
+    auto merged = open();
+    EXPECT_EQ(merged->tuning_table().tuned_shapes(), 4u);
+    EXPECT_EQ(merged->tuning_table().choose(Kernel::Matmul, 300, 512, 512, 2).name(Kernel::Matmul),
+              "bm64.bn64.bk16.tm4.tn4");
+    setenv("TMX_VULKAN_TUNING", "off", 1);
+    EXPECT_EQ(open()->tuning_table().tuned_shapes(), 0u);
+    unsetenv("TMX_VULKAN_TUNING");
+    // A file named explicitly that does not exist is refused, not ignored.
+    EXPECT_NE(open(cache_ / "missing.json")->tuning_status().find("refused"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tmx::test
+
+#endif  // TMX_HAS_VULKAN

@@ -1,0 +1,303 @@
+// Every variant of every tunable matmul-family shader (vulkan_tuning.h) against the CPU backend.
+// Without tuning a device only ever runs the few built-in defaults, but `tmx tune` may pick any
+// candidate, and TMX_VULKAN_FORCE_VARIANT forces one: each must compute the same product, on
+// shapes that are no multiple of any tile (partial tiles in every dimension), in every layout,
+// with bias and accumulation, and grouped over experts with uneven counts (one with no slot).
+// CI runs this suite at lavapipe's subgroup sizes 4, 8 and 16 (tests/CMakeLists.txt), as the
+// shaders' reductions depend on it.
+#ifdef TMX_HAS_VULKAN
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/vulkan/vulkan_tuning.h"
+#include "engine/compute/kernel_tuning.h"
+#include "tests/backends/vulkan/vulkan_fixture.h"
+
+namespace tmx::test {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::string dims(std::initializer_list<int64_t> v) {
+    std::string s;
+    for (int64_t d : v) s += (s.empty() ? "" : ",") + std::to_string(d);
+    return s;
+}
+
+class VulkanVariants : public VulkanTest {
+  protected:
+    // Runs `body` once with each candidate of `kernel` forced on the Vulkan backend (the variant
+    // named in failures), checking that the calls really ran that kernel (every call, but for
+    // the backward's two kernels, which run together); then clears the forced variant.
+    template <class F>
+    void for_each_variant(vk::Kernel kernel, F body) {
+        const std::string family = vk::kernel_name(kernel);
+        const std::vector<vk::Variant> variants = vk::candidates(kernel, vk().context().info());
+        ASSERT_FALSE(variants.empty()) << family;
+        const bool backward =
+            kernel == vk::Kernel::GroupedMatmulDx || kernel == vk::Kernel::GroupedMatmulDw;
+        for (const vk::Variant& v : variants) {
+            const std::string name = v.name(kernel);
+            SCOPED_TRACE(family + " variant " + name);
+            vk().force_variant(family, name);
+            std::vector<TunableCall> log;
+            vk().log_calls(&log);
+            body();
+            vk().log_calls(nullptr);
+            const auto ran = std::count_if(
+                log.begin(), log.end(), [&](const TunableCall& c) { return c.kernel == family; });
+            EXPECT_GT(ran, 0) << "no call ran " << family;
+            if (!backward) {
+                EXPECT_EQ(static_cast<size_t>(ran), log.size()) << "calls ran another kernel";
+            }
+        }
+        vk().force_variant(family, "");
+    }
+
+    // A [rows, cols] output on `be`: NaN (every element must be written) or, to accumulate onto,
+    // `init`.
+    static Tensor output(Backend& be, Shape shape, const std::vector<float>* init = nullptr) {
+        if (init) return up(be, *init, std::move(shape));
+        Tensor t = be.alloc(std::move(shape));
+        be.fill(t, kNaN);
+        return t;
+    }
+
+    // matmul(a, b) (+ bias) on both backends, a [M, K] or [K, M], b [K, N] or [N, K].
+    void check_matmul(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool accumulate) {
+        SCOPED_TRACE("matmul M,N,K " + dims({M, N, K}) + " ta " + std::to_string(ta) + " tb " +
+                     std::to_string(tb) + (accumulate ? " accumulate" : ""));
+        const auto a = normal(M * K), b = normal(K * N), bias = normal(N), init = normal(M * N);
+        const Shape sa = ta ? Shape{K, M} : Shape{M, K};
+        const Shape sb = tb ? Shape{N, K} : Shape{K, N};
+        const MatmulOptions o{.trans_a = ta, .trans_b = tb, .accumulate = accumulate};
+        std::vector<float> results[2];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor out = output(*be, {M, N}, accumulate ? &init : nullptr);
+            be->matmul(up(*be, a, sa), up(*be, b, sb), out, o, up(*be, bias, {N}));
+            results[i++] = down(*be, out);
+        }
+        EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+    }
+
+    // linear(x [M, K], w [N, K], bias) on both backends.
+    void check_linear(int64_t M, int64_t N, int64_t K) {
+        SCOPED_TRACE("linear M,N,K " + dims({M, N, K}));
+        const auto x = normal(M * K), w = normal(N * K), bias = normal(N);
+        std::vector<float> results[2];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor y = output(*be, {M, N});
+            be->linear(up(*be, x, {M, K}), up(*be, w, {N, K}), up(*be, bias, {N}), y);
+            results[i++] = down(*be, y);
+        }
+        EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+    }
+
+    // grouped_matmul over experts with counts[e] slots each: x [S, K], w [E, Nout, K].
+    void check_grouped(const std::vector<int32_t>& counts, int64_t Nout, int64_t K,
+                       bool with_bias) {
+        const int64_t E = static_cast<int64_t>(counts.size());
+        const std::vector<int32_t> offsets = expert_offsets(counts);
+        const int64_t S = offsets[E];
+        SCOPED_TRACE("grouped_matmul S,E,Nout,K " + dims({S, E, Nout, K}) +
+                     (with_bias ? " bias" : " no bias"));
+        const auto x = normal(S * K), w = normal(E * Nout * K), bias = normal(E * Nout);
+        std::vector<float> results[2];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor out = output(*be, {S, Nout});
+            be->grouped_matmul(up(*be, x, {S, K}), up(*be, w, {E, Nout, K}),
+                               with_bias ? up(*be, bias, {E, Nout}) : Tensor{},
+                               up(*be, offsets, {E + 1}), out);
+            results[i++] = down(*be, out);
+        }
+        EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+    }
+
+    // grouped_matmul_backward's d_x and d_w, accumulated onto zeros, on both backends; an expert
+    // without slots keeps a zero d_w.
+    void check_grouped_backward(const std::vector<int32_t>& counts, int64_t Nout, int64_t K) {
+        const int64_t E = static_cast<int64_t>(counts.size());
+        const std::vector<int32_t> offsets = expert_offsets(counts);
+        const int64_t S = offsets[E];
+        SCOPED_TRACE("grouped_matmul_backward S,E,Nout,K " + dims({S, E, Nout, K}));
+        const auto x = normal(S * K), w = normal(E * Nout * K), d_out = normal(S * Nout);
+        const std::vector<float> zero_x(S * K, 0.0f), zero_w(E * Nout * K, 0.0f);
+        std::array<std::vector<float>, 2> dx, dw;
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor d_x = up(*be, zero_x, {S, K}), d_w = up(*be, zero_w, {E, Nout, K});
+            be->grouped_matmul_backward(up(*be, x, {S, K}), up(*be, w, {E, Nout, K}),
+                                        up(*be, offsets, {E + 1}), up(*be, d_out, {S, Nout}), d_x,
+                                        d_w, Tensor{});
+            dx[i] = down(*be, d_x);
+            dw[i++] = down(*be, d_w);
+        }
+        EXPECT_TRUE(Close(dx[0], dx[1], reduction_tol(Nout))) << "d_x";
+        EXPECT_TRUE(Close(dw[0], dw[1], reduction_tol(S))) << "d_w";
+        for (int64_t e = 0; e < E; ++e) {
+            if (counts[e] != 0) continue;
+            const auto first = dw[0].begin() + e * Nout * K;
+            EXPECT_TRUE(std::all_of(first, first + Nout * K, [](float v) { return v == 0.0f; }))
+                << "d_w of expert " << e << ", which has no slot";
+        }
+    }
+
+    // Prefill attention of T queries per sequence (2 sequences), plain or after a rolling cache
+    // of S slots (S 0: plain attention()), on both backends.
+    void check_attention(int64_t T, int64_t H, int64_t Hkv, int64_t hd, int64_t window, int64_t S,
+                         const std::vector<int32_t>& start) {
+        SCOPED_TRACE("attention T,H,Hkv,hd,window,S " + dims({T, H, Hkv, hd, window, S}));
+        const int64_t B = static_cast<int64_t>(start.size()), row = Hkv * hd;
+        const auto q = normal(B * T * H * hd, 1.5), k = normal(B * T * row, 1.5),
+                   v = normal(B * T * row), kc = normal(B * std::max<int64_t>(S, 1) * row, 1.5),
+                   vc = normal(B * std::max<int64_t>(S, 1) * row);
+        std::vector<float> results[2];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor qt = up(*be, q, {B, T, H, hd}), kt = up(*be, k, {B, T, Hkv, hd}),
+                   vt = up(*be, v, {B, T, Hkv, hd}), out = output(*be, {B, T, H, hd});
+            if (S > 0)
+                be->attention_cached(qt, kt, vt, up(*be, kc, {B, S, Hkv, hd}),
+                                     up(*be, vc, {B, S, Hkv, hd}), up(*be, start, {B}), out,
+                                     window);
+            else
+                be->attention(qt, kt, vt, out, window);
+            results[i++] = down(*be, out);
+        }
+        const int64_t keys = window ? window : S + T;
+        EXPECT_TRUE(Close(results[0], results[1], reduction_tol(std::max(hd, keys))));
+    }
+};
+
+// Tiled dense matmul (M > 16 rows): M, N, K past no tile's multiple, every layout, with bias;
+// accumulating; and linear().
+TEST_F(VulkanVariants, Matmul) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::Matmul, [&] {
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) check_matmul(37, 70, 45, ta, tb, false);
+        check_matmul(37, 70, 45, true, false, true);
+        check_linear(33, 70, 45);
+    });
+}
+
+// The dense matrix-vector kernel (M <= 16: one pass of 4 rows, or several): K a multiple of 4
+// (the vectorised reads) or not, both layouts of b (and of a), and linear().
+TEST_F(VulkanVariants, MatmulGemv) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::MatmulGemv, [&] {
+        for (int64_t M : {1, 3, 16})
+            for (int64_t K : {44, 45}) {
+                for (bool tb : {false, true}) {
+                    check_matmul(M, 37, K, false, tb, false);
+                    check_matmul(M, 37, K, true, tb, M == 3);
+                }
+                check_linear(M, 37, K);
+            }
+    });
+}
+
+// Tiled grouped matmul (more than 32 slots): uneven experts, one without slots.
+TEST_F(VulkanVariants, GroupedMatmul) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::GroupedMatmul, [&] {
+        for (bool with_bias : {false, true}) check_grouped({40, 0, 30}, 33, 20, with_bias);
+        check_grouped({40, 0, 30}, 33, 21, true);
+    });
+}
+
+// The grouped matrix-vector kernel (up to 32 slots): an expert's slots 4 at a time.
+TEST_F(VulkanVariants, GroupedMatmulGemv) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::GroupedMatmulGemv, [&] {
+        for (bool with_bias : {false, true}) check_grouped({4, 0, 3}, 33, 20, with_bias);
+        check_grouped({4, 0, 3}, 33, 21, true);
+    });
+}
+
+// The backward's d_x kernel (its d_w kernel at its default): both gradients checked.
+TEST_F(VulkanVariants, GroupedMatmulBackwardDx) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::GroupedMatmulDx, [&] {
+        check_grouped_backward({40, 0, 30}, 33, 20);
+    });
+}
+
+// The backward's d_w kernel (its d_x kernel at its default), an expert without slots included.
+TEST_F(VulkanVariants, GroupedMatmulBackwardDw) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::GroupedMatmulDw, [&] {
+        check_grouped_backward({40, 0, 30}, 33, 20);
+    });
+}
+
+// TMX_VULKAN_FORCE_VARIANT, read when a backend starts: a valid list forces its variants; a
+// wrong one stops the backend, naming the variable.
+// Prefill attention (16 queries or more, head_dim up to 128): partial query and key tiles,
+// with and without a window, plain and after a filled (wrapped) rolling cache, head_dim 128.
+TEST_F(VulkanVariants, AttentionTiled) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::AttentionTiled, [&] {
+        check_attention(37, 4, 2, 24, 16, 0, {0, 0});
+        check_attention(37, 4, 1, 64, 0, 0, {0, 0});
+        check_attention(21, 4, 2, 24, 16, 16, {5, 70});
+        check_attention(17, 2, 1, 128, 9, 9, {0, 30});
+    });
+}
+
+TEST_F(VulkanVariants, ForcedVariantFromTheEnvironment) {
+    SCOPED_TRACE(trace());
+    constexpr const char* kEnv = "TMX_VULKAN_FORCE_VARIANT";
+    const char* saved = std::getenv(kEnv);
+    const std::string saved_value = saved ? saved : "";
+    const vk::VulkanOptions options{.fp16_weights = false};
+
+    const std::string forced = "bm32.bn32.bk16.tm2.tn2";
+    setenv(kEnv, ("matmul=" + forced).c_str(), 1);
+    {
+        VulkanBackend forced_vk(options);
+        EXPECT_EQ(forced_vk.tuning_table()
+                      .choose(vk::Kernel::Matmul, 37, 70, 45, 0)
+                      .name(vk::Kernel::Matmul),
+                  forced);
+        const int64_t M = 37, N = 70, K = 45;
+        const auto a = normal(M * K), b = normal(K * N);
+        std::vector<float> results[2];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&forced_vk), &cpu()}) {
+            Tensor out = output(*be, {M, N});
+            be->matmul(up(*be, a, {M, K}), up(*be, b, {K, N}), out);
+            results[i++] = down(*be, out);
+        }
+        EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+    }
+
+    for (const char* bad : {"matmul=nonsense", "nokernel=bm64.bn64.bk16.tm4.tn4"}) {
+        SCOPED_TRACE(std::string(kEnv) + "=" + bad);
+        setenv(kEnv, bad, 1);
+        try {
+            VulkanBackend refused(options);
+            ADD_FAILURE() << "the backend started";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(kEnv), std::string::npos) << e.what();
+        }
+    }
+
+    if (saved)
+        setenv(kEnv, saved_value.c_str(), 1);
+    else
+        unsetenv(kEnv);
+}
+
+}  // namespace
+}  // namespace tmx::test
+
+#endif  // TMX_HAS_VULKAN
