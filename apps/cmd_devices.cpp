@@ -12,6 +12,7 @@
 #include "engine/core/errors.h"
 #ifdef TMX_HAS_VULKAN
 #include "backends/vulkan/vulkan_context.h"
+#include "backends/vulkan/vulkan_tuning.h"
 #endif
 #ifdef TMX_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -122,7 +123,8 @@ void print_devices(bool json, nlohmann::json& out) {
                             {"fp16_weights", fp16_weights},
                             {"cooperative_matrix", d.cooperative_matrix},
                             {"max_storage_buffer_range", d.max_storage_buffer_range},
-                            {"max_allocation_bytes", d.max_allocation_bytes}});
+                            {"max_allocation_bytes", d.max_allocation_bytes},
+                            {"tuning", vk::load_tuning(d, std::nullopt).status}});
         out["devices"] = list;
         out["default"] = default_index >= 0 ? nlohmann::json(default_index) : nlohmann::json();
         return;
@@ -142,11 +144,18 @@ void print_devices(bool json, nlohmann::json& out) {
             d.subgroup_size, (std::to_string(d.shared_memory_bytes / 1024) + " KiB").c_str(),
             d.fp16 ? "yes" : "no", fp16_weights ? "yes" : "no", d.cooperative_matrix ? "yes" : "no",
             d.usable ? "" : "  (unusable: needs Vulkan 1.2 compute)");
+    // Which matmul shapes each device runs (`tmx tune`, vulkan_tuning.h).
+    for (const vk::DeviceInfo& d : devices)
+        if (d.usable)
+            std::printf("  %u: matmul shapes %s\n", d.index,
+                        vk::load_tuning(d, std::nullopt).status.c_str());
     std::printf(
         "* the default (backend \"vulkan\"); choose another with backend \"vulkan:N\" or "
         "TMX_VULKAN_DEVICE=N\n"
         "fp16-weights: matmuls read f32 weights through fp16 copies (TMX_VULKAN_FP16=0 turns "
-        "it off)\n");
+        "it off)\n"
+        "tuned: `tmx tune` measured this device's matmul shapes (TMX_VULKAN_TUNING=off ignores "
+        "them)\n");
 }
 
 #endif

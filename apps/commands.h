@@ -38,6 +38,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common);
 void add_devices_command(CLI::App& app, CommonOptions& common);
 void add_generate_command(CLI::App& app, CommonOptions& common);
 void add_bench_command(CLI::App& app, CommonOptions& common);
+void add_tune_command(CLI::App& app, CommonOptions& common);
 
 // --input FILE... and --format of the commands that read a text corpus (prepare, tokenizer
 // train).

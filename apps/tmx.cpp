@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
     cli::add_generate_command(app, common);
     cli::add_serve_command(app, common);
     cli::add_bench_command(app, common);
+    cli::add_tune_command(app, common);
     cli::add_tokenizer_command(app, common);
     cli::add_prepare_command(app, common);
     cli::add_train_command(app, common);
