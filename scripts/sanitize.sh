@@ -2,9 +2,10 @@
 # CI's second stage: the whole test suite built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (any finding fails the test), then a short libFuzzer run of each
 # reader of untrusted files (safetensors, config, token shard, corpus, GGUF, the Hugging Face
-# shard index), on the seeds in tests/fuzz/seeds. Builds with clang into build-sanitize/, its
-# own directory, with CUDA off (nvcc cannot build with the sanitizers), without MPI (OpenMPI's
-# own leaks, below) and without the benchmarks.
+# shard index, the Vulkan tuning file where the Vulkan backend is built), on the seeds in
+# tests/fuzz/seeds. Builds with clang into build-sanitize/, its own directory, with CUDA off
+# (nvcc cannot build with the sanitizers), without MPI (OpenMPI's own leaks, below) and without
+# the benchmarks.
 # Usage: scripts/sanitize.sh [--fuzz-seconds N]   (N per fuzz target, default 25; 0: no fuzzing)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,7 +14,7 @@ fuzz_seconds=25
 while [ $# -gt 0 ]; do
   case "$1" in
     --fuzz-seconds) fuzz_seconds="$2"; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "sanitize.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +46,12 @@ export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppres
 tested=$SECONDS
 
 if [ "$fuzz_seconds" -gt 0 ]; then
-  for target in safetensors config token_shard corpus gguf hf_index openai_request; do
+  for target in safetensors config token_shard corpus gguf hf_index openai_request vulkan_tuning; do
+    # Built only with the Vulkan backend (tests/fuzz/CMakeLists.txt).
+    if [ "$target" = vulkan_tuning ] && [ ! -e "$build_dir/tests/fuzz/tmx_fuzz_$target" ]; then
+      echo "sanitize: fuzz $target: not built (no Vulkan backend), skipped"
+      continue
+    fi
     seeds=("$root/tests/fuzz/seeds/$target")
     [ "$target" = config ] && seeds=("$root/assets/configs" "$root/tests/fixtures/hf_configs")
     corpus="$build_dir/fuzz-corpus/$target"
