@@ -31,7 +31,9 @@
 #               (scripts/user-flow.sh on CUDA: generate, prepare, train, SIGINT, resume,
 #               eval, a refused batch), dist (scripts/dist-check.sh: data-parallel training on
 #               NCCL, one GPU and, where there are several, all of them), torch (PyTorch), l4 (the compute_89 PTX build's CUDA
-#               tests and memcheck, run through the driver's JIT; not part of the default set).
+#               tests and memcheck, run through the driver's JIT; not part of the default set),
+#               vulkan (Vulkan's tests, `tmx tune` of both models, and tuned/untuned benches
+#               against CUDA; not part of the default set).
 #               The full check takes longer than one 10-minute command on a lent machine;
 #               split it, e.g. `--only tests,sanitizers`, then `--only bench,flow`, then
 #               `--only fit,torch`, each into its own REPORT_DIR with the same --build-dir
@@ -71,12 +73,12 @@ done
 [ -n "$report" ] || { echo "usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--quick] [--only GROUPS]" >&2; exit 2; }
 for group in ${only//,/ }; do
   case "$group" in
-    tests|sanitizers|bench|fit|flow|dist|torch|l4) ;;
-    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, fit, flow, dist, torch, l4)" >&2; exit 2 ;;
+    tests|sanitizers|bench|vulkan|fit|flow|dist|torch|l4) ;;
+    *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, vulkan, fit, flow, dist, torch, l4)" >&2; exit 2 ;;
   esac
 done
-# wanted GROUP: whether --only includes it (everything but l4 without --only).
-wanted() { if [ -z "$only" ]; then [ "$1" != l4 ]; else [[ ",$only," == *",$1,"* ]]; fi; }
+# wanted GROUP: whether --only includes it (everything but l4 and vulkan without --only).
+wanted() { if [ -z "$only" ]; then [ "$1" != l4 ] && [ "$1" != vulkan ]; else [[ ",$only," == *",$1,"* ]]; fi; }
 export TMX_REQUIRE_BACKENDS="${TMX_REQUIRE_BACKENDS-cuda,vulkan}"
 mkdir -p "$report" && report=$(cd "$report" && pwd)
 : > "$report/report.txt"
@@ -192,6 +194,30 @@ if build "$build_dir" main; then
       step bench-profile 200 "$tmx" bench --backends vulkan --prompt 512 --decode 32 --batch 8 \
            --repeats 1 --profile
     fi
+  fi
+  # Vulkan's tuning (tmx tune, docs/commands.md): every Vulkan test, then both models' shapes
+  # tuned into one device file (kept in the report), then each model benched against CUDA
+  # tuned and untuned (TMX_VULKAN_TUNING=off), and CUDA fp32 for the training comparison. About
+  # 6 minutes on an H200 (estimated: never run yet); --quick trains at batch 8.
+  if wanted vulkan; then
+    export XDG_CACHE_HOME="$report/cache"
+    # The issue's table's settings; no untimed CPU training step (minutes at B32).
+    vk_bench=(--prompt 512 --decode 128 --batch 8 --repeats 3 --no-train-check)
+    step vulkan-tests 300 bash -c "gpu_tests '$build_dir' vulkan-tests 'Vulkan|TuneCli'"
+    for cfg in tiny-mixtral tiny-mixtral-swiglu; do
+      config="$root/assets/configs/$cfg.json"
+      step "tune-$cfg" 240 "$tmx" tune --config "$config" --train-batch "${train_args[1]}" \
+           --train-seq 512 --json
+      step "bench-$cfg-tuned" 200 "$tmx" bench --config "$config" --backends cuda,vulkan \
+           "${vk_bench[@]}" "${train_args[@]}" --gemm 4096 --json
+      step "bench-$cfg-untuned" 200 env TMX_VULKAN_TUNING=off "$tmx" bench --config "$config" \
+           --backends vulkan "${vk_bench[@]}" "${train_args[@]}" --gemm 4096 --json
+      step "bench-$cfg-cuda-fp32" 120 "$tmx" bench --config "$config" --backends cuda \
+           "${vk_bench[@]}" "${train_args[@]}" --precision fp32 --json
+    done
+    step vulkan-profile 120 "$tmx" bench --backends vulkan --prompt 512 --decode 32 --batch 8 \
+         --repeats 1 --profile
+    unset XDG_CACHE_HOME
   fi
   # The L4's code path on this GPU: PTX for compute_89 only, so the driver JIT-compiles every
   # kernel's sm_89 variant (one block per SM, at most 99 KiB of shared memory) and no sm_90 code
