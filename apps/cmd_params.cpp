@@ -57,7 +57,8 @@ ScalingOptions scaling_options(const ParamsOptions& o) {
     return s;
 }
 
-// The report group of an engine tensor, from its DESIGN.md section 3 name.
+// The report group of an engine tensor, from its name
+// (docs/design.md#10-parameters-and-initialisation).
 ParamGroup group_of(const std::string& name) {
     auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
     if (has("embed_tokens")) return ParamGroup::Embedding;

@@ -1,6 +1,6 @@
-// tmx tune: measures the shapes of a GPU backend's matmul kernels on this device at a model's
-// real shapes (engine/report/tune.h) and saves the fastest that match the CPU as the device's
-// tuning, which the backend loads whenever it starts there.
+// tmx tune: measures the shapes of a GPU backend's matmul and prefill-attention kernels on this
+// device at a model's real shapes (engine/report/tune.h) and saves the fastest that match the
+// CPU as the device's tuning, which the backend loads whenever it starts there.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -85,9 +85,10 @@ void add_tune_command(CLI::App& app, CommonOptions& common) {
     t.train_seq = 512;
     CLI::App* sub = app.add_subcommand(
         "tune",
-        "Measures every shape (tile, workgroup, register block) of the GPU backend's matmul "
-        "kernels at a model's real shapes on this device, keeps the fastest that match the CPU, "
-        "and saves them as this device's tuning (used whenever the backend starts here)");
+        "Measures every shape (tile, workgroup, register block) of the GPU backend's matmul and "
+        "prefill-attention kernels at a model's real shapes on this device, keeps the fastest "
+        "that match the CPU, and saves them as this device's tuning (used whenever the backend "
+        "starts here)");
     auto* model =
         sub->add_option("--model", opts->model, "Checkpoint directory whose shapes to tune");
     auto* config = sub->add_option("--config", opts->config,

@@ -1,5 +1,5 @@
-// The backends compiled into this build, by name (DESIGN.md section 8: backend selection is
-// generic). Declared here, in backends/, and not on the engine's Backend interface: the engine
+// The backends compiled into this build, by name (docs/design.md#15-layering: backend selection
+// is generic). Declared here, in backends/, and not on the engine's Backend interface: the engine
 // only ever sees a Backend&, and links without any backend (the tmx_engine_alone target
 // checks that at build time).
 #pragma once

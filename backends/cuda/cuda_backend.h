@@ -1,7 +1,7 @@
-// The CUDA backend: the training path on NVIDIA GPUs (DESIGN.md section 5). fp32 tensors (and
-// bf16 ones where engine/compute/backend.h allows them), cuBLASLt for dense matmuls (TF32 off: fp32
-// results; bf16 operands in bf16 precision), own kernels for everything else, tensor-core ones
-// for the grouped expert matmuls in bf16.
+// The CUDA backend: the training path on NVIDIA GPUs (docs/design.md#15-layering). fp32 tensors
+// (and bf16 ones where engine/compute/backend.h allows them), cuBLASLt for dense matmuls (TF32
+// off: fp32 results; bf16 operands in bf16 precision), own kernels for everything else,
+// tensor-core ones for the grouped expert matmuls in bf16.
 //
 // One stream: ops launch on it and return; the host waits only in download() and
 // synchronize(). Device memory comes from CUDA's stream-ordered pool (cudaMallocAsync /

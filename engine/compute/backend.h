@@ -1,4 +1,5 @@
-// The Backend interface: the seam between the engine and each device (DESIGN.md section 4).
+// The Backend interface: the seam between the engine and each device
+// (docs/design.md#15-layering).
 //
 // Every op is *enqueued*: a GPU backend records or launches it and returns at once, the CPU
 // backend may run it on the spot. Tensors stay on the device between ops; the host reads back
@@ -195,11 +196,11 @@ class Backend {
     void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    int64_t window);
 
-    // The same attention for a chunk of new tokens against a rolling KV cache (DESIGN.md
-    // section 4), in fp32 under either precision. Sequence b's chunk holds T tokens at
-    // positions start[b] .. start[b] + T - 1; its cache k_cache[b], v_cache[b] [S, Hkv, hd]
-    // holds its earlier positions p in [max(0, start[b] - S), start[b]), position p in slot
-    // p mod S (other slots are not read).
+    // The same attention for a chunk of new tokens against a rolling KV cache
+    // (docs/design.md#6-rolling-kv-cache-and-generation), in fp32 under either precision.
+    // Sequence b's chunk holds T tokens at positions start[b] .. start[b] + T - 1; its cache
+    // k_cache[b], v_cache[b] [S, Hkv, hd] holds its earlier positions p in
+    // [max(0, start[b] - S), start[b]), position p in slot p mod S (other slots are not read).
     // The query at position p attends to every cached or chunk position j with
     // p - window < j <= p (window 0 = unlimited; then S must cover every earlier position).
     // q, out [B, T, H, hd]; k, v [B, T, Hkv, hd] (the chunk's own keys and values, keys after

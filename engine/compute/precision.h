@@ -1,9 +1,10 @@
-// The precision of the matmuls (DESIGN.md section 5): fp32, or bf16 operands with fp32
+// The precision of the matmuls (docs/design.md#12-precision): fp32, or bf16 operands with fp32
 // accumulation, the mixed precision GPU training uses (tensor cores take bf16). Only the
-// matmuls and attention's products change (engine/compute/backend.h says exactly how): every other
-// op computes in fp32, and the master weights, their gradients and the optimizer stay fp32. (A
-// model in BF16 stores a bf16 copy of its weights and the activations only matmuls read as BF16
-// tensors, which are the values the matmuls round to anyway: engine/model/model.h.)
+// matmuls and attention's products change (engine/compute/backend.h says exactly how): every
+// other op computes in fp32, and the master weights, their gradients and the optimizer stay
+// fp32. (A model in BF16 stores a bf16 copy of its weights and the activations only matmuls
+// read as BF16 tensors, which are the values the matmuls round to anyway:
+// engine/model/model.h.)
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// The number formats weights can be stored in for inference (DESIGN.md section 4): f32, bf16,
-// f16 and Q8_0, GGUF's 8-bit block format. A model kept in one of them holds its matmul weights
-// and its embedding table in that format in memory, and the backends that read the format
-// multiply with it directly (Backend::supports_weight_format). Here: the formats' bytes and
-// the host-side conversions every reader and writer shares.
+// The number formats weights can be stored in for inference (docs/design.md#12-precision):
+// f32, bf16, f16 and Q8_0, GGUF's 8-bit block format. A model kept in one of them holds its
+// matmul weights and its embedding table in that format in memory, and the backends that read
+// the format multiply with it directly (Backend::supports_weight_format). Here: the formats'
+// bytes and the host-side conversions every reader and writer shares.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,8 @@
 // Corpus input: text files split into documents, the way `tmx prepare` and `tmx tokenizer
 // train` read them (and `tmx eval` scores text files).
 //
-// Formats (DESIGN §3), chosen per file by `detect_corpus_format` unless given explicitly:
+// Formats (docs/design.md#14-token-datasets), chosen per file by `detect_corpus_format` unless
+// given explicitly:
 //   tinystories  documents separated by a line `<|endoftext|>` (TinyStories' own files);
 //                blank lines inside a document are kept.
 //   paragraphs   documents separated by one or more blank lines.

@@ -1,5 +1,5 @@
-// Token datasets (DESIGN §3): meta.json and the splits, each read as one token stream over its
-// shards (engine/data/token_shards.h). engine/data/prepare.h writes them.
+// Token datasets (docs/design.md#14-token-datasets): meta.json and the splits, each read as one
+// token stream over its shards (engine/data/token_shards.h). engine/data/prepare.h writes them.
 //
 // Dataset directory: DIR/meta.json, DIR/tokenizer.model (a copy of the tokenizer it was made
 // with), DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin (numbered from 000000; each at most

@@ -1,4 +1,5 @@
-// Token shards (DESIGN §3): the storage of a token dataset's splits (engine/data/dataset.h).
+// Token shards (docs/design.md#14-token-datasets): the storage of a token dataset's splits
+// (engine/data/dataset.h).
 //
 // Shard file: a fixed 32-byte little-endian header, then the tokens.
 //   bytes  0-7   magic "TMXTOKS1" (8 ASCII bytes, no NUL)

@@ -1,4 +1,5 @@
-// The ranks of a data-parallel run and the collectives they train with (DESIGN.md section 8).
+// The ranks of a data-parallel run and the collectives they train with
+// (docs/design.md#15-layering).
 //
 // The engine sees this interface only: dist/ implements it on MPI (any backend, through host
 // memory) and backends/cuda on NCCL (on the device, bootstrapped through an MPI communicator).

@@ -1,7 +1,8 @@
-// Generation (DESIGN.md section 4) of a batch of prompts, on the scheduler (scheduler.h) with one
-// slot per prompt: each prompt is prefilled into its row of a rolling-buffer KV cache in chunks
-// of at most the attention window, then all prompts decode together, one token per step, each
-// at its own position. Device-independent: it runs on any Backend.
+// Generation (docs/design.md#6-rolling-kv-cache-and-generation) of a batch of prompts, on the
+// scheduler (scheduler.h) with one slot per prompt: each prompt is prefilled into its row of a
+// rolling-buffer KV cache in chunks of at most the attention window, then all prompts decode
+// together, one token per step, each at its own position. Device-independent: it runs on any
+// Backend.
 //
 // Randomness: each prompt draws from its own stream, seeded by the seed, the prompt's tokens and
 // its index among identical prompts of the batch (0 for the first copy). So a prompt generated

@@ -1,9 +1,9 @@
-// Continuous batching (DESIGN.md section 8, serving): one model, a fixed number of slots (the
-// rows of one rolling KV cache). A submitted sequence waits for a free slot, is prefilled into it
-// in chunks (interleaved with decode steps, so that running sequences keep flowing), then decodes
-// with every other running sequence, one token per step each at its own position; a sequence
-// that ends (or is cancelled) frees its slot at once for the next one. Device-independent: it
-// runs on any Backend.
+// Continuous batching (docs/design.md#15-layering, serving): one model, a fixed number of slots
+// (the rows of one rolling KV cache). A submitted sequence waits for a free slot, is prefilled
+// into it in chunks (interleaved with decode steps, so that running sequences keep flowing), then
+// decodes with every other running sequence, one token per step each at its own position; a
+// sequence that ends (or is cancelled) frees its slot at once for the next one.
+// Device-independent: it runs on any Backend.
 //
 // Each sequence samples from its own random stream (SequenceRequest::stream_seed), and the
 // chunks of its prompt are cut at fixed offsets, so what a sequence generates does not depend on

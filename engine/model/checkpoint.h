@@ -1,8 +1,8 @@
-// Checkpoint directories (DESIGN.md section 3): config.json (the native config plus
-// format_version), model.safetensors (F32, or the weights in BF16, F16 or Q8_0: see
-// write_checkpoint), optionally tokenizer.model, and for
-// training state further files. A directory is written whole into a temporary sibling and then
-// swapped into place, so a reader never sees a half-written checkpoint.
+// Checkpoint directories (docs/design.md#13-checkpoint-files): config.json (the native config
+// plus format_version), model.safetensors (F32, or the weights in BF16, F16 or Q8_0: see
+// write_checkpoint), optionally tokenizer.model, and for training state further files. A
+// directory is written whole into a temporary sibling and then swapped into place, so a reader
+// never sees a half-written checkpoint.
 #pragma once
 
 #include <functional>

@@ -1,4 +1,4 @@
-// The native model config (DESIGN.md section 2): fields, defaults, validation.
+// The native model config (docs/design.md#2-model-config): fields, defaults, validation.
 #pragma once
 
 #include <cstdint>

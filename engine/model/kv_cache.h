@@ -1,8 +1,8 @@
-// The rolling-buffer KV cache of generation (DESIGN.md section 4): per layer, keys (after RoPE)
-// and values of the last `slots` positions of each sequence, position p in slot p mod slots.
-// With a sliding window W the cache has W slots, so its memory is fixed however long the text
-// grows; with full attention (sliding_window 0) it has max_seq_len slots and a sequence ends
-// there.
+// The rolling-buffer KV cache of generation (docs/design.md#6-rolling-kv-cache-and-generation):
+// per layer, keys (after RoPE) and values of the last `slots` positions of each sequence,
+// position p in slot p mod slots. With a sliding window W the cache has W slots, so its memory
+// is fixed however long the text grows; with full attention (sliding_window 0) it has
+// max_seq_len slots and a sequence ends there.
 #pragma once
 
 #include <cstdint>

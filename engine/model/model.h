@@ -1,5 +1,6 @@
-// The tiny-mixtral model on a Backend: parameters named as DESIGN.md section 3, seeded
-// initialisation, and the forward pass of section 2.
+// The tiny-mixtral model on a Backend: parameters named and initialised (seeded) as
+// docs/design.md#10-parameters-and-initialisation says, and the forward pass of
+// docs/design.md#3-forward-pass.
 //
 // All parameters live in one flat fp32 device tensor, in the order of model_param_layout().
 // Each layer's experts are consecutive, so the stacked [E, d_ff, d] expert weights the grouped
@@ -123,8 +124,9 @@ class Model {
     void set_bf16_storage(bool on) { bf16_storage_enabled_ = on; }
     int64_t num_params() const { return layout_.total; }
 
-    // DESIGN.md initialisation: weights N(0, 0.02), o_proj and w2 N(0, 0.02/sqrt(2L)), biases 0,
-    // norm weights 1. Each tensor draws from its own stream of `seed`.
+    // The initialisation of docs/design.md#10-parameters-and-initialisation: weights
+    // N(0, 0.02), o_proj and w2 N(0, 0.02/sqrt(2L)), biases 0, norm weights 1. Each tensor
+    // draws from its own stream of `seed`.
     void init_random(uint64_t seed);
 
     // Every parameter in fp32, in layout order (weights in another format decoded), and back

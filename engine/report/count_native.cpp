@@ -1,5 +1,5 @@
-// The counter of native tiny-mixtral configs (DESIGN.md section 2): count_native, public in
-// param_report.h.
+// The counter of native tiny-mixtral configs (docs/design.md#10-parameters-and-initialisation):
+// count_native, public in param_report.h.
 #include <string>
 #include <utility>
 
@@ -11,7 +11,7 @@ namespace tmx {
 
 using namespace report_detail;
 
-// Native tiny-mixtral (DESIGN.md section 2).
+// Native tiny-mixtral (docs/design.md#10-parameters-and-initialisation).
 ModelCount count_native(const ModelConfig& c) {
     ModelCount m = make_model("native", "tiny-mixtral");
     const int64_t d = c.d_model;

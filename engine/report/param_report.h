@@ -3,7 +3,7 @@
 // analytically from a model config.
 //
 // A config is one of
-//   * a native tiny-mixtral config (DESIGN.md section 2; no "model_type" key),
+//   * a native tiny-mixtral config (docs/design.md#2-model-config; no "model_type" key),
 //   * a Hugging Face config.json ("model_type": llama, mistral, mixtral, qwen2_moe, olmoe,
 //     deepseek, gpt2, switch_transformers), counted by that architecture's own module layout;
 //     the size keys (vocab, width, layers, heads) are required, every other missing key takes

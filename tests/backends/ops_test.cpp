@@ -773,7 +773,8 @@ TEST_P(OpTest, MoeCombine) {
 }
 
 // The MoE ops chained as the model uses them (route, group, gather, grouped matmul, combine)
-// against the dense formula h[n] = sum_{j} g_j (x[n] . W_e^T + b_e) of DESIGN.md section 2.
+// against the dense formula h[n] = sum_{j} g_j (x[n] . W_e^T + b_e) of
+// docs/design.md#7-router-experts-aux-loss.
 TEST_P(OpTest, MoePipelineMatchesDenseFormula) {
     SCOPED_TRACE(trace());
     struct Case {

@@ -1,7 +1,8 @@
 // Reference implementations of the Backend interface's forward ops, for the op tests: plain
 // double-precision loops on host vectors, written straight from the contracts in
-// engine/compute/backend.h (and DESIGN.md section 2), not from any backend's code. They favour
-// being obviously right over being fast: every backend (the CPU one included) is compared to these.
+// engine/compute/backend.h (and docs/design.md#3-forward-pass), not from any backend's code.
+// They favour being obviously right over being fast: every backend (the CPU one included) is
+// compared to these.
 //
 // Layouts are those of engine/compute/backend.h: row-major, dimensions passed explicitly.
 #pragma once

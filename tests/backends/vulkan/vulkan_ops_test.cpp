@@ -208,9 +208,9 @@ TEST_F(VulkanOps, AttentionCachedAndCacheWriteMatchCpu) {
     }
 }
 
-// Generation's invariant (DESIGN.md section 4) on the device alone: a prefill chunk and then
-// one token at a time through the rolling cache give what attention over the whole sequence
-// gives, with the window as long as the cache.
+// Generation's invariant (docs/design.md#6-rolling-kv-cache-and-generation) on the device
+// alone: a prefill chunk and then one token at a time through the rolling cache give what
+// attention over the whole sequence gives, with the window as long as the cache.
 TEST_F(VulkanOps, DecodingThroughTheCacheMatchesFullAttention) {
     SCOPED_TRACE(trace());
     const int64_t T = 23, H = 4, Hkv = 2, hd = 16, W = 6, prefill = 4;

@@ -55,7 +55,7 @@ void round_trip(uint64_t vocab, uint32_t expected_bytes_per_token, uint64_t seed
     tokens.push_back(0);
     write_token_shard(dir / "s.bin", vocab, tokens);
 
-    // The exact header layout of DESIGN §3 / token_shards.h.
+    // The exact header layout of docs/design.md#14-token-datasets / token_shards.h.
     const std::string raw = read_file(dir / "s.bin");
     ASSERT_EQ(raw.size(), 32 + tokens.size() * expected_bytes_per_token);
     EXPECT_EQ(raw.substr(0, 8), "TMXTOKS1");

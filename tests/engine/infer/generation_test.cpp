@@ -1,5 +1,5 @@
 // Generation: cached decoding against recomputing the whole sequence, batches against single
-// prompts, and the cache's fixed memory (DESIGN.md section 4).
+// prompts, and the cache's fixed memory (docs/design.md#6-rolling-kv-cache-and-generation).
 #include <gtest/gtest.h>
 
 #include <algorithm>

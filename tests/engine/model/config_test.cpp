@@ -152,7 +152,8 @@ TEST(Config, ParamCountMatchesTheEnginesLayout) {
         const ModelConfig c = config_from_json(j, "cfg.json");
         EXPECT_EQ(param_count(c, "cfg.json"), model_param_layout(c).total) << j.dump();
     }
-    EXPECT_EQ(param_count(ModelConfig{}, "cfg.json"), 172'442'624);  // DESIGN.md
+    // The count of docs/design.md#10-parameters-and-initialisation.
+    EXPECT_EQ(param_count(ModelConfig{}, "cfg.json"), 172'442'624);
 }
 
 TEST(Config, DenseModelIgnoresTopK) {
