@@ -1,6 +1,7 @@
 // tmx tune: measures the shapes of a GPU backend's matmul and prefill-attention kernels on this
 // device at a model's real shapes (engine/report/tune.h) and saves the fastest that match the
 // CPU as the device's tuning, which the backend loads whenever it starts there.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -46,14 +47,17 @@ nlohmann::json to_json(const TuneReport& r, const std::string& model, const std:
 
 void print_table(const TuneReport& r, const std::string& model, const std::string& backend) {
     std::printf("tune: %s on %s\n\n", model.c_str(), backend.c_str());
-    std::printf("%-50s %6s  %-24s %9s  %-24s %9s %8s\n", "shape", "tried", "best", "ms", "default",
-                "ms", "speedup");
+    int width = 5;  // the longest shape
+    for (const TunedShapeReport& s : r.shapes)
+        width = std::max(width, static_cast<int>(s.call.key.size()));
+    std::printf("%-*s %6s  %-24s %9s  %-24s %9s %8s\n", width, "shape", "tried", "best", "ms",
+                "default", "ms", "speedup");
     double best_total = 0, default_total = 0;
     for (const TunedShapeReport& s : r.shapes) {
         int ok = 0;
         for (const auto& t : s.tried) ok += t.rejected ? 0 : 1;
         const std::string tried = std::to_string(ok) + "/" + std::to_string(s.tried.size());
-        std::printf("%-50s %6s  %-24s %9.4f  %-24s %9.4f %7.2fx\n", s.call.key.c_str(),
+        std::printf("%-*s %6s  %-24s %9.4f  %-24s %9.4f %7.2fx\n", width, s.call.key.c_str(),
                     tried.c_str(), s.best.c_str(), s.best_ms, s.default_variant.c_str(),
                     s.default_ms, s.best_ms > 0 ? s.default_ms / s.best_ms : 0.0);
         best_total += s.best_ms;
