@@ -37,7 +37,7 @@ void add_backend_options(CLI::App& sub, BackendChoice& choice, bool training) {
     sub.add_option("--backend", choice.backend,
                    "Backend: auto (the best present: CUDA, else a Vulkan GPU, else the CPU) "
                    "or one of " +
-                       (training ? training_backend_list() : backend_list()))
+                       backend_list())
         ->capture_default_str();
     sub.add_option("--device", choice.device,
                    "GPU index of the chosen backend, as `tmx devices` lists them (default: "
@@ -79,9 +79,8 @@ std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
     const bool gpu = name == "vulkan" || name == "cuda";
     auto be = make_backend(with_device(name, device >= 0 || !gpu ? device : default_device));
     if (training && !be->supports_training())
-        throw UsageError(
-            "--backend " + backend + ": the " + be->name() +
-            " backend runs inference only; backends that train: " + training_backend_list());
+        throw UsageError("--backend " + backend + ": the " + be->name() +
+                         " backend runs inference only");
     be->set_matmul_precision(resolve_precision(*be));
     be->set_training_mode(training);
     if (announce_it) announce(*be);

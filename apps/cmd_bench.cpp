@@ -184,7 +184,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     struct Options {
         std::string model, config, backends;
         std::string precision = "auto";
-        std::string weights = "f32";
+        std::string weights = "auto";
         int device = -1;
         BenchOptions bench;
         bool json = false;
@@ -223,8 +223,10 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
         ->capture_default_str();
     sub->add_option("--weights", opts->weights,
-                    "Format the prefill and decode models hold their weights in: f32, bf16, f16 "
-                    "or q8_0 (converted from the weights; every backend holds every format)")
+                    "Format the prefill and decode models hold their weights in: auto (a "
+                    "--model checkpoint's own format, as generate, eval and serve run it; f32 "
+                    "with --config), f32, bf16, f16 or q8_0 (converted from the weights; every "
+                    "backend holds every format)")
         ->capture_default_str();
     sub->add_option("--peak-tflops", b.peak_tflops,
                     "The GPU's peak TFLOP/s in the step's precision, for the training step's "
@@ -262,7 +264,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         BenchOptions o = opts->bench;
         if (opts->precision != "auto")
             o.precision = parse_precision(opts->precision, "--precision");
-        o.weight_format = parse_weight_format(opts->weights, "--weights");
+        o.weight_format = opts->weights != "auto" ? parse_weight_format(opts->weights, "--weights")
+                          : !opts->model.empty()  ? checkpoint_weight_format(opts->model)
+                                                  : DType::F32;
         o.backends = opts->backends.empty() ? present_backends() : split_names(opts->backends);
         if (opts->device >= 0)
             for (std::string& name : o.backends)

@@ -93,8 +93,4 @@ std::string backend_list() {
     return join(backend_names());
 }
 
-std::string training_backend_list() {
-    return backend_list();  // every backend of this build trains
-}
-
 }  // namespace tmx

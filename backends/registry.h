@@ -17,8 +17,6 @@ std::unique_ptr<Backend> make_backend(const std::string& name);
 // The names make_backend() accepts, in this build, and the same as "cpu, vulkan".
 std::vector<std::string> backend_names();
 std::string backend_list();
-// The backends of this build that train (supports_training()), as "cpu, cuda".
-std::string training_backend_list();
 // "auto" becomes the best backend present on this machine (CUDA, then a Vulkan GPU, then the
 // CPU); any other name is returned as it is.
 std::string resolve_backend(const std::string& name, bool training = false);

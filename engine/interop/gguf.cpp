@@ -517,8 +517,6 @@ std::string Value::type_name() const {
     return to_string(type);
 }
 
-// ---- f16 and Q8_0 ----
-
 // ---- Writer ----
 
 Writer::Writer(std::string path) : path_(std::move(path)), out_(path_) {}

@@ -113,6 +113,26 @@ TEST(BenchCli, APrecisionABackendLacksIsAUsageError) {
     EXPECT_EQ(r.out, "");
 }
 
+// A checkpoint runs in the format it is stored in, as generate, eval and serve run it; a config's
+// random weights in f32; --weights overrides either.
+TEST(BenchCli, ACheckpointIsBenchedInItsOwnWeightFormat) {
+    test::TempDir dir;
+    const std::string q8 = dir / "q8";
+    auto converted = test::run_tmx("convert --model " + test::source_dir() + "/assets/demo --out " +
+                                   q8 + " --dtype q8_0");
+    ASSERT_EQ(converted.exit_code, 0) << converted.err;
+    const std::string quick = " --backends cpu --prompt 4 --decode 2 --batch 2 --repeats 1 --json";
+    auto weights_of = [&](const std::string& args) {
+        auto r = test::run_tmx("bench " + args + quick);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return r.exit_code == 0 ? nlohmann::json::parse(r.out)["weights"].get<std::string>() : "";
+    };
+    EXPECT_EQ(weights_of("--model " + q8), "q8_0");
+    EXPECT_EQ(weights_of("--model " + q8 + " --weights f32"), "f32");
+    EXPECT_EQ(weights_of("--config " + test::source_dir() + "/assets/configs/test-tiny.json"),
+              "f32");
+}
+
 TEST(BenchCli, UnknownBackendIsAUsageError) {
     auto r = test::run_tmx("bench --config " + test::source_dir() +
                            "/assets/configs/test-tiny.json --backends cpu,nosuch");
