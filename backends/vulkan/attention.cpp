@@ -102,13 +102,12 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
         // Every candidate fits the device's shared memory (vulkan_tuning.h).
         const int64_t span = std::min<int64_t>(window, std::numeric_limits<int32_t>::max());
         const vk::Variant shape =
-            choose(vk::Kernel::AttentionTiled, T, hd, span, static_cast<uint32_t>(H),
-                   {.op = TunableCall::Op::Attention,
-                    .rows = T,
-                    .n = hd,
-                    .k = span,
-                    .heads = H,
-                    .kv_heads = Hkv});
+            choose(vk::Kernel::AttentionTiled, {.op = TunableCall::Op::Attention,
+                                                .rows = T,
+                                                .n = hd,
+                                                .k = span,
+                                                .heads = H,
+                                                .kv_heads = Hkv});
         const uint32_t bq = shape.spec[1];
         run("attention_tiled", shape.spec,
             {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,

@@ -18,8 +18,8 @@ vk::Kernel kernel_named(const std::string& name) {
     return *k;
 }
 
-// The kernel's shape of a call's op (what the backend passed to choose()), as vk::ShapeKey
-// takes it.
+// The kernel's shape of a call's op, as vk::ShapeKey takes it: rows (classed), the other two
+// dimensions, and the layout (dense: transposes; grouped: experts; attention: heads).
 struct KernelShape {
     int64_t rows, n, k;
     uint32_t layout;
@@ -41,14 +41,14 @@ KernelShape kernel_shape(vk::Kernel kernel, const TunableCall& c) {
 
 }  // namespace
 
-vk::Variant VulkanBackend::choose(vk::Kernel kernel, int64_t rows, int64_t n, int64_t k,
-                                  uint32_t layout, TunableCall call) {
+vk::Variant VulkanBackend::choose(vk::Kernel kernel, TunableCall call) {
+    const KernelShape s = kernel_shape(kernel, call);
     if (call_log_) {
         call.kernel = vk::kernel_name(kernel);
-        call.key = vk::shape_key(kernel, rows, n, k, layout).to_string();
+        call.key = vk::shape_key(kernel, s.rows, s.n, s.k, s.layout).to_string();
         call_log_->push_back(std::move(call));
     }
-    return table_.choose(kernel, rows, n, k, layout);
+    return table_.choose(kernel, s.rows, s.n, s.k, s.layout);
 }
 
 std::vector<std::string> VulkanBackend::variants(const std::string& kernel) const {

@@ -98,7 +98,6 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         bias.defined() ? 1u : 0u,
         opts.accumulate ? 1u : 0u,
         b_read.byte_adjust};
-    const uint32_t layout = (opts.trans_a ? 1u : 0u) | (opts.trans_b ? 2u : 0u);
     const TunableCall call{.op = b_is_weight ? TunableCall::Op::Linear : TunableCall::Op::Matmul,
                            .rows = M,
                            .n = N,
@@ -113,14 +112,14 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
             decltype(p) base;
             uint32_t dot_mode;
         } pg{p, opts.trans_b ? 1u : 0u};
-        const vk::Variant v = choose(vk::Kernel::MatmulGemv, M, N, K, layout, call);
+        const vk::Variant v = choose(vk::Kernel::MatmulGemv, call);
         const uint32_t wg = v.spec[0], rows = v.spec[1];
         const uint64_t groups = opts.trans_b ? ceil_div(N, rows) : ceil_div(N, wg);
         auto [gx, gy] = grid(groups, 1);
         run(shader, v.spec, bindings, pg, gx, gy, ceil_div(M, kGemvRowsPerGroup));
         return;
     }
-    const vk::Variant t = choose(vk::Kernel::Matmul, M, N, K, layout, call);
+    const vk::Variant t = choose(vk::Kernel::Matmul, call);
     run(shader, t.spec, bindings, p, ceil_div(N, t.spec[2]), ceil_div(M, t.spec[1]));
 }
 
@@ -154,16 +153,15 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
                            .experts = E,
                            .weight = w.dtype(),
                            .reduced_weights = w_read.reduced};
-    const uint32_t experts = static_cast<uint32_t>(E);
     if (gemv) {
-        const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, S, Nout, K, experts, call);
+        const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, call);
         // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at
         // most ceil(S / 4) plus one per expert (the shader's extra rows leave at once).
         const int64_t runs = std::min(S, (S + kGemvRowsPerGroup - 1) / kGemvRowsPerGroup + E);
         run(shader, v.spec, bindings, p, ceil_div(Nout, v.spec[1]), static_cast<uint32_t>(runs));
         return;
     }
-    const vk::Variant t = choose(vk::Kernel::GroupedMatmul, S, Nout, K, experts, call);
+    const vk::Variant t = choose(vk::Kernel::GroupedMatmul, call);
     run(shader, t.spec, bindings, p, ceil_div(Nout, t.spec[2]),
         ceil_div(S, t.spec[1]) + static_cast<uint32_t>(E));
 }
@@ -188,11 +186,11 @@ void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& 
                                .k = K,
                                .experts = E};
         const uint32_t experts = static_cast<uint32_t>(E);
-        const vk::Variant tx = choose(vk::Kernel::GroupedMatmulDx, S, K, Nout, experts, call);
+        const vk::Variant tx = choose(vk::Kernel::GroupedMatmulDx, call);
         run("grouped_matmul_backward_dx", tx.spec, {in(d_out), in(w), in(offsets), inout(d_x)}, p,
             ceil_div(K, tx.spec[2]), ceil_div(S, tx.spec[1]) + experts);
         // d_w[e] [Nout, K] += d_out[e's slots]^T . x[e's slots]: a grid of tiles per expert.
-        const vk::Variant tw = choose(vk::Kernel::GroupedMatmulDw, S, Nout, K, experts, call);
+        const vk::Variant tw = choose(vk::Kernel::GroupedMatmulDw, call);
         run("grouped_matmul_backward_dw", tw.spec, {in(d_out), in(x), in(offsets), inout(d_w)}, p,
             ceil_div(K, tw.spec[2]), ceil_div(Nout, tw.spec[1]), experts);
     }

@@ -136,10 +136,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                       const Tensor& bias, bool b_is_weight);
 
-    // The variant a tunable call runs with (the tuning table's choice), logged while call_log_
-    // is set. rows, n, k: the kernel's shape; layout as vk::ShapeKey's.
-    vk::Variant choose(vk::Kernel kernel, int64_t rows, int64_t n, int64_t k, uint32_t layout,
-                       TunableCall call);
+    // The variant a tunable call of `kernel` runs with (the tuning table's choice at the
+    // kernel's shape of the call), logged while call_log_ is set.
+    vk::Variant choose(vk::Kernel kernel, TunableCall call);
     // Loads the tuning file the options or the environment name (vulkan_tuning.h).
     void load_tuning(const vk::VulkanOptions& options);
 

@@ -9,8 +9,29 @@
 #include <vector>
 
 #include "engine/compute/backend.h"
+#include "engine/core/rng.h"
 
 namespace tmx::bench_detail {
+
+// Seeded random inputs: the same values on every backend for the same seed.
+class InputMaker {
+  public:
+    explicit InputMaker(uint64_t seed) : rng_(seed) {}
+    std::vector<float> normal(int64_t n, double scale = 1.0) {
+        std::vector<float> v(static_cast<size_t>(n));
+        for (float& x : v) x = static_cast<float>(rng_.normal() * scale);
+        return v;
+    }
+    // n integers in [0, hi).
+    std::vector<int32_t> ints(int64_t n, int64_t hi) {
+        std::vector<int32_t> v(static_cast<size_t>(n));
+        for (int32_t& x : v) x = static_cast<int32_t>(rng_.below(static_cast<uint64_t>(hi)));
+        return v;
+    }
+
+  private:
+    Rng rng_;
+};
 
 // Median wall time in seconds of `work` after warm-up; each run ends when the device is done.
 double median_seconds(Backend& be, const std::function<void()>& work, int warmup, int repeats,

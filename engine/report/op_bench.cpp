@@ -10,24 +10,6 @@
 namespace tmx::bench_detail {
 namespace {
 
-class InputMaker {
-  public:
-    explicit InputMaker(uint64_t seed) : rng_(seed) {}
-    std::vector<float> normal(int64_t n, double scale = 1.0) {
-        std::vector<float> v(static_cast<size_t>(n));
-        for (float& x : v) x = static_cast<float>(rng_.normal() * scale);
-        return v;
-    }
-    std::vector<int32_t> ints(int64_t n, int64_t hi) {
-        std::vector<int32_t> v(static_cast<size_t>(n));
-        for (int32_t& x : v) x = static_cast<int32_t>(rng_.below(static_cast<uint64_t>(hi)));
-        return v;
-    }
-
-  private:
-    Rng rng_;
-};
-
 // out = a b^T (a linear layer), M rows.
 OpCase linear_case(const std::string& name, int64_t M, int64_t N, int64_t K, InputMaker& in) {
     OpCase c{name,

@@ -3,11 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <map>
+#include <set>
 
 #include "engine/core/errors.h"
-#include "engine/core/rng.h"
 #include "engine/model/model.h"
 #include "engine/report/bench.h"
 #include "engine/report/bench_util.h"
@@ -17,6 +15,7 @@ namespace tmx {
 namespace {
 
 using bench_detail::download;
+using bench_detail::InputMaker;
 using bench_detail::max_error;
 using bench_detail::upload;
 
@@ -24,12 +23,6 @@ using bench_detail::upload;
 // another order, or weights read as fp16 (a relative rounding of 2^-11 per weight).
 constexpr double kFp32Tolerance = 1e-4;
 constexpr double kReducedTolerance = 3e-3;
-
-std::vector<float> normal(Rng& rng, int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = static_cast<float>(rng.normal());
-    return v;
-}
 
 // The tunable calls of the model's inference (prefill, batch-1 and batch-N decode) and, when
 // asked, of a training step, in the order they were made, one per key and kernel.
@@ -66,42 +59,30 @@ std::vector<TunableCall> collect_calls(const ModelConfig& config, Backend& be,
         kt.log_calls(nullptr);
     }
     std::vector<TunableCall> unique;
-    std::map<std::pair<std::string, std::string>, bool> seen;
+    std::set<std::pair<std::string, std::string>> seen;
     for (const TunableCall& c : log)
-        if (!seen[{c.kernel, c.key}]) {
-            seen[{c.kernel, c.key}] = true;
-            unique.push_back(c);
-        }
+        if (seen.insert({c.kernel, c.key}).second) unique.push_back(c);
     return unique;
 }
 
-// A call's inputs on one backend, and how to launch it.
+// A call's outputs on one backend, and how to launch it (its inputs live in the closure).
 struct Launch {
-    std::vector<Tensor> keep;
     std::vector<Tensor> outputs;
     std::function<void()> run;
 };
 
 // Fresh random inputs for `call`, the same on every backend (drawn from `seed`).
 Launch prepare(const TunableCall& c, Backend& be, uint64_t seed) {
-    Rng rng(seed);
+    InputMaker in(seed);
     Launch l;
     const int64_t M = c.rows, N = c.n, K = c.k, E = std::max<int64_t>(c.experts, 1);
-    auto up = [&](int64_t n, Shape shape) {
-        Tensor t = upload(be, normal(rng, n), std::move(shape));
-        l.keep.push_back(t);
-        return t;
-    };
+    auto up = [&](int64_t n, Shape shape) { return upload(be, in.normal(n), std::move(shape)); };
     // Expert offsets for M slots routed at random over E experts.
     auto offsets = [&] {
-        std::vector<int32_t> counts(static_cast<size_t>(E), 0);
-        for (int64_t s = 0; s < M; ++s) ++counts[rng.below(static_cast<uint64_t>(E))];
-        Tensor t = be.alloc({E + 1}, DType::I32);
         std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
-        for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + counts[e];
-        be.upload(t, off.data());
-        l.keep.push_back(t);
-        return t;
+        for (int32_t e : in.ints(M, E)) ++off[e + 1];
+        for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
+        return bench_detail::upload_ids(be, off, {E + 1});
     };
     switch (c.op) {
         case TunableCall::Op::Matmul: {
