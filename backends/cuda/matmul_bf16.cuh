@@ -1,7 +1,8 @@
 // The grouped expert matmuls in bf16 precision, on tensor cores (WMMA, bf16 x bf16 -> fp32, sm_80
-// and newer): the three products of grouped_matmul and its backward. Private to matmul.cu, which
-// dispatches to them when the backend's matmul precision is BF16 (engine/compute/backend.h states
-// the contract: operands rounded to bf16, products summed in fp32, fp32 results).
+// and newer): the three products of grouped_matmul and its backward. Private to
+// grouped_matmul.cu, which dispatches to them when the backend's matmul precision is BF16
+// (engine/compute/backend.h states the contract: operands rounded to bf16, products summed in
+// fp32, fp32 results).
 //
 // The operands are first rounded into bf16 copies with rows padded to a multiple of 8
 // (matmul.cu: pad_to_bf16_rows), so that every 16-byte chunk is aligned: the kernels then copy

@@ -70,7 +70,7 @@ void with_weight_reader(const Tensor& t, F&& f) {
 
 // t's values decoded into a new tensor of its shape in pool memory: F32, or in bf16 precision
 // BF16 (rounded to nearest even, as the matmuls round an F32 operand), for the products large
-// enough for cuBLASLt or the tiled kernels. Defined in matmul.cu.
+// enough for cuBLASLt or the tiled kernels. Defined in weight_matmul.cu.
 Tensor decode_weight(CudaBackend& be, const Tensor& t, bool to_bf16, const char* op);
 
 }  // namespace tmx::cuda
