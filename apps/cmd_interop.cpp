@@ -69,11 +69,19 @@ void add_export_command(CLI::App& app, CommonOptions& common) {
             h.overwrite = o->force;
             h.progress = progress;
             const interop::HfExportReport r = interop::export_hf(o->model, o->out, h);
-            std::printf(
-                "wrote %s: %s, %lld tensors in %d file%s (%s, %s)%s\n", o->out.c_str(),
-                r.architecture.c_str(), static_cast<long long>(r.tensors), r.shards,
-                r.shards == 1 ? "" : "s", fmt_bytes(r.bytes).c_str(), o->dtype.c_str(),
-                r.tokenizer ? ", with tokenizer" : ", no tokenizer (none in the checkpoint)");
+            std::printf("wrote %s: %s, %lld tensors in %d file%s (%s, %s)%s\n", o->out.c_str(),
+                        r.architecture.c_str(), static_cast<long long>(r.tensors), r.shards,
+                        r.shards == 1 ? "" : "s", fmt_bytes(r.bytes).c_str(), o->dtype.c_str(),
+                        !r.tokenizer ? ", no tokenizer (none in the checkpoint)"
+                        : r.tokenizer_json_skipped.empty()
+                            ? ", with tokenizer (tokenizer.model, tokenizer.json)"
+                            : ", with tokenizer (tokenizer.model only)");
+            if (!r.tokenizer_json_skipped.empty())
+                std::fprintf(stderr,
+                             "warning: no tokenizer.json written: %s. Hugging Face's libraries "
+                             "will convert tokenizer.model themselves, which may tokenize "
+                             "differently\n",
+                             r.tokenizer_json_skipped.c_str());
             return;
         }
         interop::GgufExportOptions g;

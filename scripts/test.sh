@@ -3,10 +3,10 @@
 # backend too wherever the toolkit is, GPU or not, so that its code is compiled and its host-side
 # tests run) and runs the whole test suite with ctest.
 # Tests that need ../shared (the development data beside the checkout) skip when it is absent.
-# It also installs the clients that test `tmx serve` from outside: Node.js, npm's official
-# `openai` package and `playwright-core` (into build/npm; without a reachable npm registry those
-# tests skip) and Debian's chromium for the playground's browser test, and ends with a short
-# load test of the server.
+# It also installs the clients that test tmx from outside: Node.js; npm's official `openai`
+# package, `playwright-core` and Hugging Face's `tokenizers` (into build/npm; without a reachable
+# npm registry those tests skip); Debian's chromium for the playground's browser test. It ends
+# with a short load test of the server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/check-format.sh"
@@ -21,9 +21,10 @@ fi
 ensure_packages test chromium ||
   echo "test.sh: could not install chromium; the playground's browser test will skip" >&2
 ensure_packages test python3
-npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 ||
-  echo "test.sh: npm could not install openai and playwright-core; the server's client and" \
-    "browser tests will skip" >&2
+npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 \
+  tokenizers@0.23.2 ||
+  echo "test.sh: npm could not install openai, playwright-core and tokenizers; the server's" \
+    "client and browser tests and the tokenizer.json comparison will skip" >&2
 cd "$root/build"
 ctest --output-on-failure --parallel "$(nproc)"
 # A short bounded load test of tmx serve (scripts/load-test.py): every answer complete and well

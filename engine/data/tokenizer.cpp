@@ -145,6 +145,21 @@ std::optional<std::string> without_dummy_prefix(std::string_view model, bool& ha
     return out;
 }
 
+// The value of a varint field, or `fallback` where the message lacks it (protobuf's default).
+uint64_t varint_field(const std::vector<ProtoField>& fields, uint64_t number, uint64_t fallback) {
+    uint64_t value = fallback;
+    for (const ProtoField& f : fields)  // the last occurrence wins, as protobuf reads it
+        if (f.number == number && f.wire_type == kWireVarint) value = f.varint;
+    return value;
+}
+
+std::string_view bytes_field(const std::vector<ProtoField>& fields, uint64_t number) {
+    std::string_view value;
+    for (const ProtoField& f : fields)
+        if (f.number == number && f.wire_type == kWireBytes) value = f.payload;
+    return value;
+}
+
 void encode_with(const sentencepiece::SentencePieceProcessor& sp, std::string_view text,
                  std::vector<int32_t>& out, const std::string& name) {
     static_assert(sizeof(int) == sizeof(int32_t));
@@ -300,6 +315,48 @@ bool Tokenizer::is_unused(int32_t id) const {
 float Tokenizer::score(int32_t id) const {
     check_id(id);
     return sp_->GetScore(id);
+}
+
+// Field numbers of sentencepiece_model.proto: ModelProto {pieces 1, trainer_spec 2,
+// normalizer_spec 3, denormalizer_spec 5}; SentencePiece {type 3}; TrainerSpec {model_type 3,
+// treat_whitespace_as_suffix 24, byte_fallback 35}; NormalizerSpec {name 1,
+// precompiled_charsmap 2, add_dummy_prefix 3, remove_extra_whitespaces 4,
+// escape_whitespaces 5}.
+Tokenizer::ModelSpec Tokenizer::model_spec() const {
+    const std::string model = sp_->serialized_model_proto();
+    const auto fail = [&]() -> Error {
+        return Error(path_ + ": the SentencePiece model's spec does not parse");
+    };
+    const auto fields = proto_fields(model);
+    if (!fields) throw fail();
+    const auto message = [&](uint64_t number) {
+        const auto sub = proto_fields(bytes_field(*fields, number));
+        if (!sub) throw fail();
+        return *sub;
+    };
+    ModelSpec spec;
+    const auto trainer = message(2), normalizer = message(3), denormalizer = message(5);
+    spec.type = static_cast<ModelSpec::Type>(varint_field(trainer, 3, 1));
+    spec.treat_whitespace_as_suffix = varint_field(trainer, 24, 0) != 0;
+    spec.byte_fallback = varint_field(trainer, 35, 0) != 0;
+    spec.normalizer = std::string(bytes_field(normalizer, 1));
+    spec.has_charsmap = !bytes_field(normalizer, 2).empty();
+    spec.has_denormalizer = !bytes_field(denormalizer, 2).empty();
+    spec.add_dummy_prefix = varint_field(normalizer, 3, 1) != 0;
+    spec.remove_extra_whitespaces = varint_field(normalizer, 4, 1) != 0;
+    spec.escape_whitespaces = varint_field(normalizer, 5, 1) != 0;
+    int32_t id = 0;
+    constexpr uint64_t kUserDefined = 4, kUnused = 5;
+    for (const ProtoField& f : *fields) {
+        if (f.number != 1 || f.wire_type != kWireBytes) continue;
+        const auto piece = proto_fields(f.payload);
+        if (!piece) throw fail();
+        const uint64_t type = varint_field(*piece, 3, 1);
+        if (type == kUserDefined) spec.user_defined.push_back(id);
+        if (type == kUnused) spec.unused.push_back(id);
+        ++id;
+    }
+    return spec;
 }
 
 const Tokenizer::PieceInfo& Tokenizer::info(int32_t id) const {

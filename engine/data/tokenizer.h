@@ -59,6 +59,21 @@ class Tokenizer {
     float score(int32_t id) const;  // the piece's score in the model (BPE merge priority)
     int32_t byte_pieces() const;    // how many <0xNN> pieces (256 with byte fallback)
 
+    // What the model's own spec (its ModelProto) says about how it tokenizes: what an exporter
+    // must reproduce. Parsed from the model's bytes; a tmx::Error when they do not parse.
+    struct ModelSpec {
+        enum class Type : int { Unigram = 1, Bpe = 2, Word = 3, Char = 4 };
+        Type type = Type::Unigram;  // TrainerSpec.model_type (protobuf's default)
+        bool byte_fallback = false;
+        bool treat_whitespace_as_suffix = false;
+        std::string normalizer;         // NormalizerSpec.name: "identity", "nmt_nfkc", ...
+        bool has_charsmap = false;      // a precompiled normalization map (normalizes the text)
+        bool has_denormalizer = false;  // a denormalizer map (applied when decoding)
+        bool add_dummy_prefix = true, remove_extra_whitespaces = true, escape_whitespaces = true;
+        std::vector<int32_t> user_defined, unused;  // ids of USER_DEFINED and UNUSED pieces
+    };
+    ModelSpec model_spec() const;
+
     // Per-id facts the streaming decoder uses.
     enum class Kind : uint8_t { Normal, Byte, Control, Unknown };
     struct PieceInfo {

@@ -10,6 +10,7 @@
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/data/tokenizer.h"
+#include "engine/interop/hf_tokenizer.h"
 #include "engine/interop/interop.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/model.h"
@@ -25,12 +26,25 @@ size_t element_bytes(StorageType t) {
     return t == StorageType::F32 ? 4 : 2;
 }
 
-// The SentencePiece (Llama) tokenizer files beside tokenizer.model. Our datasets start every
-// document with BOS and never append EOS, so the tokenizer adds BOS and not EOS.
-void write_tokenizer_files(const Tokenizer& tok, const ModelConfig& c, const fs::path& dir) {
+// The tokenizer files beside tokenizer.model: tokenizer.json where it can say exactly what the
+// SentencePiece model does (else `skipped` says why not), and the config that loads it. Our
+// datasets start every document with BOS and never append EOS, so the tokenizer adds BOS and
+// not EOS.
+void write_tokenizer_files(const Tokenizer& tok, const ModelConfig& c, const fs::path& dir,
+                           std::string& skipped) {
     auto piece = [&](int32_t id) { return id >= 0 ? json(tok.piece(id)) : json(nullptr); };
+    std::string tokenizer_json;
+    try {
+        tokenizer_json = interop::tokenizer_json(tok, tok.bos_id() >= 0);
+    } catch (const Error& e) {
+        skipped = e.what();
+    }
+    if (!tokenizer_json.empty())
+        write_file_atomic((dir / "tokenizer.json").string(), tokenizer_json);
     json cfg;
-    cfg["tokenizer_class"] = "LlamaTokenizer";
+    // With a tokenizer.json, the generic class that loads it as it is (transformers 5's
+    // LlamaTokenizer replaces its normalizer and decoder with defaults of its own).
+    cfg["tokenizer_class"] = tokenizer_json.empty() ? "LlamaTokenizer" : "PreTrainedTokenizerFast";
     cfg["add_bos_token"] = tok.bos_id() >= 0;
     cfg["add_eos_token"] = false;
     cfg["bos_token"] = piece(tok.bos_id());
@@ -154,7 +168,7 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out_d
         }
         if (tok) {
             write_file_atomic((tmp / "tokenizer.model").string(), read_file(tok_path));
-            write_tokenizer_files(*tok, config, tmp);
+            write_tokenizer_files(*tok, config, tmp, report.tokenizer_json_skipped);
         }
         const std::string previous =
             replace_directory(tmp.string(), dir.string(), "model", WithoutExchange::Fail);

@@ -38,6 +38,9 @@ struct HfExportReport {
     int shards = 0;
     uint64_t bytes = 0;  // tensor data written
     bool tokenizer = false;
+    // Why tokenizer.json was not written beside tokenizer.model (empty when it was, or when
+    // there is no tokenizer).
+    std::string tokenizer_json_skipped;
 };
 
 // Writes checkpoint `checkpoint` as a Hugging Face model directory `out_dir`.

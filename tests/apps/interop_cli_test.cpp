@@ -28,7 +28,9 @@ TEST_F(InteropCli, ExportAndImportRoundTripThroughBothFormats) {
     auto r = test::run_tmx("export --model " + ckpt_ + " --format hf --out " + tmp_ / "hf");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("MixtralForCausalLM"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("with tokenizer"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("with tokenizer (tokenizer.model, tokenizer.json)"), std::string::npos)
+        << r.out;
+    EXPECT_TRUE(std::filesystem::exists(tmp_ / "hf/tokenizer.json"));
     r = test::run_tmx("import --from " + tmp_ / "hf" + " --out " + tmp_ / "back");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(read_file(tmp_ / "back/model.safetensors"), read_file(ckpt_ + "/model.safetensors"));

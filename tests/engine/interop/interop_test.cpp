@@ -18,6 +18,7 @@
 #include "engine/core/rng.h"
 #include "engine/data/tokenizer.h"
 #include "engine/interop/gguf_model.h"
+#include "engine/interop/hf_tokenizer.h"
 #include "engine/model/checkpoint.h"
 #include "engine/report/param_report.h"
 #include "tests/test_util.h"
@@ -134,7 +135,11 @@ TEST_F(Interop, HuggingFaceRoundTripIsBitExactInF32AndShardsFollowTheLimit) {
     EXPECT_EQ(cfg.at("num_local_experts"), 4);
     EXPECT_EQ(cfg.at("sliding_window"), 32);
     const json tok_cfg = read_json_file(dir / "hf/tokenizer_config.json");
-    EXPECT_EQ(tok_cfg.at("tokenizer_class"), "LlamaTokenizer");
+    // tokenizer.json beside tokenizer.model, loaded as it is (hf_tokenizer_test checks that
+    // Hugging Face's library encodes with it as tmx does).
+    EXPECT_EQ(tok_cfg.at("tokenizer_class"), "PreTrainedTokenizerFast");
+    EXPECT_EQ(read_file(dir / "hf/tokenizer.json"),
+              interop::tokenizer_json(Tokenizer::load(tokenizer_), true));
     EXPECT_EQ(tok_cfg.at("add_bos_token"), true);
     EXPECT_EQ(read_file(dir / "hf/tokenizer.model"), read_file(tokenizer_));
 
