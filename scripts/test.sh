@@ -3,10 +3,10 @@
 # backend too wherever the toolkit is, GPU or not, so that its code is compiled and its host-side
 # tests run) and runs the whole test suite with ctest.
 # Tests that need ../shared (the development data beside the checkout) skip when it is absent.
-# It also installs the clients that test `tmx serve` from outside: Node.js, npm's official
-# `openai` package and `playwright-core` (into build/npm; without a reachable npm registry those
-# tests skip) and Debian's chromium for the playground's browser test, and ends with a short
-# load test of the server.
+# It also installs the clients that test tmx from outside: Node.js, npm's official `openai`
+# package and `playwright-core` for `tmx serve`, `@huggingface/gguf` for `tmx export --format
+# gguf` (into build/npm; without a reachable npm registry those tests skip) and Debian's chromium
+# for the playground's browser test, and ends with a short load test of the server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/check-format.sh"
@@ -21,9 +21,11 @@ fi
 ensure_packages test chromium ||
   echo "test.sh: could not install chromium; the playground's browser test will skip" >&2
 ensure_packages test python3
-npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 ||
-  echo "test.sh: npm could not install openai and playwright-core; the server's client and" \
-    "browser tests will skip" >&2
+# Major versions pinned (@huggingface/gguf is at 0.x, where a minor release may break).
+npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 \
+  @huggingface/gguf@0.4 ||
+  echo "test.sh: npm could not install openai, playwright-core and @huggingface/gguf; the" \
+    "server's client and browser tests and the GGUF outside-reader test will skip" >&2
 cd "$root/build"
 ctest --output-on-failure --parallel "$(nproc)"
 # A short bounded load test of tmx serve (scripts/load-test.py): every answer complete and well
