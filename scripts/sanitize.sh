@@ -43,6 +43,14 @@ export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppres
 (cd "$build_dir" &&
   LD_PRELOAD="$build_dir/tests/libtmx_keep_libraries_loaded.so" \
   ctest --output-on-failure --parallel "$(nproc)")
+# Only a build without MPI runs this test (elsewhere it skips): see that it ran here, not skipped.
+mpi_off_test='OpenCommunicator.WithoutMpiRefusesToRunAsOneOfSeveralRanks'
+mpi_off_run=$(cd "$build_dir" && LD_PRELOAD="$build_dir/tests/libtmx_keep_libraries_loaded.so" \
+  ctest -R "^$mpi_off_test\$")
+if ! grep -q "$mpi_off_test .*Passed" <<<"$mpi_off_run"; then
+  echo "sanitize: $mpi_off_test did not run and pass in the build without MPI" >&2
+  exit 1
+fi
 tested=$SECONDS
 
 if [ "$fuzz_seconds" -gt 0 ]; then

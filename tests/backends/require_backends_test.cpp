@@ -2,13 +2,16 @@
 // cannot be opened fails instead of skipping.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/registry.h"
 #include "engine/core/errors.h"
+#include "engine/core/file_io.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {
@@ -54,13 +57,15 @@ TEST(RequireBackends, TheListNamesBackendsWithoutTheirDeviceIndex) {
     EXPECT_FALSE(backend_required("cuda"));
 }
 
-// A backend compiled in that cannot be opened here (CUDA without a GPU, Vulkan without a
-// driver): its op test skips normally and fails when required. Runs this very test binary on
-// one op test of that backend. Where every compiled-in backend opens (a GPU machine), there is
-// nothing to show.
+// A backend compiled in that cannot be opened (CUDA without a GPU, Vulkan without a driver): its
+// op test skips normally and fails when required. Runs this very test binary on one op test of
+// that backend. Where every compiled-in backend opens (lavapipe's Vulkan here, a GPU machine's
+// CUDA and Vulkan), the child is shown no Vulkan driver: the loader's driver list
+// (VK_DRIVER_FILES, VK_ICD_FILENAMES before loader 1.3.207) names a file that does not exist.
 TEST(RequireBackends, AnUnavailableRequiredBackendFailsItsTests) {
+    const std::vector<std::string> names = backend_names();
     std::string absent;
-    for (const std::string& name : backend_names()) {
+    for (const std::string& name : names) {
         try {
             make_backend(name);
         } catch (const Error&) {
@@ -68,16 +73,30 @@ TEST(RequireBackends, AnUnavailableRequiredBackendFailsItsTests) {
             break;
         }
     }
-    if (absent.empty()) GTEST_SKIP() << "every compiled-in backend opens on this machine";
+    std::string hide;
+    if (absent.empty() && std::find(names.begin(), names.end(), "vulkan") != names.end()) {
+        absent = "vulkan";
+        const std::string nowhere = "/nonexistent/tmx-no-vulkan-driver.json";
+        hide = "VK_DRIVER_FILES=" + nowhere + " VK_ICD_FILENAMES=" + nowhere + " ";
+    }
+    if (absent.empty()) GTEST_SKIP() << "every compiled-in backend opens, and none is Vulkan";
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    TempDir dir;
+    const std::string out = dir / "child.out";
     const std::string run =
-        self + " --gtest_filter=Backends/OpTest.Embedding/" + absent + " > /dev/null 2>&1";
+        hide + self + " --gtest_filter=Backends/OpTest.Embedding/" + absent + " >" + out + " 2>&1";
     {
         ScopedEnv env("TMX_REQUIRE_BACKENDS", nullptr);
         EXPECT_EQ(std::system(run.c_str()), 0) << absent << ": a skip is no failure";
+        // It skipped, rather than ran: the backend really is unavailable to the child.
+        const std::string text = read_file(out);
+        EXPECT_NE(text.find("[  SKIPPED ] 1 test"), std::string::npos) << text;
     }
     ScopedEnv env("TMX_REQUIRE_BACKENDS", ("cpu," + absent).c_str());
-    EXPECT_NE(std::system(run.c_str()), 0) << absent << " is required, yet its test passed";
+    EXPECT_NE(std::system(run.c_str()), 0)
+        << absent << " is required, yet its test passed: " << read_file(out);
+    const std::string text = read_file(out);
+    EXPECT_NE(text.find("is required (TMX_REQUIRE_BACKENDS)"), std::string::npos) << text;
 }
 
 }  // namespace

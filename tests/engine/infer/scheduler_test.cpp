@@ -126,6 +126,84 @@ TEST(Scheduler, SequencesJoiningAndLeavingARunningBatchGiveWhatTheyGiveAlone) {
     }
 }
 
+// Greedy, on a timeline fixed in advance (every prefill in the step of its admission): a
+// sequence admitted at step a draws its first token from the prefill and one more in each decode
+// step, so with max_new_tokens n it ends at step a + n - 2. Three sequences end in the decode of
+// step 7 while a fourth joins in that step and decodes beside their last tokens; three more wait
+// for the freed slots (one ends at its first token, in its prefill) and two sequences end
+// together again at step 11. Each gives its whole token list, every token and its length, as it
+// does alone.
+TEST(Scheduler, SequencesEndingTogetherAndOneJoiningThatStepGiveWhatTheyGiveAlone) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    auto be = make_backend("cpu");
+    const ModelConfig c = test::test_config("test-tiny-swiglu");  // window 8
+    auto model = test::spread_model(c, *be, seed);
+    Rng rng(seed ^ 0x70637e);
+    struct Spec {
+        const char* name;
+        int64_t prompt_length, max_new, arrives, ends;
+    };
+    const std::vector<Spec> specs = {
+        {"a", 5, 9, 0, 7},  {"b", 11, 9, 0, 7},  // 11 tokens: three chunks in step 0
+        {"c", 1, 7, 2, 7},  {"d", 6, 6, 7, 11},  // d joins as a, b and c end
+        {"e", 3, 4, 7, 10}, {"f", 9, 1, 7, 8},   // e, f and g wait for their slots
+        {"g", 2, 5, 7, 11},
+    };
+    std::vector<std::vector<int32_t>> prompts;
+    for (const Spec& spec : specs)
+        prompts.push_back(test::random_ints(rng, static_cast<size_t>(spec.prompt_length), 0,
+                                            static_cast<int32_t>(c.vocab_size)));
+    auto greedy = [&](size_t i, Recorded& run) {
+        SequenceRequest r = request(prompts[i], specs[i].max_new, 0, run);
+        r.sampling = SamplingOptions{.temperature = 0.0};
+        return r;
+    };
+    SchedulerOptions so;
+    so.slots = 4;
+    so.prefill_chunk = 4;
+    std::vector<Recorded> together(specs.size());
+    Scheduler s(*model, so);
+    for (int64_t step = 0; step <= 11; ++step) {
+        for (size_t i = 0; i < specs.size(); ++i)
+            if (specs[i].arrives == step) s.submit(greedy(i, together[i]));
+        ASSERT_TRUE(s.step()) << "step " << step;
+        // The timeline above, so that the company really is what this test says it is.
+        for (size_t i = 0; i < specs.size(); ++i)
+            ASSERT_EQ(together[i].done, specs[i].ends <= step)
+                << specs[i].name << " at step " << step;
+        if (step == 7) {
+            EXPECT_EQ(s.running(), 1);  // d
+            EXPECT_EQ(s.waiting(), 3);  // e, f, g
+        }
+    }
+    EXPECT_FALSE(s.step());
+    for (size_t i = 0; i < specs.size(); ++i) {
+        SCOPED_TRACE(specs[i].name);
+        Recorded alone;
+        Scheduler single(*model, so);
+        single.submit(greedy(i, alone));
+        single.run_until_idle();
+        ASSERT_TRUE(alone.done);
+        const auto& got = together[i].result;
+        EXPECT_EQ(got.stop_reason, StopReason::Length);
+        EXPECT_EQ(alone.result.stop_reason, StopReason::Length);
+        EXPECT_EQ(got.ids.size(), static_cast<size_t>(specs[i].max_new));
+        EXPECT_EQ(alone.result.ids.size(), static_cast<size_t>(specs[i].max_new));
+        EXPECT_EQ(got.prompt_ids, prompts[i]);
+        // Every token the same, unless the logits (within fp32 noise of the company) put two
+        // tokens within a rounding of each other, after which the lists may part.
+        bool flipped = false;
+        for (size_t t = 0; t < std::min(got.ids.size(), alone.result.ids.size()) && !flipped; ++t) {
+            ASSERT_LT(relative_error(together[i].logits[t], alone.logits[t]), 2e-5)
+                << "token " << t;
+            flipped = got.ids[t] != alone.result.ids[t];
+            if (flipped) EXPECT_TRUE(near_tie(alone.logits[t], 1e-4)) << "token " << t;
+        }
+        if (!flipped) EXPECT_EQ(got.ids, alone.result.ids);
+    }
+}
+
 TEST(Scheduler, ACancelledSequenceFreesItsSlotForTheNextAtOnce) {
     const uint64_t seed = test::fresh_seed();
     auto be = make_backend("cpu");
