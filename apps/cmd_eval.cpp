@@ -86,7 +86,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common) {
             const std::string tok_path = checkpoint_tokenizer(opts->model);
             if (tok_path.empty())
                 throw Error(opts->model +
-                            ": the checkpoint has no tokenizer.model (needed to "
+                            ": the checkpoint has no tokenizer.model or tokenizer.json (needed to "
                             "score text; add one with tmx init --tokenizer)");
             Tokenizer tok = Tokenizer::load(tok_path);
             if (tok.vocab_size() != c.vocab_size)

@@ -123,9 +123,10 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
             opts->tokenizer.empty() ? checkpoint_tokenizer(opts->model) : opts->tokenizer;
         load_checkpoint_config(opts->model);  // a clear error for a missing directory first
         if (tok_path.empty())
-            throw Error(opts->model +
-                        ": the checkpoint has no tokenizer.model (copy one in, or pass "
-                        "--tokenizer FILE)");
+            throw Error(
+                opts->model +
+                ": the checkpoint has no tokenizer.model or tokenizer.json (copy one in, or pass "
+                "--tokenizer FILE)");
         const Tokenizer tokenizer = Tokenizer::load(tok_path);
         auto backend = opts->backend.open();
         auto model = opts->weights.load(opts->model, *backend);

@@ -24,8 +24,10 @@ void add_init_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--seed", opts->seed, "Initialisation seed")
         ->check(in_range<uint64_t>(0))
         ->capture_default_str();
-    sub->add_option("--tokenizer", opts->tokenizer,
-                    "SentencePiece model to copy into the checkpoint as tokenizer.model")
+    sub->add_option(
+           "--tokenizer", opts->tokenizer,
+           "Tokenizer to copy into the checkpoint: a SentencePiece .model file (as "
+           "tokenizer.model) or a tokenizer.json (with the tokenizer_config.json beside it)")
         ->check(CLI::ExistingFile);
     add_common_options(*sub, common);
     sub->callback([opts]() {

@@ -71,8 +71,9 @@ void add_prepare_command(CLI::App& app, CommonOptions& common) {
     CLI::App* sub = app.add_subcommand(
         "prepare", "Tokenize text files into a token dataset (train/val shards + meta.json)");
     add_corpus_options(*sub, opts->corpus);
-    sub->add_option("--tokenizer", opts->tokenizer,
-                    "SentencePiece .model file (or a checkpoint directory holding one)")
+    sub->add_option(
+           "--tokenizer", opts->tokenizer,
+           "SentencePiece .model file or tokenizer.json (or a checkpoint directory holding one)")
         ->required();
     sub->add_option("--out", opts->out, "Dataset directory to write")->required();
     sub->add_option("--val-fraction", opts->val_fraction,

@@ -1,4 +1,5 @@
-// tmx tokenizer: train a SentencePiece BPE tokenizer on a corpus; encode, decode, inspect.
+// tmx tokenizer: train a SentencePiece BPE tokenizer on a corpus; encode, decode, inspect (a
+// SentencePiece model or a tokenizer.json).
 #include <unistd.h>
 
 #include <chrono>
@@ -129,7 +130,7 @@ void add_encode(CLI::App& parent, CommonOptions& common) {
     auto opts = std::make_shared<Options>();
     CLI::App* sub = parent.add_subcommand("encode", "Print the token ids of a text");
     sub->add_option("--tokenizer", opts->tokenizer,
-                    "SentencePiece .model file (or a checkpoint directory)")
+                    "SentencePiece .model file or tokenizer.json (or a checkpoint directory)")
         ->required();
     auto* text = sub->add_option("--text", opts->text, "Text to encode");
     auto* file = sub->add_option("--file", opts->file, "File whose whole contents to encode")
@@ -161,7 +162,7 @@ void add_decode(CLI::App& parent, CommonOptions& common) {
     auto opts = std::make_shared<Options>();
     CLI::App* sub = parent.add_subcommand("decode", "Print the text of token ids");
     sub->add_option("--tokenizer", opts->tokenizer,
-                    "SentencePiece .model file (or a checkpoint directory)")
+                    "SentencePiece .model file or tokenizer.json (or a checkpoint directory)")
         ->required();
     sub->add_option("--ids", opts->ids, "Comma-separated token ids, e.g. 1,15043,3186")->required();
     add_common_options(*sub, common);
@@ -175,13 +176,15 @@ void add_decode(CLI::App& parent, CommonOptions& common) {
 void add_info(CLI::App& parent, CommonOptions& common) {
     auto path = std::make_shared<std::string>();
     CLI::App* sub = parent.add_subcommand("info", "Describe a tokenizer");
-    sub->add_option("--tokenizer", *path, "SentencePiece .model file (or a checkpoint directory)")
+    sub->add_option("--tokenizer", *path,
+                    "SentencePiece .model file or tokenizer.json (or a checkpoint directory)")
         ->required();
     add_common_options(*sub, common);
     sub->callback([path]() {
         Tokenizer tok = Tokenizer::load(*path);
         const std::string bytes = read_file(tok.path());
-        std::printf("tokenizer   %s\n", tok.path().c_str());
+        std::printf("tokenizer   %s (%s)\n", tok.path().c_str(),
+                    tok.is_sentencepiece() ? "SentencePiece" : "tokenizer.json");
         std::printf("vocab size  %d\n", tok.vocab_size());
         std::printf("special     unk=%d bos=%d eos=%d pad=%d\n", tok.unk_id(), tok.bos_id(),
                     tok.eos_id(), tok.pad_id());
@@ -194,8 +197,9 @@ void add_info(CLI::App& parent, CommonOptions& common) {
 }  // namespace
 
 void add_tokenizer_command(CLI::App& app, CommonOptions& common) {
-    CLI::App* sub =
-        app.add_subcommand("tokenizer", "Train, inspect and apply SentencePiece tokenizers");
+    CLI::App* sub = app.add_subcommand(
+        "tokenizer",
+        "Train SentencePiece tokenizers; inspect and apply them and tokenizer.json files");
     sub->require_subcommand(1);
     add_train(*sub, common);
     add_encode(*sub, common);

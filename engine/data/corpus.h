@@ -49,6 +49,8 @@ bool is_valid_utf8(std::string_view text);
 size_t utf8_char_length(std::string_view text);
 // True when `text` (not empty) is the start of a valid UTF-8 character that is cut short.
 bool is_incomplete_utf8(std::string_view text);
+// Appends code point `cp` (not a surrogate, at most U+10FFFF) as UTF-8.
+void append_utf8(uint32_t cp, std::string& out);
 
 struct CorpusStats {
     int64_t documents = 0;     // documents produced

@@ -1,7 +1,8 @@
 // Token datasets (docs/design.md#14-token-datasets): meta.json and the splits, each read as one
 // token stream over its shards (engine/data/token_shards.h). engine/data/prepare.h writes them.
 //
-// Dataset directory: DIR/meta.json, DIR/tokenizer.model (a copy of the tokenizer it was made
+// Dataset directory: DIR/meta.json, DIR/tokenizer.model or DIR/tokenizer.json with its
+// tokenizer_config.json (a copy of the tokenizer it was made
 // with), DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin (numbered from 000000; each at most
 // max_shard_tokens tokens). A split is the concatenation of its shards in order: one token
 // stream in which every document starts with BOS.
@@ -36,7 +37,8 @@ struct DatasetMeta {
     uint64_t vocab_size = 0;
     uint32_t bytes_per_token = 0;
     int32_t bos_id = -1, eos_id = -1;
-    std::string tokenizer_file;    // inside the dataset directory ("tokenizer.model")
+    std::string
+        tokenizer_file;  // inside the dataset directory ("tokenizer.model", "tokenizer.json")
     std::string tokenizer_sha256;  // of the tokenizer file
     DatasetSplitInfo train, val;
     std::shared_ptr<const nlohmann::json> json;

@@ -21,6 +21,7 @@
 #include "engine/core/file_io.h"
 #include "engine/core/sha256.h"
 #include "engine/data/tokenizer.h"
+#include "engine/model/checkpoint.h"
 
 namespace tmx {
 namespace fs = std::filesystem;
@@ -198,7 +199,12 @@ PrepareReport prepare_dataset(const PrepareOptions& options,
     Tokenizer tok = Tokenizer::load(options.tokenizer);
     const int32_t bos = tok.bos_id();
     if (bos < 0) throw Error(tok.path() + ": the tokenizer has no BOS piece");
-    const std::string tok_bytes = read_file(tok.path());
+    // The tokenizer's files as the dataset keeps them (tokenizer.model; or tokenizer.json and
+    // its tokenizer_config.json), the first being the tokenizer itself.
+    std::vector<std::pair<std::string, std::string>> tok_files;  // name, bytes
+    for (const auto& [name, source] : tokenizer_files(tok.path()))
+        tok_files.emplace_back(name, read_file(source));
+    const std::string& tok_bytes = tok_files.front().second;
 
     // Open the inputs and the output before the long part, so mistakes fail at once.
     CorpusReader reader(options.inputs, CorpusReaderOptions{options.format, options.chunk_bytes});
@@ -284,7 +290,7 @@ PrepareReport prepare_dataset(const PrepareOptions& options,
         {"bos_id", bos},
         {"eos_id", tok.eos_id()},
         {"tokenizer",
-         {{"file", "tokenizer.model"},
+         {{"file", tok_files.front().first},
           {"source", fs::absolute(tok.path()).lexically_normal().string()},
           {"sha256", sha256_hex(tok_bytes)},
           {"bytes", tok_bytes.size()}}},
@@ -293,7 +299,7 @@ PrepareReport prepare_dataset(const PrepareOptions& options,
         {"skipped", {{"invalid_utf8", report.corpus.invalid_utf8}}},
         {"inputs", inputs},
     };
-    writer.add_file("tokenizer.model", tok_bytes);
+    for (const auto& [name, bytes] : tok_files) writer.add_file(name, bytes);
     writer.commit(meta);
     report.train = writer.info(Split::Train);
     report.val = writer.info(Split::Val);

@@ -87,7 +87,8 @@ bool is_validation_document(int64_t index, double fraction);
 
 struct PrepareOptions {
     std::vector<std::string> inputs;
-    std::string tokenizer;  // .model file, or a checkpoint directory holding tokenizer.model
+    // A .model file, a tokenizer.json, or a directory holding either (a checkpoint).
+    std::string tokenizer;
     std::string out_dir;
     double val_fraction = 0.01;
     CorpusFormat format = CorpusFormat::Auto;

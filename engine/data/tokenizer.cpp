@@ -7,12 +7,15 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <unordered_map>
 
 #include "engine/core/file_io.h"
 #include "engine/core/threads.h"
+#include "engine/data/tokenizer_json.h"
+#include "engine/model/checkpoint.h"
 
 namespace tmx {
 namespace fs = std::filesystem;
@@ -194,10 +197,26 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer Tokenizer::load(const std::string& path) {
     std::string file = path;
     std::error_code ec;
-    if (fs::is_directory(path, ec)) file = (fs::path(path) / "tokenizer.model").string();
+    if (fs::is_directory(path, ec)) {
+        file = checkpoint_tokenizer(path);
+        if (file.empty())
+            throw Error(path + ": no tokenizer.model or tokenizer.json in this directory");
+    }
     if (!fs::exists(file, ec))
-        throw Error(file + ": tokenizer not found (expected a SentencePiece .model file)");
-    Tokenizer t = from_bytes(read_file(file), file);
+        throw Error(file +
+                    ": tokenizer not found (expected a SentencePiece .model file or a "
+                    "tokenizer.json)");
+    const std::string bytes = read_file(file);
+    if (!is_tokenizer_json(file, bytes)) {
+        Tokenizer t = from_bytes(bytes, file);
+        t.files_ = {file};
+        return t;
+    }
+    const fs::path config = fs::path(file).parent_path() / "tokenizer_config.json";
+    const bool has_config = fs::is_regular_file(config, ec);
+    Tokenizer t = from_json(bytes, has_config ? read_file(config.string()) : "", file);
+    t.files_ = {file};
+    if (has_config) t.files_.push_back(config.string());
     return t;
 }
 
@@ -231,20 +250,93 @@ Tokenizer Tokenizer::from_bytes(std::string_view model_bytes, const std::string&
     return t;
 }
 
+namespace {
+
+// A special token of tokenizer_config.json: "<s>", {"content": "<s>", ...} or null.
+std::string config_token(const nlohmann::json& cfg, const char* key, const std::string& name) {
+    if (!cfg.contains(key) || cfg.at(key).is_null()) return "";
+    const nlohmann::json& v = cfg.at(key);
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v.at("content").is_string())
+        return v.at("content").get<std::string>();
+    throw Error(name + ": field '" + key + "': expected a token (a string or {\"content\": ...})");
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view config_json,
+                               const std::string& name) {
+    Tokenizer t;
+    t.sp_.reset();
+    t.path_ = name;
+    t.json_ = TokenizerJson::parse(tokenizer_json, name);
+    if (t.json_->vocab_size() <= 0) throw Error(name + ": the tokenizer has no tokens");
+    if (!config_json.empty()) {
+        const std::string config_name =
+            (fs::path(name).parent_path() / "tokenizer_config.json").string();
+        nlohmann::json cfg;
+        try {
+            cfg = nlohmann::json::parse(config_json);
+        } catch (const nlohmann::json::exception& e) {
+            throw Error(config_name + ": not valid JSON (" + e.what() + ")");
+        }
+        if (!cfg.is_object()) throw Error(config_name + ": expected a JSON object");
+        const auto id_of = [&](const char* key) -> int32_t {
+            const std::string token = config_token(cfg, key, config_name);
+            if (token.empty()) return -1;
+            const int32_t id = t.json_->id_of(token);
+            if (id < 0)
+                throw Error(config_name + ": field '" + key + "': token '" + token +
+                            "' is not in " + name);
+            return id;
+        };
+        t.json_bos_ = id_of("bos_token");
+        t.json_eos_ = id_of("eos_token");
+        t.json_pad_ = id_of("pad_token");
+        // A tokenizer that says it adds no BOS: tmx puts none before a text either.
+        if (cfg.contains("add_bos_token") && cfg.at("add_bos_token").is_boolean() &&
+            !cfg.at("add_bos_token").get<bool>())
+            t.json_bos_ = -1;
+    }
+    const int32_t n = t.json_->vocab_size();
+    t.info_.resize(static_cast<size_t>(n));
+    for (int32_t id = 0; id < n; ++id) {
+        PieceInfo& pi = t.info_[static_cast<size_t>(id)];
+        const TokenizerJson::Piece p = t.json_->piece(id);
+        if (id == t.json_->unk_id()) {
+            pi.kind = Kind::Unknown;
+            pi.text = t.json_->decode({id});
+        } else if (p.kind == TokenizerJson::Piece::Kind::Special) {
+            pi.kind = Kind::Control;
+        } else if (p.kind == TokenizerJson::Piece::Kind::Bytes && t.json_->is_byte_fallback(id)) {
+            pi.kind = Kind::Byte;
+            pi.byte = static_cast<uint8_t>(p.text[0]);
+        } else if (p.kind == TokenizerJson::Piece::Kind::Bytes) {
+            pi.kind = Kind::Bytes;
+            pi.text = p.text;
+        } else {
+            pi.kind = Kind::Normal;
+            pi.leading_space = p.strip_first_space && !p.text.empty() && p.text[0] == ' ';
+            pi.text = p.text;
+        }
+    }
+    return t;
+}
+
 int32_t Tokenizer::vocab_size() const {
-    return sp_->GetPieceSize();
+    return sp_ ? sp_->GetPieceSize() : json_->vocab_size();
 }
 int32_t Tokenizer::bos_id() const {
-    return sp_->bos_id();
+    return sp_ ? sp_->bos_id() : json_bos_;
 }
 int32_t Tokenizer::eos_id() const {
-    return sp_->eos_id();
+    return sp_ ? sp_->eos_id() : json_eos_;
 }
 int32_t Tokenizer::unk_id() const {
-    return sp_->unk_id();
+    return sp_ ? sp_->unk_id() : json_->unk_id();
 }
 int32_t Tokenizer::pad_id() const {
-    return sp_->pad_id();
+    return sp_ ? sp_->pad_id() : json_pad_;
 }
 
 void Tokenizer::check_id(int32_t id) const {
@@ -260,10 +352,17 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
-    encode_with(*sp_, text, out, path_);
+    if (json_)
+        json_->encode(text, false, out);
+    else
+        encode_with(*sp_, text, out, path_);
 }
 
 void Tokenizer::encode_continuation(std::string_view text, std::vector<int32_t>& out) const {
+    if (json_) {
+        json_->encode(text, true, out);
+        return;
+    }
     Continuation& c = *continuation_;
     std::call_once(c.once, [&] {
         const auto model = without_dummy_prefix(sp_->serialized_model_proto(), c.adds_dummy_prefix);
@@ -280,6 +379,7 @@ void Tokenizer::encode_continuation(std::string_view text, std::vector<int32_t>&
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
     std::vector<int> v(ids.begin(), ids.end());
     for (int id : v) check_id(id);
+    if (json_) return json_->decode(ids);
     std::string text;
     auto status = sp_->Decode(v, &text);
     if (!status.ok()) throw Error(path_ + ": cannot decode ids: " + status.ToString());
@@ -288,7 +388,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 
 const std::string& Tokenizer::piece(int32_t id) const {
     check_id(id);
-    return sp_->IdToPiece(id);
+    return sp_ ? sp_->IdToPiece(id) : json_->token(id);
 }
 
 bool Tokenizer::is_control(int32_t id) const {
@@ -309,12 +409,12 @@ int32_t Tokenizer::byte_pieces() const {
 
 bool Tokenizer::is_unused(int32_t id) const {
     check_id(id);
-    return sp_->IsUnused(id);
+    return sp_ && sp_->IsUnused(id);
 }
 
 float Tokenizer::score(int32_t id) const {
     check_id(id);
-    return sp_->GetScore(id);
+    return sp_ ? sp_->GetScore(id) : 0.0f;  // a tokenizer.json ranks merges, not pieces
 }
 
 // Field numbers of sentencepiece_model.proto: ModelProto {pieces 1, trainer_spec 2,
@@ -323,6 +423,7 @@ float Tokenizer::score(int32_t id) const {
 // precompiled_charsmap 2, add_dummy_prefix 3, remove_extra_whitespaces 4,
 // escape_whitespaces 5}.
 Tokenizer::ModelSpec Tokenizer::model_spec() const {
+    if (!sp_) throw Error(path_ + ": a tokenizer.json, not a SentencePiece model");
     const std::string model = sp_->serialized_model_proto();
     const auto fail = [&]() -> Error {
         return Error(path_ + ": the SentencePiece model's spec does not parse");
@@ -378,9 +479,12 @@ std::string StreamDecoder::push(int32_t id) {
 void StreamDecoder::push(int32_t id, std::string& out) {
     const Tokenizer::PieceInfo& pi = tok_->info(id);
     using Kind = Tokenizer::Kind;
-    if (pi.kind == Kind::Byte) {
+    if (pi.kind == Kind::Byte || pi.kind == Kind::Bytes) {
         at_start_ = false;
-        pending_.push_back(static_cast<char>(pi.byte));
+        if (pi.kind == Kind::Byte)
+            pending_.push_back(static_cast<char>(pi.byte));
+        else
+            pending_ += pi.text;
         drain(out, false);
         return;
     }

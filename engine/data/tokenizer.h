@@ -1,5 +1,7 @@
-// SentencePiece tokenizers: loading, encoding, decoding (whole or streamed piece by piece), and
-// training a byte-fallback BPE model on a corpus (engine/data/corpus.h reads the documents).
+// Tokenizers: loading, encoding, decoding (whole or streamed piece by piece), and training a
+// byte-fallback BPE model on a corpus (engine/data/corpus.h reads the documents). A tokenizer is
+// a SentencePiece model (tokenizer.model) or a Hugging Face tokenizer.json (engine/data/
+// tokenizer_json.h), behind one interface.
 #pragma once
 
 #include <cstdint>
@@ -18,13 +20,26 @@ class SentencePieceProcessor;
 
 namespace tmx {
 
+class TokenizerJson;
+
 class Tokenizer {
   public:
-    // Loads a SentencePiece .model file; a directory means DIR/tokenizer.model (a checkpoint).
-    // Throws tmx::Error naming the path when it is missing or not a SentencePiece model.
+    // Loads a SentencePiece .model file or a tokenizer.json (with the tokenizer_config.json
+    // beside it, when there is one, for the BOS, EOS and padding tokens); a directory means its
+    // tokenizer.model, else its tokenizer.json (a checkpoint, a dataset, a Hugging Face model).
+    // Throws tmx::Error naming the path when it is missing or not a tokenizer.
     static Tokenizer load(const std::string& path);
     // From the bytes of a .model file; `name` is used in error messages.
     static Tokenizer from_bytes(std::string_view model_bytes, const std::string& name);
+    // From the text of a tokenizer.json and of its tokenizer_config.json ("" when none).
+    static Tokenizer from_json(std::string_view tokenizer_json, std::string_view config_json,
+                               const std::string& name);
+    // The files that make this tokenizer, as `load` read them (tokenizer.model; or
+    // tokenizer.json and, when there was one, tokenizer_config.json): what a checkpoint or a
+    // dataset copies to carry it. Empty for one made from bytes.
+    const std::vector<std::string>& files() const { return files_; }
+
+    bool is_sentencepiece() const { return sp_ != nullptr; }
 
     Tokenizer(Tokenizer&&) noexcept;
     Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -47,7 +62,8 @@ class Tokenizer {
     // Thread-safe; replaces `out`.
     void encode_continuation(std::string_view text, std::vector<int32_t>& out) const;
     // Ids to text, exactly as SentencePiece decodes them (control ids vanish, invalid byte
-    // sequences become U+FFFD). Throws tmx::Error for ids outside [0, vocab_size).
+    // sequences become U+FFFD), or a tokenizer.json's decoder (special tokens skipped). Throws
+    // tmx::Error for ids outside [0, vocab_size).
     std::string decode(const std::vector<int32_t>& ids) const;
 
     // The raw piece of an id ("▁the", "<0x0A>", "<s>").
@@ -59,8 +75,9 @@ class Tokenizer {
     float score(int32_t id) const;  // the piece's score in the model (BPE merge priority)
     int32_t byte_pieces() const;    // how many <0xNN> pieces (256 with byte fallback)
 
-    // What the model's own spec (its ModelProto) says about how it tokenizes: what an exporter
-    // must reproduce. Parsed from the model's bytes; a tmx::Error when they do not parse.
+    // What a SentencePiece model's own spec (its ModelProto) says about how it tokenizes: what
+    // an exporter must reproduce. Parsed from the model's bytes; a tmx::Error when they do not
+    // parse or the tokenizer is a tokenizer.json.
     struct ModelSpec {
         enum class Type : int { Unigram = 1, Bpe = 2, Word = 3, Char = 4 };
         Type type = Type::Unigram;  // TrainerSpec.model_type (protobuf's default)
@@ -75,12 +92,14 @@ class Tokenizer {
     ModelSpec model_spec() const;
 
     // Per-id facts the streaming decoder uses.
-    enum class Kind : uint8_t { Normal, Byte, Control, Unknown };
+    // Bytes: a byte-level token's bytes (GPT-2-style tokenizer.json), held like Byte pieces
+    // until they make whole UTF-8 characters.
+    enum class Kind : uint8_t { Normal, Byte, Bytes, Control, Unknown };
     struct PieceInfo {
         Kind kind = Kind::Normal;
         uint8_t byte = 0;            // Byte: the byte value
-        bool leading_space = false;  // Normal: the piece starts with "▁"
-        std::string text;            // Normal: the piece with "▁" as ' '; Unknown: its surface
+        bool leading_space = false;  // Normal: a space the decoder drops at the start of a text
+        std::string text;  // Normal: the piece with "▁" as ' '; Unknown: its surface; Bytes: them
     };
     const PieceInfo& info(int32_t id) const;
 
@@ -90,10 +109,13 @@ class Tokenizer {
 
     struct Continuation;
 
-    std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+    std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // null for a tokenizer.json
+    std::unique_ptr<TokenizerJson> json_;                        // null for SentencePiece
+    int32_t json_bos_ = -1, json_eos_ = -1, json_pad_ = -1;
     std::unique_ptr<Continuation> continuation_;
     std::vector<PieceInfo> info_;
     std::string path_;
+    std::vector<std::string> files_;
 };
 
 // Decodes a token stream incrementally (for printing text while generating): push() returns

@@ -213,9 +213,13 @@ GgufExportReport export_gguf(const std::string& checkpoint, const std::string& o
     const std::string tok_path = checkpoint_tokenizer(checkpoint);
     if (tok_path.empty())
         throw Error(checkpoint +
-                    ": no tokenizer.model: a GGUF file carries its vocabulary, so export needs "
+                    ": no tokenizer: a GGUF file carries its vocabulary, so export needs "
                     "the checkpoint's tokenizer");
     const Tokenizer tok = Tokenizer::load(tok_path);
+    if (!tok.is_sentencepiece())
+        throw Error(tok_path +
+                    ": GGUF export writes SentencePiece vocabularies (\"llama\"); a "
+                    "tokenizer.json is not exported to GGUF");
     if (tok.vocab_size() != c.vocab_size)
         throw Error(tok_path + ": " + std::to_string(tok.vocab_size()) +
                     " pieces, but the model's vocab_size is " + std::to_string(c.vocab_size) +

@@ -9,6 +9,7 @@
 
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
+#include "engine/core/json_fields.h"
 #include "engine/data/tokenizer.h"
 #include "engine/interop/hf_tokenizer.h"
 #include "engine/interop/interop.h"
@@ -26,18 +27,24 @@ size_t element_bytes(StorageType t) {
     return t == StorageType::F32 ? 4 : 2;
 }
 
-// The tokenizer files beside tokenizer.model: tokenizer.json where it can say exactly what the
-// SentencePiece model does (else `skipped` says why not), and the config that loads it. Our
-// datasets start every document with BOS and never append EOS, so the tokenizer adds BOS and
-// not EOS.
-void write_tokenizer_files(const Tokenizer& tok, const ModelConfig& c, const fs::path& dir,
-                           std::string& skipped) {
+// The tokenizer's files: a SentencePiece model as tokenizer.model with a tokenizer.json where
+// one can say exactly what it does (else `skipped` says why not); a tokenizer.json as it is;
+// and the config that loads it, with the chat template the checkpoint's tokenizer_config.json
+// carries. Our datasets start every document with BOS and never append EOS, so the tokenizer
+// adds BOS and not EOS.
+void write_tokenizer_files(const Tokenizer& tok, const std::string& tok_path, const ModelConfig& c,
+                           const fs::path& dir, std::string& skipped) {
     auto piece = [&](int32_t id) { return id >= 0 ? json(tok.piece(id)) : json(nullptr); };
     std::string tokenizer_json;
-    try {
-        tokenizer_json = interop::tokenizer_json(tok, tok.bos_id() >= 0);
-    } catch (const Error& e) {
-        skipped = e.what();
+    if (tok.is_sentencepiece()) {
+        write_file_atomic((dir / "tokenizer.model").string(), read_file(tok_path));
+        try {
+            tokenizer_json = interop::tokenizer_json(tok, tok.bos_id() >= 0);
+        } catch (const Error& e) {
+            skipped = e.what();
+        }
+    } else {
+        tokenizer_json = read_file(tok_path);
     }
     if (!tokenizer_json.empty())
         write_file_atomic((dir / "tokenizer.json").string(), tokenizer_json);
@@ -53,10 +60,19 @@ void write_tokenizer_files(const Tokenizer& tok, const ModelConfig& c, const fs:
     cfg["pad_token"] = tok.pad_id() >= 0 ? piece(tok.pad_id()) : json(nullptr);
     cfg["model_max_length"] = c.max_seq_len;
     cfg["clean_up_tokenization_spaces"] = false;
-    // legacy: plain SentencePiece encoding, as tmx tokenizes (no extra handling of the text
-    // that follows a special token).
-    cfg["legacy"] = true;
-    cfg["sp_model_kwargs"] = json::object();
+    if (tok.is_sentencepiece()) {
+        // legacy: plain SentencePiece encoding, as tmx tokenizes (no extra handling of the
+        // text that follows a special token).
+        cfg["legacy"] = true;
+        cfg["sp_model_kwargs"] = json::object();
+    }
+    const fs::path source_config = fs::path(tok_path).parent_path() / "tokenizer_config.json";
+    if (fs::is_regular_file(source_config)) {
+        const json source = json_fields::parse_unique_keys(read_file(source_config.string()),
+                                                           source_config.string());
+        if (source.is_object() && source.contains("chat_template"))
+            cfg["chat_template"] = source.at("chat_template");
+    }
     write_file_atomic((dir / "tokenizer_config.json").string(), cfg.dump(2) + "\n");
     json special;
     for (const auto& [key, id] : {std::pair<const char*, int32_t>{"bos_token", tok.bos_id()},
@@ -167,8 +183,7 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out_d
                               index.dump(2) + "\n");
         }
         if (tok) {
-            write_file_atomic((tmp / "tokenizer.model").string(), read_file(tok_path));
-            write_tokenizer_files(*tok, config, tmp, report.tokenizer_json_skipped);
+            write_tokenizer_files(*tok, tok_path, config, tmp, report.tokenizer_json_skipped);
         }
         const std::string previous =
             replace_directory(tmp.string(), dir.string(), "model", WithoutExchange::Fail);

@@ -107,11 +107,13 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& checkpoint,
     const std::optional<ModelConfig> config = engine_config_for(cfg, config_path, &why_not);
     if (!config) throw Error(config_path + ": cannot import: " + why_not);
 
-    const std::string tok_path = (dir / "tokenizer.model").string();
-    if (!fs::exists(tok_path))
+    // tokenizer.model where there is one (SentencePiece, as the model was trained with), else
+    // tokenizer.json; with the tokenizer_config.json beside it (tokenizer_files).
+    const std::string tok_path = checkpoint_tokenizer(dir.string());
+    if (tok_path.empty())
         throw Error(hf_dir +
-                    ": no tokenizer.model: only SentencePiece tokenizers are imported (a "
-                    "tokenizer.json without tokenizer.model is not)");
+                    ": no tokenizer.model or tokenizer.json (a model without its "
+                    "tokenizer cannot read or write text)");
     const Tokenizer tok = Tokenizer::load(tok_path);
     if (tok.vocab_size() > config->vocab_size)
         throw Error(tok_path + ": " + std::to_string(tok.vocab_size()) +

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/errors.h"
@@ -56,11 +57,14 @@ void write_checkpoint(const ModelConfig& config, const std::string& dir_str,
             throw Error(dir_str +
                         ": a checkpoint already exists there (use --force to replace it)");
     }
-    std::string tokenizer_bytes;
-    if (!options.tokenizer_path.empty())
-        tokenizer_bytes = read_file(options.tokenizer_path);
-    else
-        tokenizer_bytes = options.tokenizer_model;
+    // The tokenizer's files, read before anything is written.
+    std::vector<std::pair<std::string, std::string>> tokenizer;  // name, bytes
+    if (!options.tokenizer_path.empty()) {
+        for (const auto& [name, source] : tokenizer_files(options.tokenizer_path))
+            tokenizer.emplace_back(name, read_file(source));
+    } else if (!options.tokenizer_model.empty()) {
+        tokenizer.emplace_back("tokenizer.model", options.tokenizer_model);
+    }
 
     fs::create_directories(dir.parent_path());
     const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
@@ -89,8 +93,7 @@ void write_checkpoint(const ModelConfig& config, const std::string& dir_str,
             writer.write_next(buffer.data());
         }
         writer.finish();
-        if (!tokenizer_bytes.empty())
-            write_file_atomic((tmp / "tokenizer.model").string(), tokenizer_bytes);
+        for (const auto& [name, bytes] : tokenizer) write_file_atomic((tmp / name).string(), bytes);
         for (const auto& [name, bytes] : options.extra_files)
             write_file_atomic((tmp / name).string(), bytes);
         // No fallback where the filesystem cannot exchange directories: a checkpoint is
@@ -193,8 +196,37 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
 }
 
 std::string checkpoint_tokenizer(const std::string& dir) {
-    fs::path p = fs::path(dir) / "tokenizer.model";
-    return fs::exists(p) ? p.string() : std::string();
+    std::error_code ec;
+    for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+        const fs::path p = fs::path(dir) / name;
+        if (fs::is_regular_file(p, ec)) return p.string();
+    }
+    return "";
+}
+
+bool is_tokenizer_json(const std::string& file, std::string_view head) {
+    if (fs::path(file).extension() == ".json") return true;
+    const size_t first = head.find_first_not_of(" \t\r\n");
+    return first != std::string_view::npos && head[first] == '{';
+}
+
+std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::string& path) {
+    std::error_code ec;
+    const std::string file = fs::is_directory(path, ec) ? checkpoint_tokenizer(path) : path;
+    if (file.empty() || !fs::is_regular_file(file, ec))
+        throw Error(path +
+                    ": tokenizer not found (expected a SentencePiece .model file or a "
+                    "tokenizer.json)");
+    std::ifstream in(file, std::ios::binary);
+    std::string head(64, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(in.gcount()));
+    std::vector<std::pair<std::string, std::string>> files = {
+        {is_tokenizer_json(file, head) ? "tokenizer.json" : "tokenizer.model", file}};
+    const fs::path config = fs::path(file).parent_path() / "tokenizer_config.json";
+    if (fs::is_regular_file(config, ec))
+        files.emplace_back("tokenizer_config.json", config.string());
+    return files;
 }
 
 }  // namespace tmx

@@ -1,6 +1,7 @@
 // Checkpoint directories (docs/design.md#13-checkpoint-files): config.json (the native config
 // plus format_version), model.safetensors (F32, or the weights in BF16, F16 or Q8_0: see
-// write_checkpoint), optionally tokenizer.model, and for training state further files. A
+// write_checkpoint), optionally the tokenizer (tokenizer.model, or tokenizer.json and
+// tokenizer_config.json), and for training state further files. A
 // directory is written whole into a temporary sibling and then swapped into place, so a reader
 // never sees a half-written checkpoint.
 #pragma once
@@ -10,6 +11,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "engine/model/model.h"
 #include "engine/model/safetensors.h"
@@ -18,8 +22,10 @@ namespace tmx {
 
 struct CheckpointWriteOptions {
     StorageType dtype = StorageType::F32;
-    std::string tokenizer_path;   // copied in as tokenizer.model when not empty
-    std::string tokenizer_model;  // else these bytes are, when not empty
+    // A tokenizer copied in when not empty: a .model file (as tokenizer.model), a tokenizer.json
+    // (with the tokenizer_config.json beside it), or a directory holding either.
+    std::string tokenizer_path;
+    std::string tokenizer_model;  // else these bytes as tokenizer.model, when not empty
     bool overwrite = false;       // replace an existing checkpoint directory
     // Extra files written beside the model (name -> contents), e.g. optimizer state.
     std::map<std::string, std::string> extra_files;
@@ -61,7 +67,19 @@ DType checkpoint_weight_format(const std::string& dir);
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
                                   std::optional<DType> weight_format = std::nullopt);
 
-// The path of the checkpoint's tokenizer, or "" when it has none.
+// The path of the tokenizer in a directory (a checkpoint, a dataset, a Hugging Face model):
+// DIR/tokenizer.model, else DIR/tokenizer.json; "" when it has neither.
 std::string checkpoint_tokenizer(const std::string& dir);
+
+// Whether a tokenizer file is a tokenizer.json (by its name, or a first '{' in `head`, its
+// first bytes), not a SentencePiece .model.
+bool is_tokenizer_json(const std::string& file, std::string_view head);
+
+// The files that carry the tokenizer at `path` (a .model file, a tokenizer.json, or a directory
+// with either) into a checkpoint or dataset, as (name there, source file): tokenizer.model or
+// tokenizer.json, and the tokenizer_config.json beside it when there is one (a tokenizer.json's
+// BOS/EOS tokens; either's chat template). A tmx::Error naming `path` when there is no
+// tokenizer.
+std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::string& path);
 
 }  // namespace tmx

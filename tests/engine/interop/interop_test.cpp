@@ -671,9 +671,16 @@ TEST_F(Interop, HostileHuggingFaceDirectoriesAreRefusedNamingTheFileAndField) {
     e = error_of([&] { interop::import_hf(dir / "hf", dir / "back", {}); });
     EXPECT_NE(e.find("qwen2"), std::string::npos) << e;
     write_file_atomic(dir / "hf/config.json", cfg.dump());
+    // Without tokenizer.model, its tokenizer.json is the checkpoint's tokenizer; without either,
+    // the import is refused.
     fs::remove(dir / "hf/tokenizer.model");
+    interop::import_hf(dir / "hf", dir / "back", {});
+    EXPECT_TRUE(fs::exists(dir / "back/tokenizer.json"));
+    EXPECT_FALSE(fs::exists(dir / "back/tokenizer.model"));
+    fs::remove_all(dir / "back");
+    fs::remove(dir / "hf/tokenizer.json");
     e = error_of([&] { interop::import_hf(dir / "hf", dir / "back", {}); });
-    EXPECT_NE(e.find("tokenizer.model"), std::string::npos) << e;
+    EXPECT_NE(e.find("no tokenizer.model or tokenizer.json"), std::string::npos) << e;
     EXPECT_FALSE(fs::exists(dir / "back"));
 }
 
