@@ -1,7 +1,9 @@
 // tmx serve: an OpenAI-compatible HTTP server (cpp-httplib, the HTTP library llama.cpp's server
 // uses, packaged by Debian) on the engine's continuous batching (engine/infer/serve_loop.h).
-// HTTP threads parse requests, queue their sequences and stream their text; one engine thread
-// owns the model. Request and response bodies: apps/serve/openai_api.h.
+// HTTP threads parse requests and stream their text; the engine's completion session
+// (engine/infer/completion_session.h) turns them into sequences, which one engine thread runs
+// on the model. Here: the flags, the listening socket and the signals; the routes are
+// apps/serve/routes.h, the request and response bodies apps/serve/openai_api.h.
 #include <httplib.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -13,33 +15,24 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
-#include <mutex>
-#include <nlohmann/json.hpp>
-#include <optional>
-#include <span>
 #include <thread>
 
 #include "apps/commands.h"
-#include "apps/serve/metrics.h"
 #include "apps/serve/openai_api.h"
-#include "apps/serve/playground.h"
+#include "apps/serve/routes.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/data/tokenizer.h"
-#include "engine/infer/generator.h"
+#include "engine/infer/completion_session.h"
 #include "engine/infer/serve_loop.h"
-#include "engine/infer/text_stream.h"
 #include "engine/model/checkpoint.h"
 
 namespace tmx::cli {
 
 namespace {
-
-using nlohmann::json;
-using serve::ApiError;
 
 // httplib's worker threads, each lowered below the engine thread's priority (nice + 5) when it
 // takes its first connection: the engine thread is the server's throughput, and where the
@@ -64,6 +57,36 @@ class HttpThreads : public httplib::ThreadPool {
         });
     }
 };
+
+// Binds the server to host:port (0: any free port) and returns the port bound.
+// httplib's default socket options set SO_REUSEPORT (a second server on the same port would
+// share it silently instead of failing) and its listen backlog is 5 (a burst of clients
+// connecting at once waits out a 1 s SYN retransmission): take SO_REUSEADDR alone, and listen
+// again with a deep backlog once bound.
+int bind_listening_socket(httplib::Server& http, const std::string& host, int requested_port) {
+    // Shared with the callback, which the server keeps.
+    auto listen_fd = std::make_shared<socket_t>(-1);
+    http.set_socket_options([listen_fd](socket_t sock) {
+        int yes = 1;
+        ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+        *listen_fd = sock;  // the last socket made is the one that bound
+    });
+    int port = requested_port;
+    if (port == 0) {
+        port = http.bind_to_any_port(host);
+    } else if (!http.bind_to_port(host, port)) {
+        port = -1;
+    }
+    if (port < 0)
+        throw Error("--host " + host + " --port " + std::to_string(requested_port) +
+                    ": cannot listen there (in use, or not an address of this machine)");
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (*listen_fd >= 0 &&
+        ::getsockopt(*listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening)
+        ::listen(*listen_fd, SOMAXCONN);
+    return port;
+}
 
 }  // namespace
 
@@ -154,19 +177,16 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                         std::to_string(model->config().vocab_size));
         SchedulerOptions so;
         so.slots = o->parallel;
-        const ModelConfig& mc = model->config();
-        so.prefill_tokens_per_step = o->prefill_budget > 0   ? o->prefill_budget
-                                     : mc.sliding_window > 0 ? mc.sliding_window
-                                                             : mc.max_seq_len;
+        so.prefill_tokens_per_step = serving_prefill_budget(model->config(), o->prefill_budget);
         httplib::Server http;
         ServeLoop loop(*model, so, o->queue, [&http](const std::string& why) {
             std::fprintf(stderr, "tmx serve: the backend failed %d steps in a row: %s\n",
                          ServeLoop::kMaxFailedSteps, why.c_str());
             http.stop();
         });
-        Server srv{tokenizer,  loop,          std::filesystem::path(o->model).filename().string(),
-                   o->api_key, chat_template, o->limits};
-        if (srv.model_name.empty()) srv.model_name = "tmx";
+        std::string model_name = std::filesystem::path(o->model).filename().string();
+        if (model_name.empty()) model_name = "tmx";
+        serve::Server srv(tokenizer, loop, model_name, o->api_key, chat_template, o->limits);
 
         http.new_task_queue = [n = o->parallel + o->queue + 8] {
             return new HttpThreads(static_cast<size_t>(n));
@@ -180,31 +200,9 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         http.set_keep_alive_timeout(
             static_cast<time_t>(std::clamp(std::ceil(o->timeout), 1.0, 5.0)));
         http.set_tcp_nodelay(true);  // SSE pieces are small: never wait for Nagle's 40 ms
+        serve::add_routes(http, srv);
 
-        // httplib's default socket options set SO_REUSEPORT (a second server on the same port
-        // would share it silently instead of failing) and its listen backlog is 5 (a burst of
-        // clients connecting at once waits out a 1 s SYN retransmission): take SO_REUSEADDR
-        // alone, and listen again with a deep backlog once bound.
-        int listen_fd = -1;
-        http.set_socket_options([&listen_fd](socket_t sock) {
-            int yes = 1;
-            ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-            listen_fd = sock;  // the last socket made is the one that bound
-        });
-        int port = o->port;
-        if (port == 0) {
-            port = http.bind_to_any_port(o->host);
-        } else if (!http.bind_to_port(o->host, port)) {
-            port = -1;
-        }
-        if (port < 0)
-            throw Error("--host " + o->host + " --port " + std::to_string(o->port) +
-                        ": cannot listen there (in use, or not an address of this machine)");
-        int listening = 0;
-        socklen_t len = sizeof listening;
-        if (listen_fd >= 0 &&
-            ::getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening)
-            ::listen(listen_fd, SOMAXCONN);
+        const int port = bind_listening_socket(http, o->host, o->port);
         std::fprintf(stderr,
                      "tmx serve: listening on http://%s:%d (model %s, backend %s, %s, %lld slots, "
                      "queue %lld, prefill %lld tokens per step%s)\n",
