@@ -265,6 +265,100 @@ json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat) {
             {"text_offset", offsets}};
 }
 
+ApiError api_error(const CompletionError& e, const CompletionRequest& r) {
+    using Kind = CompletionError::Kind;
+    switch (e.kind) {
+        case Kind::TokenOutsideVocabulary: {
+            const std::string at = "[" + std::to_string(e.position) + "]";
+            const std::string param =
+                e.prompt == CompletionError::kLogitBias ? "logit_bias." + std::to_string(e.token)
+                : r.prompt_tokens.size() > 1 ? "prompt[" + std::to_string(e.prompt) + "]" + at
+                                             : "prompt" + at;
+            return {400, e.what(), param, "", "invalid_request_error"};
+        }
+        case Kind::TooManyScoredTokens:
+            return {400, e.what(), "prompt", "", "invalid_request_error"};
+        case Kind::Unrunnable:
+            return {400, e.what(), r.chat ? "messages" : "prompt", "", ""};
+        case Kind::QueueFull:
+            return {429, e.what(), "", "queue_full", "rate_limit_error"};
+        case Kind::DeviceFailed:
+            return {503, e.what(), "", "backend_error", "server_error"};
+    }
+    return {500, e.what(), "", "", "server_error"};
+}
+
+const char* finish_reason(StopReason r) {
+    switch (r) {
+        case StopReason::Length:
+            return "length";
+        case StopReason::Cancelled:
+            return "cancelled";
+        case StopReason::Failed:
+            return "error";
+        default:
+            return "stop";
+    }
+}
+
+json usage_json(const Completion::Usage& usage) {
+    return {{"prompt_tokens", usage.prompt_tokens},
+            {"completion_tokens", usage.completion_tokens},
+            {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+json ResponseHeader::fields() const {
+    return {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
+}
+
+json completion_body(const ResponseHeader& header, const Completion& completion, bool chat,
+                     bool logprobs) {
+    json choices = json::array();
+    for (size_t i = 0; i < completion.choices().size(); ++i) {
+        const Completion::Choice& c = completion.choices()[i];
+        json ch = {{"index", i}, {"finish_reason", finish_reason(c.stop_reason)}};
+        if (chat)
+            ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        else
+            ch["text"] = c.text;
+        ch["logprobs"] = logprobs ? logprobs_json(c.logprobs, chat) : json(nullptr);
+        choices.push_back(ch);
+    }
+    json body = header.fields();
+    body["choices"] = choices;
+    body["usage"] = usage_json(completion.usage());
+    return body;
+}
+
+json stream_choice(const Completion::Update& update, bool chat, bool logprobs) {
+    json ch = {{"index", update.choice}, {"finish_reason", nullptr}};
+    if (chat) {
+        ch["delta"] = json::object();
+        if (update.first) ch["delta"]["role"] = "assistant";
+        if (!update.text.empty()) ch["delta"]["content"] = update.text;
+    } else {
+        ch["text"] = update.text;
+    }
+    ch["logprobs"] = logprobs ? logprobs_json(update.logprobs, chat) : json(nullptr);
+    // A failed choice has no OpenAI finish_reason: the error event after it says what happened.
+    if (update.done && update.error.empty())
+        ch["finish_reason"] = finish_reason(update.stop_reason);
+    return ch;
+}
+
+ApiError generation_failed(const std::string& why) {
+    return {500, "generation failed: " + why, "", "backend_error", "server_error"};
+}
+
+ApiError completion_cancelled(int status) {
+    return {status, "the request was cancelled (the server is shutting down or its device failed)",
+            "", "cancelled", "server_error"};
+}
+
+std::string dump(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string render_chat(const std::vector<ChatMessage>& messages, const std::string& tmpl) {
     std::string lines;
     for (const auto& m : messages) lines += m.role + ": " + m.content + "\n";

@@ -1,6 +1,7 @@
-// The OpenAI HTTP API as tmx serves it: request bodies read into generation parameters, with
-// every problem an ApiError naming the field (OpenAI's error object), and response bodies and
-// stream chunks written as OpenAI defines them. No HTTP here (apps/cmd_serve.cpp).
+// The OpenAI HTTP API as tmx serves it: request bodies read into the engine's completion
+// parameters, with every problem an ApiError naming the field (OpenAI's error object), and the
+// engine's completions written as OpenAI's response bodies and stream chunks. No HTTP here
+// (apps/serve/routes.h).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/infer/sampling.h"
+#include "engine/infer/completion_session.h"
+#include "engine/infer/scheduler.h"
 
 namespace tmx::serve {
 
@@ -37,44 +39,63 @@ struct ChatMessage {
     std::string role, content;
 };
 
-// A completion or chat request, read and checked.
-struct CompletionRequest {
+// A completion or chat request, read and checked: what the engine completes (CompletionParams:
+// completions' prompts, strings or token ids, OpenAI's array of tokens or array of such arrays;
+// chat's are left empty, its messages rendered where the template is known) and what only the
+// API has. OpenAI's `logprobs` is completions' N (0..5: the drawn token and the N most likely) or
+// chat's `logprobs: true` with `top_logprobs` N (0..20); `ignore_eos` is an extension (as
+// llama.cpp's server has it).
+struct CompletionRequest : CompletionParams {
     bool chat = false;
-    std::vector<std::string> prompts;  // completions: one or more; chat: the rendered template
-    // Completions' prompts given as token ids (OpenAI's array of tokens, or array of such
-    // arrays) instead of strings: used as given, no BOS added. Either this or `prompts`.
-    std::vector<std::vector<int32_t>> prompt_tokens;
     std::vector<ChatMessage> messages;  // chat only
-    int64_t max_tokens = 16;
-    SamplingOptions sampling;
-    uint64_t seed = 0;
-    std::vector<std::string> stop;
-    int64_t n = 1;
     bool stream = false;
     // stream_options.include_usage: every chunk has "usage": null, and a last chunk before
     // [DONE] has no choices and the request's usage.
     bool stream_usage = false;
-    bool echo = false;
-    bool ignore_eos = false;  // extension (as llama.cpp's server): generate max_tokens exactly
-    // Log-probabilities of the drawn tokens: completions' `logprobs` N (0..5: the drawn token and
-    // the N most likely), chat's `logprobs` true with `top_logprobs` N (0..20). -1: none.
-    int64_t logprobs = -1;
     std::string model;
 };
 
-// A token's log-probability under the model (before temperature and truncation) and the `top`
-// most likely alternatives: a drawn token's, or with echo a prompt token's. The first token of
-// a prompt given as ids has none (null, as OpenAI answers): nothing came before it.
-struct TokenLogprob {
-    std::string token;
-    std::optional<double> logprob;
-    std::vector<std::pair<std::string, double>> top;
-    size_t text_offset = 0;  // where the token's text starts in the choice's text
+// The `logprobs` object of a choice: completions' {tokens, token_logprobs, top_logprobs,
+// text_offset} or chat's {content: [{token, logprob, bytes, top_logprobs}]}. A token without a
+// log-probability (the first of a prompt given as ids) has null, as OpenAI answers.
+nlohmann::json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat);
+
+// The error a refused completion is answered with, naming the request's field at fault.
+ApiError api_error(const CompletionError& e, const CompletionRequest& r);
+
+// OpenAI's finish_reason for how a choice ended.
+const char* finish_reason(StopReason r);
+
+// {"prompt_tokens", "completion_tokens", "total_tokens"}.
+nlohmann::json usage_json(const Completion::Usage& usage);
+
+// What every response body and stream chunk of one completion starts with.
+struct ResponseHeader {
+    std::string id;      // "cmpl-N", "chatcmpl-N"
+    std::string object;  // "text_completion", "chat.completion" (+ ".chunk" when streamed)
+    int64_t created = 0;
+    std::string model;
+    nlohmann::json fields() const;  // {id, object, created, model}
 };
 
-// The `logprobs` object of a choice: completions' {tokens, token_logprobs, top_logprobs,
-// text_offset} or chat's {content: [{token, logprob, bytes, top_logprobs}]}.
-nlohmann::json logprobs_json(const std::vector<TokenLogprob>& tokens, bool chat);
+// The body of a whole (not streamed) completion whose choices have all ended well, after
+// Completion::wait(); `logprobs`: the request asked for them.
+nlohmann::json completion_body(const ResponseHeader& header, const Completion& completion,
+                               bool chat, bool logprobs);
+
+// A stream chunk's choice for an update: text or chat's delta (with the role in a choice's first
+// one), its tokens' logprobs, and the finish_reason once the choice has ended well.
+nlohmann::json stream_choice(const Completion::Update& update, bool chat, bool logprobs);
+
+// The error of a completion one of whose choices failed.
+ApiError generation_failed(const std::string& why);
+// The error of a completion that was cancelled (the server shutting down, its device failing):
+// `status` 503 when answered before any of it was sent, 500 as a stream's last event.
+ApiError completion_cancelled(int status);
+
+// JSON text; bytes that are not UTF-8 (a client's stop string cut by nobody) become U+FFFD
+// rather than an exception.
+std::string dump(const nlohmann::json& j);
 
 // Reads a /v1/completions (chat = false) or /v1/chat/completions body; throws ApiError.
 CompletionRequest parse_completion_request(const std::string& body, bool chat,

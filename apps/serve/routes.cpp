@@ -1,0 +1,196 @@
+#include "apps/serve/routes.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "apps/serve/completion_stream.h"
+#include "apps/serve/playground.h"
+
+namespace tmx::serve {
+
+namespace {
+
+using nlohmann::json;
+
+int64_t unix_time() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+void send_error(httplib::Response& res, const ApiError& e, Metrics* metrics = nullptr) {
+    if (metrics)
+        metrics->count_request(e.status == 429   ? "queue_full"
+                               : e.status >= 500 ? "server_error"
+                                                 : "client_error");
+    res.status = e.status;
+    if (e.status == 429) res.set_header("Retry-After", "1");
+    res.set_content(dump(e.body()), "application/json");
+}
+
+// The API key, then the drain: a request to the API that either refuses is answered here.
+httplib::Server::HandlerResponse check_access(const Server& srv, const httplib::Request& req,
+                                              httplib::Response& res) {
+    const bool api =
+        req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (api && !srv.api_key.empty() &&
+        req.get_header_value("Authorization") != "Bearer " + srv.api_key) {
+        send_error(res, {401, "a valid API key is required (Authorization: Bearer KEY)", "",
+                         "invalid_api_key", "invalid_request_error"});
+        return httplib::Server::HandlerResponse::Handled;
+    }
+    if (srv.draining && api) {
+        send_error(res, {503, "the server is shutting down", "", "shutting_down", "server_error"});
+        return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+}
+
+// httplib's own errors (no route, a body too large) as OpenAI's error object.
+void explain_http_error(const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const int s = res.status;
+    ApiError e{s,
+               s == 404   ? "unknown endpoint " + req.method + " " + req.path
+               : s == 413 ? "the request body is larger than the server takes (--max-body)"
+               : s == 405 ? "method not allowed"
+                          : "HTTP error " + std::to_string(s),
+               "", "", "invalid_request_error"};
+    res.set_content(e.body().dump(), "application/json");
+}
+
+void tokenize(const Server& srv, const httplib::Request& req, httplib::Response& res) {
+    try {
+        const TokenizeRequest r = parse_tokenize_request(req.body);
+        std::vector<int32_t> ids;
+        if (r.add_special_tokens) ids.push_back(srv.tokenizer.bos_id());
+        const std::vector<int32_t> body = srv.tokenizer.encode(r.prompt);
+        ids.insert(ids.end(), body.begin(), body.end());
+        res.set_content(json{{"tokens", ids}, {"count", ids.size()}}.dump(), "application/json");
+    } catch (const ApiError& e) {
+        send_error(res, e);
+    }
+}
+
+void detokenize(const Server& srv, const httplib::Request& req, httplib::Response& res) {
+    try {
+        const std::vector<int32_t> ids = parse_detokenize_request(req.body);
+        try {
+            check_in_vocabulary(srv.tokenizer, ids);
+        } catch (const CompletionError& e) {
+            throw ApiError{400, e.what(), "tokens[" + std::to_string(e.position) + "]", "",
+                           "invalid_request_error"};
+        }
+        res.set_content(dump(json{{"prompt", srv.tokenizer.decode(ids)}}), "application/json");
+    } catch (const ApiError& e) {
+        send_error(res, e);
+    }
+}
+
+// POST /v1/completions (chat false) and /v1/chat/completions: the whole answer once every choice
+// has ended, or a stream.
+void complete(Server& srv, bool chat, const httplib::Request& req, httplib::Response& res) {
+    CompletionRequest r;
+    std::shared_ptr<Completion> completion;
+    try {
+        r = parse_completion_request(req.body, chat, srv.limits);
+        completion = srv.start(r);
+    } catch (const ApiError& e) {
+        send_error(res, e, &srv.metrics);
+        return;
+    }
+    const ResponseHeader header{
+        std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(srv.next_id++),
+        chat ? "chat.completion" : "text_completion", unix_time(), srv.model_name};
+    if (r.stream) {
+        stream_completion(res, completion, header, r, srv.metrics);
+        return;
+    }
+    completion->wait();
+    if (const std::optional<std::string> failure = completion->failure()) {
+        send_error(res, generation_failed(*failure), &srv.metrics);
+        return;
+    }
+    if (completion->cancelled()) {
+        send_error(res, completion_cancelled(503), &srv.metrics);
+        return;
+    }
+    srv.metrics.count_request("ok");
+    res.set_content(dump(completion_body(header, *completion, chat, r.logprobs >= 0)),
+                    "application/json");
+}
+
+}  // namespace
+
+Server::Server(const Tokenizer& tokenizer, ServeLoop& loop, std::string model_name,
+               std::string api_key, std::string chat_template, const ApiLimits& limits)
+    : tokenizer(tokenizer),
+      loop(loop),
+      model_name(std::move(model_name)),
+      api_key(std::move(api_key)),
+      chat_template(std::move(chat_template)),
+      limits(limits),
+      session(
+          tokenizer, loop,
+          {.max_scored_tokens = limits.max_scored_tokens,
+           .on_prompt_queued = [this](int64_t tokens) { metrics.prompt_tokens += tokens; },
+           .on_token_timing =
+               [this](bool first, double seconds) {
+                   metrics.completion_tokens++;
+                   (first ? metrics.time_to_first_token : metrics.time_per_token).observe(seconds);
+               }}) {}
+
+std::shared_ptr<Completion> Server::start(const CompletionRequest& r) {
+    try {
+        if (!r.chat) return session.start(r);
+        CompletionParams rendered = r;
+        rendered.prompts = {render_chat(r.messages, chat_template)};
+        return session.start(rendered);
+    } catch (const CompletionError& e) {
+        throw api_error(e, r);
+    }
+}
+
+void add_routes(httplib::Server& http, Server& srv) {
+    http.set_pre_routing_handler([&srv](const httplib::Request& req, httplib::Response& res) {
+        return check_access(srv, req, res);
+    });
+    http.set_error_handler(explain_http_error);
+    http.Get("/health", [&srv](const httplib::Request&, httplib::Response& res) {
+        const std::string failure = srv.loop.failure();
+        res.status = failure.empty() ? 200 : 503;
+        res.set_content(json{{"status", failure.empty() ? "ok" : "error"}}.dump(),
+                        "application/json");
+    });
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+        res.set_content(kPlaygroundHtml, "text/html; charset=utf-8");
+    });
+    http.Get("/metrics", [&srv](const httplib::Request&, httplib::Response& res) {
+        const ServeLoop::Stats st = srv.loop.stats();
+        res.set_content(srv.metrics.render(st.running, st.waiting, st.slots),
+                        "text/plain; version=0.0.4");
+    });
+    http.Post("/tokenize", [&srv](const httplib::Request& req, httplib::Response& res) {
+        tokenize(srv, req, res);
+    });
+    http.Post("/detokenize", [&srv](const httplib::Request& req, httplib::Response& res) {
+        detokenize(srv, req, res);
+    });
+    http.Get("/v1/models", [&srv](const httplib::Request&, httplib::Response& res) {
+        json m = {{"id", srv.model_name},
+                  {"object", "model"},
+                  {"created", unix_time()},
+                  {"owned_by", "tmx"}};
+        res.set_content(json{{"object", "list"}, {"data", {m}}}.dump(), "application/json");
+    });
+    http.Post("/v1/completions", [&srv](const httplib::Request& req, httplib::Response& res) {
+        complete(srv, false, req, res);
+    });
+    http.Post("/v1/chat/completions", [&srv](const httplib::Request& req, httplib::Response& res) {
+        complete(srv, true, req, res);
+    });
+}
+
+}  // namespace tmx::serve
