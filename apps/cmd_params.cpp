@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "apps/option_flags.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/format.h"
@@ -37,6 +38,7 @@ struct ParamsOptions {
 
 ScalingOptions scaling_options(const ParamsOptions& o) {
     ScalingOptions s;
+    s.spelling = flag_of;
     if (o.has("--ranks")) s.ranks = parse_rank_list(o.ranks, "--ranks");
     if (o.has("--interconnect"))
         s.interconnects = parse_interconnect_list(o.interconnect, "--interconnect");
@@ -106,6 +108,7 @@ void run_params(const ParamsOptions& o) {
     ReportOptions ro;
     ro.batch = o.batch;
     ro.seq = o.seq;
+    ro.spelling = flag_of;
     const ParamReport report = build_param_report(cfg, o.config, ro);
     nlohmann::json verified;
     if (o.verify) verified = verify_against_engine(cfg, report);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "apps/commands.h"
+#include "apps/option_flags.h"
 #include "engine/core/errors.h"
 #include "engine/core/threads.h"
 
@@ -83,11 +84,11 @@ int main(int argc, char** argv) {
         return 2;
     } catch (const cli::Interrupted& e) {
         return e.exit_code;
-    } catch (const UsageError& e) {
-        std::cerr << "tmx: " << e.what() << "\n";
+    } catch (const UsageError& e) {  // the options it names as the flags that set them
+        std::cerr << "tmx: " << e.message(cli::flag_of) << "\n";
         return 2;
     } catch (const Error& e) {
-        std::cerr << "tmx: error: " << e.what() << "\n";
+        std::cerr << "tmx: error: " << e.message(cli::flag_of) << "\n";
         return 1;
     } catch (const std::bad_alloc&) {
         std::cerr << "tmx: error: out of memory\n";

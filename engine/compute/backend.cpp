@@ -65,14 +65,15 @@ void check_weight_rows(const OpCheck& c, const Tensor& w, const char* name) {
 
 void Backend::set_matmul_precision(Precision p) {
     if (!supports_precision(p))
-        throw Error("the " + name() + " backend has no " + to_string(p) +
-                    " matmuls (use --precision fp32)");
+        throw Error("the " + name() + " backend has no " + to_string(p) + " matmuls (use " +
+                    opt("precision") + " fp32)");
     matmul_precision_ = p;
 }
 
 Tensor Backend::alloc(Shape shape, DType dtype) {
     if (dtype == DType::BF16 && !has_bf16_tensors() && !supports_weight_format(DType::BF16))
-        throw Error("the " + name() + " backend has no bf16 tensors (use --precision fp32)");
+        throw Error("the " + name() + " backend has no bf16 tensors (use " + opt("precision") +
+                    " fp32)");
     if ((dtype == DType::F16 || dtype == DType::Q8_0) && !supports_weight_format(dtype))
         throw Error("the " + name() + " backend cannot hold " + to_string(dtype) + " weights");
     // Shapes reach here from configs and flags: a negative dimension or a byte count past 64

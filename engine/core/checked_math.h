@@ -19,7 +19,7 @@ class OverflowError : public Error {
     using Error::Error;
 };
 
-[[noreturn]] inline void throw_int64_overflow(const std::string& context) {
+[[noreturn]] inline void throw_int64_overflow(const OptionText& context) {
     throw OverflowError(context + ": size overflows a 64-bit integer");
 }
 

@@ -53,7 +53,7 @@ CorpusFormat parse_corpus_format(std::string_view name) {
     if (name == "tinystories") return CorpusFormat::TinyStories;
     if (name == "paragraphs") return CorpusFormat::Paragraphs;
     if (name == "jsonl") return CorpusFormat::Jsonl;
-    throw UsageError("--format: expected auto, tinystories, paragraphs or jsonl, got '" +
+    throw UsageError(opt("format") + ": expected auto, tinystories, paragraphs or jsonl, got '" +
                      std::string(name) + "'");
 }
 

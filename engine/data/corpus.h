@@ -27,7 +27,8 @@ namespace tmx {
 
 enum class CorpusFormat { Auto, TinyStories, Paragraphs, Jsonl };
 
-// "auto", "tinystories", "paragraphs", "jsonl"; anything else throws UsageError naming --format.
+// "auto", "tinystories", "paragraphs", "jsonl"; anything else throws UsageError naming the
+// option `format`.
 CorpusFormat parse_corpus_format(std::string_view name);
 const char* to_string(CorpusFormat format);
 

@@ -126,7 +126,8 @@ TokenDataset open_dataset(const std::string& dir, Split split) {
     const DatasetSplitInfo& info = split == Split::Train ? d.meta_.train : d.meta_.val;
     if (info.tokens == 0 || info.shards.empty())
         throw Error(dir + ": the " + to_string(split) + " split of this dataset is empty" +
-                    (split == Split::Val ? " (it was prepared with --val-fraction 0)" : ""));
+                    (split == Split::Val ? " (it was prepared with " + opt("val_fraction") + " 0)"
+                                         : OptionText()));
     uint64_t total = 0;
     for (const std::string& name : info.shards) {
         if (name.find('/') != std::string::npos || name == ".." || name.empty())

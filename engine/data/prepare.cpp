@@ -59,7 +59,8 @@ DatasetWriter::DatasetWriter(const std::string& dir, uint64_t vocab_size,
                             ": exists, is not empty and is not a token dataset (no "
                             "meta.json); refusing to write into it");
             if (!options_.overwrite)
-                throw Error(dir + ": a dataset already exists there (use --force to replace it)");
+                throw Error(dir + ": a dataset already exists there (use " + opt("overwrite") +
+                            " to replace it)");
         }
     }
     fs::create_directories(d.parent_path(), ec);
@@ -192,7 +193,7 @@ PrepareReport prepare_dataset(const PrepareOptions& options,
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     if (!(options.val_fraction >= 0.0 && options.val_fraction <= 1.0))
-        throw UsageError("--val-fraction must be between 0 and 1, got " +
+        throw UsageError(opt("val_fraction") + " must be between 0 and 1, got " +
                          std::to_string(options.val_fraction));
     if (options.inputs.empty()) throw UsageError("no input files given");
 

@@ -622,7 +622,7 @@ TokenizerTrainReport train_tokenizer(const std::vector<std::string>& inputs, int
         if (fs::is_directory(out_path, ec))
             throw Error(out_path + ": is a directory; give the path of the .model file to write");
         if (!options.overwrite)
-            throw Error(out_path + ": already exists (use --force to replace it)");
+            throw Error(out_path + ": already exists (use " + opt("overwrite") + " to replace it)");
     }
 
     CorpusSentenceIterator it(inputs, options);

@@ -25,7 +25,7 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
                                              const GenerationOptions& options,
                                              const TokenCallback& on_token) {
     validate(options.sampling);
-    if (options.max_new_tokens < 0) throw UsageError("--max-new-tokens must be >= 0");
+    if (options.max_new_tokens < 0) throw UsageError(opt("max_new_tokens") + " must be >= 0");
     std::vector<TokenGeneration> results(prompts.size());
     if (prompts.empty()) return results;
     for (const auto& p : prompts)
@@ -52,7 +52,7 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
         try {
             scheduler.submit(std::move(r));
         } catch (const Error& e) {
-            throw Error("prompt " + std::to_string(b + 1) + ": " + e.what());
+            throw Error("prompt " + std::to_string(b + 1) + ": " + e.text());
         }
     }
     scheduler.run_until_idle();

@@ -236,22 +236,22 @@ const Truncation& truncate(const float* logits, int64_t vocab, const SamplingOpt
 }  // namespace
 
 void validate(const SamplingOptions& o) {
-    auto bad = [](const char* flag, double value, const char* want) {
-        throw UsageError(std::string(flag) + " is " + std::to_string(value) + ", expected " + want);
+    auto bad = [](const OptionText& option, double value, const char* want) {
+        throw UsageError(option + " is " + std::to_string(value) + ", expected " + want);
     };
     if (!(o.repetition_penalty > 0.0) || !std::isfinite(o.repetition_penalty))
-        bad("--repetition-penalty", o.repetition_penalty, "a number > 0 (1 = off)");
+        bad(opt("repetition_penalty"), o.repetition_penalty, "a number > 0 (1 = off)");
     if (!(o.temperature >= 0.0) || !std::isfinite(o.temperature))
-        bad("--temperature", o.temperature, "a number >= 0 (0 = greedy)");
-    if (o.top_k < 0) bad("--top-k", static_cast<double>(o.top_k), "an integer >= 0 (0 = off)");
+        bad(opt("temperature"), o.temperature, "a number >= 0 (0 = greedy)");
+    if (o.top_k < 0) bad(opt("top_k"), static_cast<double>(o.top_k), "an integer >= 0 (0 = off)");
     if (!(o.top_p >= 0.0 && o.top_p <= 1.0))
-        bad("--top-p", o.top_p, "a number in [0, 1] (1 = off)");
+        bad(opt("top_p"), o.top_p, "a number in [0, 1] (1 = off)");
     if (!(o.min_p >= 0.0 && o.min_p <= 1.0))
-        bad("--min-p", o.min_p, "a number in [0, 1] (0 = off)");
+        bad(opt("min_p"), o.min_p, "a number in [0, 1] (0 = off)");
     if (!(o.frequency_penalty >= -2.0 && o.frequency_penalty <= 2.0))
-        bad("--frequency-penalty", o.frequency_penalty, "a number in [-2, 2] (0 = off)");
+        bad(opt("frequency_penalty"), o.frequency_penalty, "a number in [-2, 2] (0 = off)");
     if (!(o.presence_penalty >= -2.0 && o.presence_penalty <= 2.0))
-        bad("--presence-penalty", o.presence_penalty, "a number in [-2, 2] (0 = off)");
+        bad(opt("presence_penalty"), o.presence_penalty, "a number in [-2, 2] (0 = off)");
     for (const auto& [id, bias] : o.logit_bias)
         if (!(bias >= -100.0 && bias <= 100.0))
             bad("logit_bias", bias, "a number in [-100, 100] for each token");

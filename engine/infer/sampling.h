@@ -31,7 +31,7 @@ struct SamplingOptions {
     std::vector<std::pair<int32_t, double>> logit_bias;
 };
 
-// Throws tmx::UsageError naming the flag (--temperature, ...) when an option is out of range.
+// Throws tmx::UsageError naming the option (its field: temperature, ...) when one is out of range.
 void validate(const SamplingOptions& options);
 
 // The distribution the draw uses: probabilities over the vocabulary (zero for every token

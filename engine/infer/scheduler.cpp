@@ -38,7 +38,7 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
     const int64_t window = c.sliding_window > 0 ? c.sliding_window : c.max_seq_len;
     chunk_ = options.prefill_chunk > 0 ? options.prefill_chunk : window;
     if (chunk_ > window)
-        throw UsageError("--prefill-chunk " + std::to_string(chunk_) +
+        throw UsageError(opt("prefill_chunk") + " " + std::to_string(chunk_) +
                          " is larger than the model's attention window (" + std::to_string(window) +
                          ")");
     limit_ = kv_cache_max_positions(c);

@@ -206,7 +206,7 @@ GgufExportReport export_gguf(const std::string& checkpoint, const std::string& o
     if (c.d_model > UINT32_MAX || c.n_layers > UINT32_MAX)
         throw Error(config_path + ": sizes beyond 32 bits cannot be written to GGUF");
     if (fs::exists(out_file) && !options.overwrite)
-        throw Error(out_file + ": exists (use --force to replace it)");
+        throw Error(out_file + ": exists (use " + opt("overwrite") + " to replace it)");
     if (fs::is_directory(out_file)) throw Error(out_file + ": is a directory");
     const std::string weights_path = (fs::path(checkpoint) / "model.safetensors").string();
     const SafetensorsFile weights(weights_path);

@@ -92,7 +92,8 @@ void check_output_dir(const fs::path& dir, const std::string& shown, bool overwr
     if (!fs::exists(dir / "config.json"))
         throw Error(shown + ": exists and is not a model directory; refusing to replace it");
     if (!overwrite)
-        throw Error(shown + ": a model already exists there (use --force to replace it)");
+        throw Error(shown + ": a model already exists there (use " + opt("overwrite") +
+                    " to replace it)");
 }
 
 }  // namespace
@@ -100,7 +101,7 @@ void check_output_dir(const fs::path& dir, const std::string& shown, bool overwr
 HfExportReport export_hf(const std::string& checkpoint, const std::string& out_dir,
                          const HfExportOptions& options) {
     if (options.dtype == StorageType::F64)
-        throw UsageError("--dtype: Hugging Face export writes f32, bf16 or f16");
+        throw UsageError(opt("dtype") + ": Hugging Face export writes f32, bf16 or f16");
     const ModelConfig config = load_checkpoint_config(checkpoint);
     const std::string config_path = (fs::path(checkpoint) / "config.json").string();
     HfExportReport report;

@@ -54,8 +54,8 @@ void write_checkpoint(const ModelConfig& config, const std::string& dir_str,
             throw Error(dir_str +
                         ": exists and is not a checkpoint directory; refusing to replace it");
         if (!empty && !options.overwrite)
-            throw Error(dir_str +
-                        ": a checkpoint already exists there (use --force to replace it)");
+            throw Error(dir_str + ": a checkpoint already exists there (use " + opt("overwrite") +
+                        " to replace it)");
     }
     // The tokenizer's files, read before anything is written.
     std::vector<std::pair<std::string, std::string>> tokenizer;  // name, bytes

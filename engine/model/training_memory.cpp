@@ -7,11 +7,11 @@
 namespace tmx {
 
 void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
-                           const Backend& backend, const TrainingMemoryFlags& flags) {
-    const std::string at =
-        flags.batch + " " + with_thousands(batch) + " x " + flags.seq + " " + with_thousands(seq);
-    const std::string beyond =
-        ", more than the limit of 1 EiB (2^60 bytes); lower " + flags.batch + " or " + flags.seq;
+                           const Backend& backend, const TrainingMemoryOptions& options) {
+    const OptionText at = options.batch + " " + with_thousands(batch) + " x " + options.seq + " " +
+                          with_thousands(seq);
+    const OptionText beyond = ", more than the limit of 1 EiB (2^60 bytes); lower " +
+                              options.batch + " or " + options.seq;
     TrainingMemory m;
     try {
         m = training_memory(c, batch, seq, precision);
@@ -29,9 +29,9 @@ void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Pre
             ", gradients and AdamW state " +
             fmt_bytes(m.weights + m.gradients + m.optimizer + m.bf16_weights) + ", activations " +
             fmt_bytes(m.activations) + ", step scratch " + fmt_bytes(m.step_scratch) +
-            "; tmx params --batch B --seq T shows it), more than the " + backend.name() +
-            " backend's " + fmt_bytes(static_cast<double>(capacity)) + "; lower " + flags.batch +
-            " or " + flags.seq + flags.advice);
+            "; tmx params " + opt("batch") + " B " + opt("seq") + " T shows it), more than the " +
+            backend.name() + " backend's " + fmt_bytes(static_cast<double>(capacity)) + "; lower " +
+            options.batch + " or " + options.seq + options.advice);
 }
 
 }  // namespace tmx

@@ -9,6 +9,7 @@
 
 #include "engine/compute/backend.h"
 #include "engine/compute/precision.h"
+#include "engine/core/option_text.h"
 #include "engine/model/config.h"
 
 namespace tmx {
@@ -44,16 +45,17 @@ TrainingMemory training_memory(const ModelConfig& config, int64_t batch, int64_t
                                Precision precision, bool with_validation = true,
                                int64_t classifier_chunk_values = int64_t{1} << 25);
 
-// The flags a training-memory refusal names, and advice appended to it.
-struct TrainingMemoryFlags {
-    std::string batch, seq, advice;
+// The options a training-memory refusal names (the caller's: opt("train_batch"), ...), and
+// advice appended to it.
+struct TrainingMemoryOptions {
+    OptionText batch, seq, advice;
 };
 // Training at batch x seq in `precision` must stay within 1 EiB (kMaxMemoryBytes), and
 // the engine's own tensors (training_memory(): weights, gradients, AdamW state, the bf16 weight
 // copy, kept activations and the step's scratch) must fit in backend.memory_capacity():
-// otherwise a UsageError naming the flags. Called before anything is allocated, so that an
+// otherwise a UsageError naming the options. Called before anything is allocated, so that an
 // absurd batch is a usage error rather than a run that grows until the system kills it.
 void check_training_memory(const ModelConfig& c, int64_t batch, int64_t seq, Precision precision,
-                           const Backend& backend, const TrainingMemoryFlags& flags);
+                           const Backend& backend, const TrainingMemoryOptions& options);
 
 }  // namespace tmx

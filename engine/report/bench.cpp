@@ -20,14 +20,16 @@ using namespace bench_detail;
 
 std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float> weights,
                                     const BenchOptions& o) {
-    if (o.backends.empty()) throw UsageError("--backends: no backend to run");
+    if (o.backends.empty()) throw UsageError(opt("backends") + ": no backend to run");
     if (!o.open_backend) throw std::logic_error("run_bench: BenchOptions::open_backend is not set");
     if (o.prompt_tokens < 1 || o.decode_tokens < 1 || o.batch < 1 || o.repeats < 1 || o.warmup < 0)
-        throw UsageError("tmx bench: --prompt, --decode, --batch and --repeats must be positive");
+        throw UsageError("tmx bench: " + opt("prompt_tokens") + ", " + opt("decode_tokens") + ", " +
+                         opt("batch") + " and " + opt("repeats") + " must be positive");
     if ((o.train_batch > 0) != (o.train_seq > 0) || o.train_batch < 0 || o.train_seq < 0)
-        throw UsageError("tmx bench: --train-batch and --train-seq go together, both positive");
+        throw UsageError("tmx bench: " + opt("train_batch") + " and " + opt("train_seq") +
+                         " go together, both positive");
     if (o.train_seq > config.max_seq_len)
-        throw UsageError("tmx bench: --train-seq " + std::to_string(o.train_seq) +
+        throw UsageError("tmx bench: " + opt("train_seq") + " " + std::to_string(o.train_seq) +
                          " exceeds the model's max_seq_len " + std::to_string(config.max_seq_len));
     const int64_t limit = kv_cache_max_positions(config);
     const int64_t P = limit < 0 ? o.prompt_tokens : std::min(o.prompt_tokens, limit - 1);
@@ -47,23 +49,22 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     for (const std::unique_ptr<Backend>& other : others) {
         const Backend& be = other ? *other : *cpu;
         if (!be.supports_precision(precision_of(be)))
-            throw UsageError("--precision " + std::string(to_string(precision_of(be))) + ": the " +
-                             be.name() +
-                             " backend has none; leave --precision out to run each "
-                             "backend in its default");
+            throw UsageError(opt("precision") + " " + to_string(precision_of(be)) + ": the " +
+                             be.name() + " backend has none; leave " + opt("precision") +
+                             " out to run each backend in its default");
     }
     for (const std::unique_ptr<Backend>& other : others) {
         const Backend& be = other ? *other : *cpu;
         if (!be.supports_weight_format(o.weight_format))
-            throw UsageError(std::string("--weights ") + to_string(o.weight_format) + ": the " +
+            throw UsageError(opt("weight_format") + " " + to_string(o.weight_format) + ": the " +
                              be.name() + " backend cannot hold such weights");
     }
     // A training batch that cannot fit (on a backend that trains, or on the CPU, which takes the
     // reference step) is refused before anything is measured.
     if (o.train_batch > 0) {
-        const TrainingMemoryFlags flags{"--train-batch", "--train-seq", ""};
+        const TrainingMemoryOptions options{opt("train_batch"), opt("train_seq"), ""};
         auto check = [&](const Backend& be, Precision p) {
-            check_training_memory(config, o.train_batch, o.train_seq, p, be, flags);
+            check_training_memory(config, o.train_batch, o.train_seq, p, be, options);
         };
         for (const std::unique_ptr<Backend>& other : others) {
             const Backend& be = other ? *other : *cpu;

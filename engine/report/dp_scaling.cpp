@@ -313,20 +313,22 @@ ScalingReport build_scaling_report(const ParamReport& r, const ScalingOptions& o
     ScalingReport s;
     s.options = o;
     if (s.options.interconnects.empty()) s.options.interconnects = {interconnect_presets()[0]};
-    if (s.options.ranks.empty()) throw UsageError("--ranks: no rank counts given");
+    const OptionSpelling& spell = o.spelling;
+    if (s.options.ranks.empty()) throw UsageError(opt("ranks") + ": no rank counts given");
     for (int64_t n : s.options.ranks)
         if (n < 1 || n > kMaxRanks)
-            throw UsageError("--ranks: " + std::to_string(n) + " is not from 1 to " +
+            throw UsageError(opt("ranks") + ": " + std::to_string(n) + " is not from 1 to " +
                              with_thousands(kMaxRanks));
     if (s.options.step_latency_us)
         for (Interconnect& ic : s.options.interconnects) {
             ic.step_latency_us = *s.options.step_latency_us;
-            ic.latency_source = "given as --latency-us";
+            ic.latency_source = ("given as " + opt("step_latency_us")).spelled(spell);
         }
     if (o.step_time_s && (o.peak_given || o.mfu_given))
-        throw UsageError(std::string(o.peak_given ? "--peak-tflops" : "--mfu") +
-                         ": --step-time gives one GPU's step time, which replaces the estimate "
-                         "from --peak-tflops and --mfu: give one or the other");
+        throw UsageError((o.peak_given ? opt("peak_tflops") : opt("mfu")) + ": " +
+                         opt("step_time_s") +
+                         " gives one GPU's step time, which replaces the estimate from " +
+                         opt("peak_tflops") + " and " + opt("mfu") + ": give one or the other");
 
     s.params = r.total_params;
     s.gradient_bytes = checked_mul(4, r.total_params, "the gradient bytes");  // P <= 2^48
@@ -334,16 +336,19 @@ ScalingReport build_scaling_report(const ParamReport& r, const ScalingOptions& o
     if (s.seq < 1) throw Error(r.source + ": the report has no sequence length for the step");
     if (o.tokens_per_step > 0) {
         s.tokens_per_step = o.tokens_per_step;
-        s.tokens_origin = "--tokens-per-step";
+        s.tokens_origin = opt("tokens_per_step").spelled(spell);
     } else {
         const int64_t batch = r.options.batch > 0 ? r.options.batch : kDefaultBatchSequences;
-        const std::string seq =
-            with_thousands(s.seq) + (r.options.seq > 0 ? " (--seq)" : " (the config's context)");
-        s.tokens_per_step = checked_mul(batch, s.seq, "--batch x --seq");
+        const OptionText seq =
+            with_thousands(s.seq) +
+            (r.options.seq > 0 ? " (" + opt("seq") + ")" : " (the config's context)");
+        if (__builtin_mul_overflow(batch, s.seq, &s.tokens_per_step))
+            throw_int64_overflow(opt("batch") + " x " + opt("seq"));
         s.tokens_origin =
-            r.options.batch > 0
-                ? "--batch " + with_thousands(batch) + " x " + seq
-                : with_thousands(batch) + " sequences (tmx train's default --batch-size) x " + seq;
+            (r.options.batch > 0 ? opt("batch") + " " + with_thousands(batch) + " x " + seq
+                                 : with_thousands(batch) + " sequences (tmx train's default " +
+                                       opt("batch_size") + ") x " + seq)
+                .spelled(spell);
     }
     s.training_flops_per_token = r.training_flops;
     s.flops_per_step = static_cast<double>(s.tokens_per_step) * r.training_flops;
@@ -355,9 +360,9 @@ ScalingReport build_scaling_report(const ParamReport& r, const ScalingOptions& o
         if (!std::isfinite(s.one_gpu_step_s) || s.one_gpu_step_s <= 0)
             throw UsageError("the estimated step time of " + with_thousands(s.tokens_per_step) +
                              " tokens at " + fmt_real(o.peak_tflops) + " TFLOP/s x MFU " +
-                             fmt_real(o.mfu) +
-                             " is not a finite positive number: check --tokens-per-step, "
-                             "--peak-tflops and --mfu");
+                             fmt_real(o.mfu) + " is not a finite positive number: check " +
+                             opt("tokens_per_step") + ", " + opt("peak_tflops") + " and " +
+                             opt("mfu"));
     }
 
     for (const Interconnect& ic : s.options.interconnects) {
@@ -389,32 +394,33 @@ ScalingReport build_scaling_report(const ParamReport& r, const ScalingOptions& o
 std::string format_scaling_report(const ScalingReport& s) {
     std::ostringstream out;
     const ScalingOptions& o = s.options;
+    auto spelled = [&](const OptionText& text) { return text.spelled(o.spelling); };
     const std::string bytes = with_thousands(s.gradient_bytes) + " B";
     auto at_n = [](int64_t n) { return nb("N = " + with_thousands(n)); };
     out << "\ndata-parallel training on N GPUs: ESTIMATES from a simple model, not measurements\n";
-    out << wrap("Every step a ring all-reduce sums the fp32 gradients of all " +
-                with_thousands(s.params) + " parameters (" + bytes +
-                "): each rank holds the whole model, every expert included, so the all-reduce "
-                "follows the total parameters while an MoE's compute follows the active ones. "
-                "Each rank sends " +
-                nb("2 (N-1)/N x " + with_thousands(s.gradient_bytes) + " B") +
-                " and receives as many (1 GB = 1e9 B). With --shard-optimizer (ZeRO-1) tmx does "
-                "a reduce-scatter of the gradients and an all-gather of the fp32 weights "
-                "instead: the same bytes.");
+    out << wrap(spelled(
+        "Every step a ring all-reduce sums the fp32 gradients of all " + with_thousands(s.params) +
+        " parameters (" + bytes +
+        "): each rank holds the whole model, every expert included, so the all-reduce follows "
+        "the total parameters while an MoE's compute follows the active ones. Each rank sends " +
+        nb("2 (N-1)/N x " + with_thousands(s.gradient_bytes) + " B") +
+        " and receives as many (1 GB = 1e9 B). With " + opt("shard_optimizer") +
+        " (ZeRO-1) tmx does a reduce-scatter of the gradients and an all-gather of the fp32 "
+        "weights instead: the same bytes."));
     out << wrap("Global batch fixed at " + with_thousands(s.tokens_per_step) +
                 " tokens per step (" + s.tokens_origin + "); each of N ranks computes 1/N of it.");
     if (s.measured)
-        out << wrap("One GPU: " + fmt_time(s.one_gpu_step_s) +
-                    " per step, measured (--step-time).");
+        out << wrap(spelled("One GPU: " + fmt_time(s.one_gpu_step_s) + " per step, measured (" +
+                            opt("step_time_s") + ")."));
     else
-        out << wrap("One GPU: " + fmt_time(s.one_gpu_step_s) +
-                    " per step, estimated: " + with_thousands(s.tokens_per_step) + " tokens x " +
-                    nb(fmt_si(s.training_flops_per_token, "FLOP")) +
-                    " (training FLOPs per token) / (" + nb(fmt_real(o.peak_tflops) + " TFLOP/s") +
-                    " peak" +
-                    (o.peak_given ? " (--peak-tflops)" : " (assumed: H100 SXM dense bf16)") +
-                    " x MFU " + fmt_real(o.mfu) + (o.mfu_given ? " (--mfu)" : " (assumed)") +
-                    "). --step-time takes a measured step instead.");
+        out << wrap(spelled(
+            "One GPU: " + fmt_time(s.one_gpu_step_s) +
+            " per step, estimated: " + with_thousands(s.tokens_per_step) + " tokens x " +
+            nb(fmt_si(s.training_flops_per_token, "FLOP")) + " (training FLOPs per token) / (" +
+            nb(fmt_real(o.peak_tflops) + " TFLOP/s") + " peak" +
+            (o.peak_given ? " (" + opt("peak_tflops") + ")" : " (assumed: H100 SXM dense bf16)") +
+            " x MFU " + fmt_real(o.mfu) + (o.mfu_given ? " (" + opt("mfu") + ")" : " (assumed)") +
+            "). " + opt("step_time_s") + " takes a measured step instead."));
     out << wrap(
         "Compute at N = one GPU's step / N. All-reduce = latency + bytes sent / the per-GPU bus "
         "bandwidth (per direction, as NCCL-tests' busbw); latency = " +
@@ -423,9 +429,10 @@ std::string format_scaling_report(const ScalingReport& s) {
         "algorithm, Simple protocol; small beside the bandwidth term for large models). "
         "Speed-up = one GPU's step / the step at N; efficiency = speed-up / N; without overlap "
         "the step is compute + all-reduce, with perfect overlap the larger of the two.");
-    out << wrap(
+    out << wrap(spelled(
         "Memory: each rank holds the whole model's training state, as one GPU does (above); "
-        "ZeRO-1 (--shard-optimizer) divides only the optimizer's part by N.");
+        "ZeRO-1 (" +
+        opt("shard_optimizer") + ") divides only the optimizer's part by N."));
     out << wrap(
         "Not modelled: the optimizer update (taken to shrink with N like the rest of the step), a "
         "lower MFU at smaller per-rank batches, stragglers, congestion.");
@@ -462,7 +469,7 @@ std::string format_scaling_report(const ScalingReport& s) {
         const std::string upto =
             "N up to " + with_thousands(t.best_searched_up_to) + " (" +
             (t.best_searched_up_to == kMaxRanks
-                 ? "the most --ranks takes"
+                 ? spelled("the most " + opt("ranks") + " takes")
                  : "one " + with_thousands(s.seq) + "-token sequence per rank") +
             ")";
         if (t.best_no_overlap_ranks == 1 && t.best_overlap_ranks == 1)
@@ -490,13 +497,15 @@ std::string format_scaling_report(const ScalingReport& s) {
 
 json scaling_report_json(const ScalingReport& s) {
     const ScalingOptions& o = s.options;
+    auto spelled = [&](const OptionText& text) { return text.spelled(o.spelling); };
     json j;
     j["estimate"] = true;
-    j["note"] =
+    j["note"] = spelled(
         "estimates from a simple model, not measurements: ring all-reduce of the fp32 gradients "
         "of every parameter (every expert) each step, time = latency + bytes sent per rank / "
         "per-GPU bus bandwidth (per direction); global batch fixed, each rank computes 1/N of "
-        "it; --shard-optimizer (reduce-scatter + all-gather) moves the same bytes";
+        "it; " +
+        opt("shard_optimizer") + " (reduce-scatter + all-gather) moves the same bytes");
     j["params"] = s.params;
     j["gradient_bytes"] = s.gradient_bytes;
     j["bytes_per_rank_formula"] = "floor(2 (N-1)/N x gradient_bytes), sent and as many received";
@@ -509,15 +518,16 @@ json scaling_report_json(const ScalingReport& s) {
     one["training_flops_per_token"] = s.training_flops_per_token;
     one["flops_per_step"] = s.flops_per_step;
     if (s.measured) {
-        one["origin"] = "--step-time";
+        one["origin"] = spelled(opt("step_time_s"));
         one["peak_tflops"] = nullptr;
         one["mfu"] = nullptr;
     } else {
         one["origin"] = "estimate: flops_per_step / (peak_tflops x 1e12 x mfu)";
         one["peak_tflops"] = o.peak_tflops;
-        one["peak_tflops_origin"] = o.peak_given ? "--peak-tflops" : "assumed: H100 SXM dense bf16";
+        one["peak_tflops_origin"] =
+            o.peak_given ? spelled(opt("peak_tflops")) : "assumed: H100 SXM dense bf16";
         one["mfu"] = o.mfu;
-        one["mfu_origin"] = o.mfu_given ? "--mfu" : "assumed";
+        one["mfu_origin"] = o.mfu_given ? spelled(opt("mfu")) : "assumed";
     }
     j["one_gpu"] = one;
     j["latency_base_us"] = kCollectiveBaseLatencyUs;

@@ -68,7 +68,10 @@ struct ScalingOptions {
     int64_t tokens_per_step = 0;              // global tokens per optimizer step; 0: the default
     double peak_tflops = 989;                 // H100 SXM dense bf16
     double mfu = 0.4;
-    bool peak_given = false, mfu_given = false;  // for the text: "assumed" or "--mfu"
+    bool peak_given = false, mfu_given = false;  // for the text: "assumed" or the option
+    // How the text and the JSON spell the options they name (tmx params passes its flags);
+    // empty: by field.
+    OptionSpelling spelling;
 };
 
 // One rank count on one interconnect.
@@ -107,18 +110,18 @@ struct ScalingReport {
     int64_t params = 0;          // P: every parameter, every expert
     int64_t gradient_bytes = 0;  // 4P
     int64_t tokens_per_step = 0;
-    std::string tokens_origin;  // "--tokens-per-step", "--batch 8 x --seq 512", ...
+    std::string tokens_origin;  // where it came from (batch 8 x seq 512), spelt by options.spelling
     int64_t seq = 0;            // tokens per sequence (the report's FLOPs context)
     double training_flops_per_token = 0;
     double flops_per_step = 0;
-    bool measured = false;  // one GPU's step time from --step-time
+    bool measured = false;  // one GPU's step time from options.step_time_s
     double one_gpu_step_s = 0;
     ScalingOptions options;
     std::vector<ScalingTable> tables;
 };
 
-// The default global batch when neither --tokens-per-step nor --batch is given: tmx train's
-// --batch-size default.
+// The default global batch when neither tokens_per_step nor the report's batch is given: tmx
+// train's default batch_size.
 inline constexpr int64_t kDefaultBatchSequences = 8;
 
 // One ring all-reduce of `bytes` over `ranks`: the bytes each rank sends (and receives),
@@ -126,7 +129,7 @@ inline constexpr int64_t kDefaultBatchSequences = 8;
 int64_t ring_allreduce_bytes_per_rank(int64_t bytes, int64_t ranks);
 
 // The scaling figures for the model of `r` (its total parameters, training FLOPs per token at its
-// --seq, and its --batch for the default tokens per step). UsageError naming the flag for values
+// seq, and its batch for the default tokens per step). UsageError naming the option for values
 // that give no finite figure.
 ScalingReport build_scaling_report(const ParamReport& r, const ScalingOptions& o);
 

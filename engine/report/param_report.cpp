@@ -60,18 +60,18 @@ void check_parameter_bound(const ParamReport& r) {
 }
 
 // Memory beyond kMaxMemoryBytes is refused, and FLOPs beyond 2^62 per token, which also keeps
-// every figure the report prints as an integer inside int64_t. A figure that --batch or --seq
-// made too large is a usage error.
+// every figure the report prints as an integer inside int64_t. A figure that the batch or seq
+// option made too large is a usage error.
 void check_memory_bounds(const ParamReport& r) {
     const ModelCount& m = r.model;
     const std::string context =
         "the context (" + m.context_origin + " " + with_thousands(m.context) + ")";
-    const std::string seq = std::string(r.options.seq_flag) + " " + with_thousands(r.options.seq);
-    auto refuse = [&](const std::string& what, bool from_flags) {
+    const OptionText seq = opt("seq") + " " + with_thousands(r.options.seq);
+    auto refuse = [&](const OptionText& what, bool from_flags) {
         if (from_flags) throw UsageError(r.source + ": " + what);
         throw Error(r.source + ": " + what);
     };
-    auto bound_bytes = [&](double bytes, const std::string& what, bool from_flags) {
+    auto bound_bytes = [&](double bytes, const OptionText& what, bool from_flags) {
         if (bytes > kMaxMemoryBytes)
             refuse(what + " would take " + fmt_bytes(bytes) +
                        ", more than the limit of 1 EiB (2^60 bytes)",
@@ -86,13 +86,14 @@ void check_memory_bounds(const ParamReport& r) {
     if (r.has_activations)
         bound_bytes(r.activation_bytes,
                     "the activations of " + with_thousands(r.act_batch) + " x " +
-                        with_thousands(r.act_seq) + " tokens (" + r.options.batch_flag + " x " +
-                        r.options.seq_flag + ")",
+                        with_thousands(r.act_seq) + " tokens (" + opt("batch") + " x " +
+                        opt("seq") + ")",
                     true);
     constexpr double kMaxFlopsPerToken = 4611686018427387904.0;  // 2^62
     if (r.training_flops > kMaxFlopsPerToken)
         refuse("a training step would take " + fmt_si(r.training_flops, "FLOP") + " per token at " +
-                   (r.options.seq > 0 ? seq : context) + ", more than the limit of 2^62",
+                   (r.options.seq > 0 ? seq : OptionText(context)) +
+                   ", more than the limit of 2^62",
                r.options.seq > 0);
 }
 
@@ -175,8 +176,8 @@ void derive_figures(ParamReport& r) {
 }  // namespace
 
 ParamReport build_param_report(const json& cfg, const std::string& src, const ReportOptions& opts) {
-    if (opts.batch < 0) throw UsageError(std::string(opts.batch_flag) + " must be positive");
-    if (opts.seq < 0) throw UsageError(std::string(opts.seq_flag) + " must be positive");
+    if (opts.batch < 0) throw UsageError(opt("batch") + " must be positive");
+    if (opts.seq < 0) throw UsageError(opt("seq") + " must be positive");
     ParamReport r;
     r.source = src;
     r.options = opts;

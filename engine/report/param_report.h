@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "engine/core/format.h"
+#include "engine/core/option_text.h"
 #include "engine/model/config.h"
 #include "engine/model/training_memory.h"
 
@@ -97,9 +98,9 @@ struct ModelCount {
 struct ReportOptions {
     int64_t batch = 0;  // for the activation estimate; 0: not given
     int64_t seq = 0;    // tokens per sequence; 0: the config's context
-    // The flags that gave them, named by the errors (tmx train's are --batch-size, --seq-len).
-    const char* batch_flag = "--batch";
-    const char* seq_flag = "--seq";
+    // How the report's text spells the options it names (batch, seq): tmx params passes its
+    // flags; empty: by field. (Errors name them by field; the front end spells them.)
+    OptionSpelling spelling;
 };
 
 struct ParamReport {
@@ -137,7 +138,7 @@ struct ParamReport {
     int64_t kv_values_per_token = 0;
     int64_t kv_cached_tokens = 0;           // full context, capped by the sliding window
     int64_t kv_cross_values_per_token = 0;  // encoder-decoder: per encoder token
-    int64_t kv_seq_tokens = 0;              // --seq, capped by the window (0: not given)
+    int64_t kv_seq_tokens = 0;              // at options.seq, capped by the window (0: not given)
 
     // FLOPs per token.
     int64_t flops_context = 0;  // T

@@ -297,7 +297,8 @@ std::string format_param_report(const ParamReport& r) {
     kv_row(m.sliding_window > 0 && m.sliding_window < m.context ? "full context, window-capped"
                                                                 : "full context",
            r.kv_cached_tokens);
-    if (r.kv_seq_tokens > 0 && r.options.seq != m.context) kv_row("at --seq", r.kv_seq_tokens);
+    if (r.kv_seq_tokens > 0 && r.options.seq != m.context)
+        kv_row(("at " + opt("seq")).spelled(r.options.spelling), r.kv_seq_tokens);
     print_table(out, rows);
     out << "  context " << with_thousands(m.context) << " (" << m.context_origin << ")";
     if (m.sliding_window > 0)
@@ -312,7 +313,8 @@ std::string format_param_report(const ParamReport& r) {
 
     // FLOPs.
     out << "\nFLOPs per token (2 per multiply-add), T = " << with_thousands(r.flops_context)
-        << (r.options.seq > 0 ? " (--seq)" : " (the config's context)");
+        << (r.options.seq > 0 ? (" (" + opt("seq") + ")").spelled(r.options.spelling)
+                              : " (the config's context)");
     if (m.sliding_window > 0) out << ", window " << with_thousands(m.sliding_window);
     out << ":\n";
     const std::string enc = m.encoder_decoder() ? "; encoder and cross attention see all T" : "";

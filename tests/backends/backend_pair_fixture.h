@@ -1,9 +1,9 @@
 // A fixture for comparing a backend with the CPU backend (the oracle) on the same random inputs:
 // the backend under test, chosen by name (a test parameter, or fixed by a derived fixture), and
 // the CPU backend; seeded random inputs (the seed is printed on failure; TMX_TEST_SEED=<seed>
-// replays it); upload and download helpers; and expect_matches_cpu(), which runs an op on both
-// backends and compares every output, and runs it a second time on the backend under test to
-// check that it gives the same bits again.
+// replays it); the upload and download helpers of tensor_io.h; and expect_matches_cpu(), which
+// runs an op on both backends and compares every output, and runs it a second time on the
+// backend under test to check that it gives the same bits again.
 //
 // Outputs an op overwrites are poisoned first (NaN: an element the op forgets to write shows up
 // as a failure); outputs it accumulates into start from the same random non-zero values on both
@@ -34,7 +34,6 @@
 #include <cstring>
 #include <functional>
 #include <iomanip>
-#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -43,6 +42,7 @@
 #include "backends/registry.h"
 #include "engine/compute/backend.h"
 #include "engine/core/errors.h"
+#include "tests/backends/tensor_io.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {
@@ -194,35 +194,6 @@ class BackendPair : public ::testing::Test {
             x = static_cast<float>(rng_.uniform() < 0.5 ? -mag : mag);
         }
         return v;
-    }
-
-    static Tensor up(Backend& b, const std::vector<float>& host, Shape shape) {
-        Tensor t = b.alloc(std::move(shape));
-        EXPECT_EQ(static_cast<size_t>(t.numel()), host.size()) << "upload of " << b.name();
-        b.upload(t, host.data());
-        return t;
-    }
-    static Tensor up_ids(Backend& b, const std::vector<int32_t>& host, Shape shape) {
-        Tensor t = b.alloc(std::move(shape), DType::I32);
-        EXPECT_EQ(static_cast<size_t>(t.numel()), host.size()) << "upload of " << b.name();
-        b.upload(t, host.data());
-        return t;
-    }
-    // An output the op overwrites: NaN until written.
-    static Tensor poisoned(Backend& b, Shape shape) {
-        Tensor t = b.alloc(std::move(shape));
-        b.fill(t, std::numeric_limits<float>::quiet_NaN());
-        return t;
-    }
-    static std::vector<float> down(Backend& b, const Tensor& t) {
-        std::vector<float> host(static_cast<size_t>(t.numel()));
-        b.download(t, host.data());
-        return host;
-    }
-    static std::vector<int32_t> down_ids(Backend& b, const Tensor& t) {
-        std::vector<int32_t> host(static_cast<size_t>(t.numel()));
-        b.download(t, host.data());
-        return host;
     }
 
     // Runs `op` (which uploads its host inputs to the backend it is given, runs the op there and

@@ -25,6 +25,7 @@
 
 #include "backends/registry.h"
 #include "engine/compute/backend.h"
+#include "engine/model/config.h"  // to_string(Activation)
 #include "tests/backends/backend_pair_fixture.h"
 #include "tests/backends/reference_ops.h"
 #include "tests/test_util.h"
@@ -36,20 +37,6 @@ std::string dims(std::initializer_list<int64_t> d) {
     std::string s;
     for (int64_t x : d) s += (s.empty() ? "" : "x") + std::to_string(x);
     return s;
-}
-
-const char* act_name(Activation a) {
-    switch (a) {
-        case Activation::Gelu:
-            return "gelu";
-        case Activation::Silu:
-            return "silu";
-        case Activation::Relu:
-            return "relu";
-        case Activation::Relu2:
-            return "relu2";
-    }
-    return "?";
 }
 
 constexpr Activation kActivations[] = {Activation::Gelu, Activation::Silu, Activation::Relu,
@@ -420,7 +407,7 @@ TEST_P(BackwardOps, ActivationBackward) {
     SCOPED_TRACE(trace());
     for (Activation act : kActivations) {
         for (const Shape& s : {Shape{1}, Shape{17, 33}, Shape{3, 5, 7}, Shape{65, 129}}) {
-            SCOPED_TRACE(std::string(act_name(act)) + " " + shape_string(s));
+            SCOPED_TRACE(std::string(to_string(act)) + " " + shape_string(s));
             const int64_t n = shape_numel(s);
             const std::vector<float> x = normal(n, 3.0), d_out = normal(n), init = accum_init(n);
             expect_matches_cpu([&](Backend& b) {
@@ -431,7 +418,7 @@ TEST_P(BackwardOps, ActivationBackward) {
         }
         // Extremes one by one, so that a large derivative does not hide a small one's error.
         for (float v : kExtremes) {
-            SCOPED_TRACE(std::string(act_name(act)) + " at " + std::to_string(v));
+            SCOPED_TRACE(std::string(to_string(act)) + " at " + std::to_string(v));
             const std::vector<float> init = accum_init(1);
             expect_matches_cpu([&](Backend& b) {
                 Tensor d_x = up(b, init, {1});

@@ -34,8 +34,10 @@
 #include "backends/registry.h"
 #include "engine/compute/backend.h"
 #include "engine/core/errors.h"
+#include "engine/model/config.h"  // to_string(Activation)
 #include "tests/backends/matmul_cases.h"
 #include "tests/backends/reference_ops.h"
+#include "tests/backends/tensor_io.h"
 #include "tests/test_util.h"
 #ifdef TMX_HAS_VULKAN
 #include "backends/vulkan/vulkan_backend.h"
@@ -50,7 +52,6 @@ using test::for_each_matmul_variant;
 using test::MatmulVariant;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr int32_t kPoisonId = -777777;
 constexpr double kElementwiseTol = 1e-5;
 
 double reduction_tol(int64_t length) {
@@ -91,7 +92,7 @@ std::string dims(std::initializer_list<int64_t> d) {
     return s;
 }
 
-class OpTest : public ::testing::TestWithParam<std::string> {
+class OpTest : public ::testing::TestWithParam<std::string>, protected test::OneBackendIo {
   protected:
     OpTest() : seed_(test::fresh_seed()), rng_(seed_) {}
 
@@ -117,7 +118,7 @@ class OpTest : public ::testing::TestWithParam<std::string> {
                " (replay with TMX_TEST_SEED=" + std::to_string(seed_) + ")";
     }
 
-    Backend& be() {
+    Backend& be() override {
         return *backend_;
     }
 
@@ -126,40 +127,6 @@ class OpTest : public ::testing::TestWithParam<std::string> {
     }
     Ids ints(size_t n, int32_t lo, int32_t hi) {
         return test::random_ints(rng_, n, lo, hi);
-    }
-
-    Tensor up(const std::vector<float>& host, Shape shape) {
-        Tensor t = be().alloc(std::move(shape));
-        EXPECT_EQ(static_cast<size_t>(t.numel()), host.size());
-        be().upload(t, host.data());
-        return t;
-    }
-    Tensor up_ids(const Ids& host, Shape shape) {
-        Tensor t = be().alloc(std::move(shape), DType::I32);
-        EXPECT_EQ(static_cast<size_t>(t.numel()), host.size());
-        be().upload(t, host.data());
-        return t;
-    }
-    Tensor poisoned(Shape shape) {
-        Tensor t = be().alloc(std::move(shape));
-        be().fill(t, kNaN);
-        return t;
-    }
-    Tensor poisoned_ids(Shape shape) {
-        Tensor t = be().alloc(std::move(shape), DType::I32);
-        Ids sentinel(static_cast<size_t>(t.numel()), kPoisonId);
-        be().upload(t, sentinel.data());
-        return t;
-    }
-    std::vector<float> down(const Tensor& t) {
-        std::vector<float> host(static_cast<size_t>(t.numel()));
-        be().download(t, host.data());
-        return host;
-    }
-    Ids down_ids(const Tensor& t) {
-        Ids host(static_cast<size_t>(t.numel()));
-        be().download(t, host.data());
-        return host;
     }
 
     // Per-token expert choices as the router makes them: k distinct experts per row.
@@ -821,20 +788,6 @@ TEST_P(OpTest, MoePipelineMatchesDenseFormula) {
 
 // ---------------------------------------------------------------- elementwise
 
-const char* act_name(Activation a) {
-    switch (a) {
-        case Activation::Gelu:
-            return "gelu";
-        case Activation::Silu:
-            return "silu";
-        case Activation::Relu:
-            return "relu";
-        case Activation::Relu2:
-            return "relu2";
-    }
-    return "?";
-}
-
 // Values where naive formulas go wrong: exp(-x) overflowing for x << 0, tanh saturating, 0.
 const std::vector<float> kExtremes = {0.0f,   -0.0f, 1e-6f,  -1e-6f, 5.0f,   -5.0f,  20.0f,
                                       -20.0f, 50.0f, -50.0f, 88.0f,  -88.0f, 100.0f, -100.0f};
@@ -843,7 +796,7 @@ TEST_P(OpTest, Activations) {
     SCOPED_TRACE(trace());
     for (Activation act : {Activation::Gelu, Activation::Silu, Activation::Relu, Activation::Relu2})
         for (Shape s : {Shape{1}, Shape{17, 33}, Shape{3, 5, 7}, Shape{65, 129}}) {
-            SCOPED_TRACE(std::string(act_name(act)) + " " + shape_string(s));
+            SCOPED_TRACE(std::string(to_string(act)) + " " + shape_string(s));
             auto x = normal(static_cast<size_t>(shape_numel(s)), 3.0);
             Tensor out = poisoned(s);
             be().activation(act, up(x, s), out);
@@ -852,7 +805,7 @@ TEST_P(OpTest, Activations) {
     // Extremes one by one, so a large output does not hide a small one's error.
     for (Activation act : {Activation::Gelu, Activation::Silu, Activation::Relu, Activation::Relu2})
         for (float v : kExtremes) {
-            SCOPED_TRACE(std::string(act_name(act)) + " of " + std::to_string(v));
+            SCOPED_TRACE(std::string(to_string(act)) + " of " + std::to_string(v));
             Tensor out = poisoned({1});
             be().activation(act, up({v}, {1}), out);
             EXPECT_TRUE(Close(down(out), ref::activation(act, Vec{v}), kElementwiseTol));

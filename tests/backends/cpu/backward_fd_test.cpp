@@ -33,6 +33,7 @@
 #include "engine/compute/backend.h"
 #include "engine/core/threads.h"
 #include "tests/backends/reference_ops.h"
+#include "tests/backends/tensor_io.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -137,7 +138,7 @@ std::string dims(std::initializer_list<int64_t> d) {
     return os.str();
 }
 
-class BackwardFiniteDiff : public ::testing::Test {
+class BackwardFiniteDiff : public ::testing::Test, protected test::OneBackendIo {
   protected:
     BackwardFiniteDiff() : seed_(test::fresh_seed()), rng_(seed_), backend_(make_backend("cpu")) {}
 
@@ -146,36 +147,13 @@ class BackwardFiniteDiff : public ::testing::Test {
                " (replay with TMX_TEST_SEED=" + std::to_string(seed_) + ")";
     }
 
-    Backend& be() { return *backend_; }
+    Backend& be() override { return *backend_; }
 
     std::vector<float> normal(int64_t n, double scale = 1.0) {
         return test::random_normal(rng_, static_cast<size_t>(n), scale);
     }
     Ids ints(int64_t n, int32_t lo, int32_t hi) {
         return test::random_ints(rng_, static_cast<size_t>(n), lo, hi);
-    }
-
-    Tensor up(const std::vector<float>& host, Shape shape) {
-        Tensor t = be().alloc(std::move(shape));
-        EXPECT_EQ(static_cast<size_t>(t.numel()), host.size());
-        be().upload(t, host.data());
-        return t;
-    }
-    Tensor up_ids(const Ids& host, Shape shape) {
-        Tensor t = be().alloc(std::move(shape), DType::I32);
-        EXPECT_EQ(static_cast<size_t>(t.numel()), host.size());
-        be().upload(t, host.data());
-        return t;
-    }
-    std::vector<float> down(const Tensor& t) {
-        std::vector<float> host(static_cast<size_t>(t.numel()));
-        be().download(t, host.data());
-        return host;
-    }
-    Ids down_ids(const Tensor& t) {
-        Ids host(static_cast<size_t>(t.numel()));
-        be().download(t, host.data());
-        return host;
     }
 
     // A gradient tensor: zeros, or random values (to check that the op adds rather than

@@ -51,8 +51,8 @@ class VulkanAttention : public VulkanTest {
             const uint64_t before = vk().counters().dispatches;
             if (cached) {
                 be->attention_cached(qt, kt, vt, up(*be, kc, {B, c.S, c.Hkv, c.hd}),
-                                     up(*be, vc, {B, c.S, c.Hkv, c.hd}), up(*be, c.start, {B}), out,
-                                     c.window);
+                                     up(*be, vc, {B, c.S, c.Hkv, c.hd}), up_ids(*be, c.start, {B}),
+                                     out, c.window);
             } else {
                 be->attention(qt, kt, vt, out, c.window);
             }

@@ -1,6 +1,7 @@
 // A fixture for the Vulkan backend's own tests: a Vulkan backend (the test skips, saying why,
 // when this machine has no Vulkan device), the CPU backend as the oracle, and seeded random
-// inputs (the seed is printed on failure; TMX_TEST_SEED=<seed> replays it).
+// inputs (the seed is printed on failure; TMX_TEST_SEED=<seed> replays it); uploads and
+// downloads are tensor_io.h's.
 #pragma once
 
 #ifdef TMX_HAS_VULKAN
@@ -17,6 +18,7 @@
 #include "backends/registry.h"
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/core/errors.h"
+#include "tests/backends/tensor_io.h"
 #include "tests/test_util.h"
 
 namespace tmx::test {
@@ -53,20 +55,6 @@ class VulkanTest : public ::testing::Test {
         std::vector<int32_t> offsets(counts.size() + 1, 0);
         for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
         return offsets;
-    }
-
-    template <class T>
-    static Tensor up(Backend& be, const std::vector<T>& host, Shape shape) {
-        Tensor t = be.alloc(std::move(shape),
-                            sizeof(T) == 4 && std::is_same_v<T, int32_t> ? DType::I32 : DType::F32);
-        be.upload(t, host.data());
-        return t;
-    }
-    template <class T = float>
-    static std::vector<T> down(Backend& be, const Tensor& t) {
-        std::vector<T> host(static_cast<size_t>(t.numel()));
-        be.download(t, host.data());
-        return host;
     }
 
     // max |got - want| / max(1, max |want|), as tests/backends/ops_test.cpp measures.

@@ -182,7 +182,7 @@ TEST_F(VulkanFp16, GroupedMatmulDecodeAndTiled) {
         auto run = [&](Backend& be, const std::vector<float>& weights) {
             Tensor out = be.alloc({S, c.Nout});
             be.grouped_matmul(up(be, x, {S, c.K}), up(be, weights, {E, c.Nout, c.K}),
-                              up(be, bias, {E, c.Nout}), up(be, offsets, {E + 1}), out);
+                              up(be, bias, {E, c.Nout}), up_ids(be, offsets, {E + 1}), out);
             return down(be, out);
         };
         const auto got = run(vk(), w);
@@ -368,7 +368,7 @@ TEST_F(VulkanFp16, CopiesAreFreedWithTheirBuffer) {
         vk().linear(x, w, Tensor{}, out);
         Tensor xs = up(vk(), normal(2 * 16), {2, 16}), ys = vk().alloc({2, 8});
         Tensor experts = up(vk(), normal(2 * 8 * 16), {2, 8, 16});
-        vk().grouped_matmul(xs, experts, Tensor{}, up(vk(), std::vector<int32_t>{0, 1, 2}, {3}),
+        vk().grouped_matmul(xs, experts, Tensor{}, up_ids(vk(), std::vector<int32_t>{0, 1, 2}, {3}),
                             ys);
         vk().synchronize();
         EXPECT_EQ(vk().fp16_weight_copies(), 2u);

@@ -84,7 +84,7 @@ TEST_F(VulkanOps, MatrixVectorPathsAtEveryAlignment) {
                            tw = up(*be, w, {w_off + E * Nout * K});
                     Tensor out = be->alloc({S, Nout});
                     be->grouped_matmul(tx.slice(x_off, {S, K}), tw.slice(w_off, {E, Nout, K}),
-                                       Tensor{}, up(*be, offsets, {E + 1}), out);
+                                       Tensor{}, up_ids(*be, offsets, {E + 1}), out);
                     results[i++] = down(*be, out);
                 }
                 EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
@@ -122,7 +122,7 @@ TEST_F(VulkanOps, GroupedMatmulDecodeAndSkewedRouting) {
         for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
             Tensor out = be->alloc({S, c.Nout});
             be->grouped_matmul(up(*be, x, {S, c.K}), up(*be, w, {E, c.Nout, c.K}),
-                               up(*be, bias, {E, c.Nout}), up(*be, offsets, {E + 1}), out);
+                               up(*be, bias, {E, c.Nout}), up_ids(*be, offsets, {E + 1}), out);
             results[i++] = down(*be, out);
         }
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(c.K)));
@@ -151,7 +151,7 @@ TEST_F(VulkanOps, OneTokenMoeStepMatchesCpu) {
         be->grouped_matmul(xs, up(*be, w, {E, Nout, d}), up(*be, bias, {E, Nout}), off, ys);
         be->fill(out, 0.0f);
         be->moe_combine(ys, of, gates, out);
-        offsets[i] = down<int32_t>(*be, off);
+        offsets[i] = down_ids(*be, off);
         results[i++] = down(*be, out);
     }
     EXPECT_EQ(offsets[0], offsets[1]);
@@ -195,7 +195,7 @@ TEST_F(VulkanOps, AttentionCachedAndCacheWriteMatchCpu) {
                    vt = up(*be, v, {c.B, c.T, c.Hkv, c.hd});
             Tensor kct = up(*be, kc, {c.B, c.S, c.Hkv, c.hd}),
                    vct = up(*be, vc, {c.B, c.S, c.Hkv, c.hd});
-            Tensor st = up(*be, start, {c.B}), out = be->alloc({c.B, c.T, c.H, c.hd});
+            Tensor st = up_ids(*be, start, {c.B}), out = be->alloc({c.B, c.T, c.H, c.hd});
             be->attention_cached(qt, kt, vt, kct, vct, st, out, c.window);
             be->kv_cache_write(kt, vt, kct, vct, st);
             outs[i] = down(*be, out);
@@ -231,7 +231,7 @@ TEST_F(VulkanOps, DecodingThroughTheCacheMatchesFullAttention) {
                 .rows(p, p + n)
                 .reshape({1, n, t.dim(2), t.dim(3)});
         };
-        Tensor start = up(vk(), std::vector<int32_t>{static_cast<int32_t>(p)}, {1});
+        Tensor start = up_ids(vk(), std::vector<int32_t>{static_cast<int32_t>(p)}, {1});
         vk().attention_cached(chunk(qt), chunk(kt), chunk(vt), kc, vc, start, chunk(cached), W);
         vk().kv_cache_write(chunk(kt), chunk(vt), kc, vc, start);
         p += n;
@@ -274,7 +274,7 @@ TEST_F(VulkanOps, BadIdsThrowAtTheSyncPointAndTheBackendStaysUsable) {
     SCOPED_TRACE(trace());
     Tensor table = up(vk(), normal(5 * 3), {5, 3});
     Tensor out = vk().alloc({2, 3});
-    vk().embedding(table, up(vk(), std::vector<int32_t>{1, 5}, {2}), out);
+    vk().embedding(table, up_ids(vk(), std::vector<int32_t>{1, 5}, {2}), out);
     try {
         vk().synchronize();
         ADD_FAILURE() << "an id past the vocabulary did not throw";
@@ -292,7 +292,7 @@ TEST_F(VulkanOps, BadIdsThrowAtTheSyncPointAndTheBackendStaysUsable) {
     EXPECT_TRUE(Close(down(vk(), y), want, 1e-6));
 
     Tensor logits = up(vk(), normal(2 * 4), {2, 4}), losses = vk().alloc({2});
-    vk().cross_entropy(logits, up(vk(), std::vector<int32_t>{0, 4}, {2}), losses);
+    vk().cross_entropy(logits, up_ids(vk(), std::vector<int32_t>{0, 4}, {2}), losses);
     EXPECT_THROW(down(vk(), losses), Error);
 }
 

@@ -42,7 +42,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
         be.upload(t, normal(shape_numel(s)).data());
         return t;
     };
-    Tensor table = f({V, d}), ids = up(be, ints(N, 0, V), {N});
+    Tensor table = f({V, d}), ids = up_ids(be, ints(N, 0, V), {N});
     Tensor h = be.alloc({N, d}), a = be.alloc({N, d});
     be.embedding(table, ids, h);
     be.norm(NormType::LayerNorm, h, f({d}), f({d}), 1e-5f, a);
@@ -55,7 +55,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     be.matmul(a, f({d, Hkv * hd}), vv, {.accumulate = true});
     std::vector<int32_t> pos(N);
     for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
-    Tensor positions = up(be, pos, {N});
+    Tensor positions = up_ids(be, pos, {N});
     be.rope(q.reshape({N, H, hd}), positions, 10000.0);
     be.rope(kk.reshape({N, Hkv, hd}), positions, 10000.0, true);
     Tensor o = be.alloc({B, T, H, hd});
@@ -64,7 +64,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     Tensor kc = be.alloc({B, S, Hkv, hd}), vc = be.alloc({B, S, Hkv, hd});
     be.fill(kc, 0.0f);
     be.fill(vc, 0.0f);
-    Tensor start = up(be, std::vector<int32_t>{0, 3}, {B});
+    Tensor start = up_ids(be, std::vector<int32_t>{0, 3}, {B});
     be.attention_cached(q.reshape({B, T, H, hd}), kk.reshape({B, T, Hkv, hd}),
                         vv.reshape({B, T, Hkv, hd}), kc, vc, start, o, S);
     be.kv_cache_write(kk.reshape({B, T, Hkv, hd}), vv.reshape({B, T, Hkv, hd}), kc, vc, start);
@@ -130,7 +130,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     Tensor aux = be.alloc({1}), losses = be.alloc({N}), lm = be.alloc({N, V});
     be.router_aux_loss(logits, idx, aux);
     be.linear(h, table, Tensor{}, lm);
-    be.cross_entropy(lm, up(be, ints(N, -1, V), {N}), losses);
+    be.cross_entropy(lm, up_ids(be, ints(N, -1, V), {N}), losses);
     auto l = down(be, losses);
     be.synchronize();
     EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";

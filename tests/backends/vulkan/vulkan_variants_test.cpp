@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,8 +19,6 @@
 
 namespace tmx::test {
 namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 std::string dims(std::initializer_list<int64_t> v) {
     std::string s;
@@ -62,10 +59,7 @@ class VulkanVariants : public VulkanTest {
     // A [rows, cols] output on `be`: NaN (every element must be written) or, to accumulate onto,
     // `init`.
     static Tensor output(Backend& be, Shape shape, const std::vector<float>* init = nullptr) {
-        if (init) return up(be, *init, std::move(shape));
-        Tensor t = be.alloc(std::move(shape));
-        be.fill(t, kNaN);
-        return t;
+        return init ? up(be, *init, std::move(shape)) : poisoned(be, std::move(shape));
     }
 
     // matmul(a, b) (+ bias) on both backends, a [M, K] or [K, M], b [K, N] or [N, K].
@@ -115,7 +109,7 @@ class VulkanVariants : public VulkanTest {
             Tensor out = output(*be, {S, Nout});
             be->grouped_matmul(up(*be, x, {S, K}), up(*be, w, {E, Nout, K}),
                                with_bias ? up(*be, bias, {E, Nout}) : Tensor{},
-                               up(*be, offsets, {E + 1}), out);
+                               up_ids(*be, offsets, {E + 1}), out);
             results[i++] = down(*be, out);
         }
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
@@ -135,8 +129,8 @@ class VulkanVariants : public VulkanTest {
         for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
             Tensor d_x = up(*be, zero_x, {S, K}), d_w = up(*be, zero_w, {E, Nout, K});
             be->grouped_matmul_backward(up(*be, x, {S, K}), up(*be, w, {E, Nout, K}),
-                                        up(*be, offsets, {E + 1}), up(*be, d_out, {S, Nout}), d_x,
-                                        d_w, Tensor{});
+                                        up_ids(*be, offsets, {E + 1}), up(*be, d_out, {S, Nout}),
+                                        d_x, d_w, Tensor{});
             dx[i] = down(*be, d_x);
             dw[i++] = down(*be, d_w);
         }
@@ -166,7 +160,7 @@ class VulkanVariants : public VulkanTest {
                    vt = up(*be, v, {B, T, Hkv, hd}), out = output(*be, {B, T, H, hd});
             if (S > 0)
                 be->attention_cached(qt, kt, vt, up(*be, kc, {B, S, Hkv, hd}),
-                                     up(*be, vc, {B, S, Hkv, hd}), up(*be, start, {B}), out,
+                                     up(*be, vc, {B, S, Hkv, hd}), up_ids(*be, start, {B}), out,
                                      window);
             else
                 be->attention(qt, kt, vt, out, window);

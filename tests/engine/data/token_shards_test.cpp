@@ -260,7 +260,7 @@ TEST(TokenDataset, EmptySplitOrMissingMetaIsAnError) {
         w.commit({{"bos_id", 1}, {"eos_id", 2}});
     }
     std::string err = error_of([&] { open_dataset(out, "val"); });
-    EXPECT_NE(err.find("--val-fraction 0"), std::string::npos) << err;
+    EXPECT_NE(err.find("(it was prepared with val_fraction 0)"), std::string::npos) << err;
     err = error_of([&] { open_dataset(dir.path().string(), "train"); });
     EXPECT_NE(err.find("meta.json"), std::string::npos) << err;
 }
@@ -281,7 +281,7 @@ TEST(TokenDataset, WriterRefusesToClobberAndReplacesOnlyWhenAsked) {
         w.commit({{"bos_id", 1}, {"eos_id", 2}});
     }
     err = error_of([&] { DatasetWriter w(out, 100); });
-    EXPECT_NE(err.find("--force"), std::string::npos) << err;
+    EXPECT_NE(err.find("(use overwrite to replace it)"), std::string::npos) << err;
     {
         DatasetWriter w(out, 100, DatasetWriterOptions{true, kDefaultShardTokens});
         w.add_document(Split::Train, doc.data(), 2);

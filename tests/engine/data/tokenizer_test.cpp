@@ -185,7 +185,8 @@ TEST_F(TrainedTokenizer, RefusesToOverwriteUnlessAskedAndLeavesNoTemporaryFiles)
         train_tokenizer({corpus}, kVocab, out);
         FAIL() << "expected an error";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("--force"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("(use overwrite to replace it)"), std::string::npos)
+            << e.what();
     }
     EXPECT_EQ(read_file(out), "precious");
     TokenizerTrainOptions o;

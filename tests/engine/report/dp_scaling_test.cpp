@@ -9,6 +9,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
@@ -142,14 +143,16 @@ TEST(DpScaling, StepTimeEstimateFromTheTrainingFlops) {
     o.mfu = 0.5;
     s = build_scaling_report(r, o);
     EXPECT_EQ(s.tokens_per_step, 1'000'000);
-    EXPECT_EQ(s.tokens_origin, "--tokens-per-step");
+    EXPECT_EQ(s.tokens_origin, "tokens_per_step");
+    o.spelling = [](std::string_view field) { return "<" + std::string(field) + ">"; };
+    EXPECT_EQ(build_scaling_report(r, o).tokens_origin, "<tokens_per_step>");
     EXPECT_DOUBLE_EQ(s.one_gpu_step_s, 1e6 * r.training_flops / 50e12);
 
-    // --batch sets the default global batch.
+    // The report's batch sets the default global batch.
     const ParamReport b = report_of("mixtral-8x7b.json", {.batch = 3, .seq = 100});
     s = build_scaling_report(b, {});
     EXPECT_EQ(s.tokens_per_step, 300);
-    EXPECT_NE(s.tokens_origin.find("--batch 3"), std::string::npos) << s.tokens_origin;
+    EXPECT_EQ(s.tokens_origin, "batch 3 x 100 (seq)");
 }
 
 TEST(DpScaling, MoreRanksMeanLessComputeAndBytesApproachTwiceTheGradients) {
@@ -275,10 +278,10 @@ TEST(DpScaling, StepTimeAndTheEstimateFlagsExcludeEachOther) {
     o.mfu_given = true;
     EXPECT_NE(usage_error([&] {
                   build_scaling_report(r, o);
-              }).find("--mfu: --step-time gives one GPU's step time"),
+              }).find("mfu: step_time_s gives one GPU's step time"),
               std::string::npos);
     o.peak_given = true;
-    EXPECT_EQ(usage_error([&] { build_scaling_report(r, o); }).rfind("--peak-tflops: ", 0), 0u);
+    EXPECT_EQ(usage_error([&] { build_scaling_report(r, o); }).rfind("peak_tflops: ", 0), 0u);
 }
 
 TEST(DpScaling, TextAndJsonSayTheyAreEstimates) {
