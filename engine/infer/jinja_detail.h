@@ -1,6 +1,8 @@
-// Inside the Jinja subset (jinja.h): values, the syntax tree, and the seams between the lexer
-// and parser (jinja_parse.cpp), the values (jinja_value.cpp), the filters, tests, methods and
-// functions (jinja_builtins.cpp) and the interpreter (jinja_render.cpp). Not for callers.
+// Inside the Jinja subset (jinja.h): values, tokens, the syntax tree, and the seams between the
+// lexer (jinja_lexer.cpp), the parser (jinja_parser.h: jinja_parse.cpp, jinja_expressions.cpp),
+// the values (jinja_value.cpp), Python's str operations (jinja_text.cpp), the filters
+// (jinja_filters.cpp), the tests, methods and functions (jinja_builtins.cpp) and the
+// interpreter (jinja_render.cpp). Not for callers.
 #pragma once
 
 #include <cstdint>
