@@ -22,18 +22,13 @@
 #include "engine/model/checkpoint.h"
 #include "engine/model/safetensors.h"
 #include "engine/train/metrics_plot.h"
+#include "engine/train/run_store.h"
 
 namespace tmx {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// A metrics.jsonl write that failed: the run stops after a last checkpoint attempt.
-class MetricsWriteError : public Error {
-  public:
-    using Error::Error;
-};
 
 void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
     check_training_memory(
@@ -48,14 +43,6 @@ void add_slots(std::vector<std::vector<int64_t>>& total,
         if (total[l].size() < add[l].size()) total[l].resize(add[l].size(), 0);
         for (size_t e = 0; e < add[l].size(); ++e) total[l][e] += add[l][e];
     }
-}
-
-// The first tensor of `layout` with a value that is not finite in the flat `values`, or "".
-std::string first_nonfinite_tensor(const ParamLayout& layout, const std::vector<float>& values) {
-    for (const auto& s : layout.specs)
-        for (int64_t i = s.offset; i < s.offset + s.numel(); ++i)
-            if (!std::isfinite(values[static_cast<size_t>(i)])) return s.name;
-    return "";
 }
 
 }  // namespace
@@ -255,67 +242,6 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
     });
 }
 
-void Trainer::restore_state(const json& state, const std::string& source) {
-    const json_fields::Fields f(state, source);
-    step_ = f.integer("step", 0);
-    checked_mul(step_, options_.tokens_per_step(seq_len_), source + ": \"step\" x tokens per step");
-    has_best_ = state.contains("best_val_loss") && !state["best_val_loss"].is_null();
-    if (has_best_) best_val_loss_ = f.number("best_val_loss");
-    // The fields below are absent from checkpoints of versions before them: nothing skipped,
-    // nothing pending, and reports average the steps after the resume.
-    if (f.has("nonfinite_skipped")) nonfinite_skipped_ = f.integer("nonfinite_skipped", 0);
-    if (f.has("finish_pending")) finish_pending_ = f.boolean("finish_pending");
-    if (f.has("since_report")) {
-        const json_fields::Fields w(state["since_report"], source + ": since_report");
-        window_.applied = w.integer("applied", 0);
-        window_.skipped = w.integer("skipped", 0);
-        window_.loss_sum = w.number("loss_sum");
-        window_.aux_sum = w.number("aux_sum");
-        window_.grad_norm_sum = w.number("grad_norm_sum");
-        const char* expected = "an array (per layer) of arrays of integers >= 0";
-        const json& slots = w.at("expert_slots", expected);
-        auto wrong = [&] {
-            json_fields::fail(
-                w.source(), "expert_slots",
-                std::string("expected ") + expected + ", got " + json_fields::describe(slots));
-        };
-        if (!slots.is_array()) wrong();
-        for (const json& layer : slots) {
-            if (!layer.is_array()) wrong();
-            window_.expert_slots.emplace_back();
-            for (const json& count : layer) {
-                if (!count.is_number_unsigned() ||
-                    count.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-                    wrong();
-                window_.expert_slots.back().push_back(count.get<int64_t>());
-            }
-        }
-    }
-}
-
-void Trainer::trim_metrics() {
-    const std::string path = (fs::path(run_dir_) / kMetricsFile).string();
-    if (!fs::exists(path)) return;  // appending creates it
-    const std::string text = read_file(path);
-    std::string kept;
-    bool dropped = false;
-    for (size_t pos = 0; pos < text.size();) {
-        const size_t newline = text.find('\n', pos);
-        const bool complete = newline != std::string::npos;
-        const std::string line = text.substr(pos, complete ? newline - pos : std::string::npos);
-        pos = complete ? newline + 1 : text.size();
-        const json j = json::parse(line, nullptr, false);
-        const bool has_step =
-            !j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number();
-        if (has_step ? j["step"].get<double>() > static_cast<double>(step_) : !complete) {
-            dropped = true;  // logged after the checkpoint, or torn by a kill mid-line
-            continue;
-        }
-        kept += line + "\n";  // anything else stays, for tmx plot to report
-    }
-    if (dropped) write_file_atomic(path, kept);
-}
-
 void Trainer::sample_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
                            std::vector<int32_t>& targets) const {
     const int64_t B = options_.batch_size, T = seq_len_;
@@ -338,14 +264,6 @@ int Trainer::rank() const {
 
 int Trainer::ranks() const {
     return comm_->size();
-}
-
-template <class F>
-void Trainer::timed(F&& collective) {
-    const auto start = std::chrono::steady_clock::now();
-    collective();
-    comm_seconds_ +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 bool Trainer::stop_requested(const StopPredicate& should_stop) {
@@ -426,118 +344,6 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     return StepOutcome::Applied;
 }
 
-Model::GradsFinal Trainer::start_gradient_sums() {
-    // [from, unsent) is final and not yet started; the pass reports lower offsets as it goes.
-    return [this, unsent = model_->num_params()](int64_t from) mutable {
-        const Tensor& grads = model_->grads();
-        timed([&] {
-            if (unsent - from >= bucket_elements_ || (from == 0 && unsent > 0)) {
-                comm_->start_all_reduce_sum(backend_, grads.slice(from, {unsent - from}));
-                unsent = from;
-            }
-            comm_->progress_sums();
-        });
-    };
-}
-
-double Trainer::reduce_gradients(bool started) {
-    const Tensor& grads = model_->grads();
-    const int64_t N = ranks(), P = model_->num_params();
-    // The norm is summed from the parts the sharded optimizer owns (P / N elements each, then
-    // the tail), each part's sum of squares on the device and their total in double in part
-    // order: the same bits whether the optimizer is sharded or not, so clipping, and with it
-    // the whole run, is the same either way. One process: one part.
-    const int64_t part = P / N, tail = P - N * part;
-    std::vector<double> parts(static_cast<size_t>(N + 1), 0.0);
-    // Each part's sum of squares into its own element of sq, then one download for them all.
-    Tensor sq = backend_.alloc({N + 1});
-    backend_.fill(sq, 0.0f);
-    const auto download_parts = [&] {
-        std::vector<float> host(static_cast<size_t>(N + 1));
-        backend_.download(sq, host.data());
-        for (size_t i = 0; i < host.size(); ++i) parts[i] = static_cast<double>(host[i]);
-    };
-    if (!sharded_) {
-        if (started)
-            timed([&] { comm_->finish_sums(); });
-        else
-            timed([&] { comm_->all_reduce_sum(backend_, grads); });
-        for (int64_t r = 0; r < N && part > 0; ++r)
-            backend_.sum_squares(grads.slice(r * part, {part}), sq.slice(r, {1}));
-        if (tail > 0) backend_.sum_squares(grads.slice(N * part, {tail}), sq.slice(N, {1}));
-        download_parts();
-    } else {
-        const Tensor own = grads.slice(rank() * shard_, {shard_});
-        timed([&] { comm_->reduce_scatter_sum(backend_, grads.slice(0, {N * shard_}), own); });
-        backend_.sum_squares(own, sq.slice(rank(), {1}));
-        if (tail_ > 0) {
-            const Tensor tail_grads = grads.slice(N * shard_, {tail_});
-            timed([&] { comm_->all_reduce_sum(backend_, tail_grads); });
-            // Every rank has the tail: counted once.
-            if (is_root()) backend_.sum_squares(tail_grads, sq.slice(N, {1}));
-        }
-        download_parts();
-        // Each part has one contributor and zeros elsewhere: the sum over ranks is exact.
-        timed([&] { comm_->all_reduce_sum(parts); });
-    }
-    double total = 0.0;
-    for (double p : parts) total += p;
-    return std::sqrt(total);
-}
-
-void Trainer::optimizer_step(const Backend::AdamWParams& hp) {
-    if (!sharded_) {
-        adamw_step(*model_, adam_m_, adam_v_, hp);
-        return;
-    }
-    const int64_t N = ranks();
-    adamw_step(*model_, adam_m_.slice(0, {shard_}), adam_v_.slice(0, {shard_}), hp,
-               rank() * shard_);
-    if (tail_ > 0)
-        adamw_step(*model_, adam_m_.slice(shard_, {tail_}), adam_v_.slice(shard_, {tail_}), hp,
-                   N * shard_);
-    const Tensor& params = model_->params();
-    timed([&] {
-        comm_->all_gather(backend_, params.slice(rank() * shard_, {shard_}),
-                          params.slice(0, {N * shard_}));
-    });
-}
-
-void Trainer::moments_to_host(std::vector<float>& m, std::vector<float>& v) {
-    const int64_t P = model_->num_params();
-    m.clear();
-    v.clear();
-    if (!sharded_) {
-        if (!is_root()) return;
-        m.resize(static_cast<size_t>(P));
-        v.resize(static_cast<size_t>(P));
-        backend_.download(adam_m_, m.data());
-        backend_.download(adam_v_, v.data());
-        return;
-    }
-    const int64_t N = ranks();
-    Tensor full = backend_.alloc({N * shard_});  // for the time of the gather only
-    for (auto [moment, host] : {std::pair{&adam_m_, &m}, {&adam_v_, &v}}) {
-        comm_->all_gather(backend_, moment->slice(0, {shard_}), full);
-        if (!is_root()) continue;
-        host->resize(static_cast<size_t>(P));
-        backend_.download(full, host->data());
-        if (tail_ > 0) backend_.download(moment->slice(shard_, {tail_}), host->data() + N * shard_);
-    }
-}
-
-void Trainer::moments_from_host(const std::vector<float>& m, const std::vector<float>& v) {
-    for (auto [moment, host] : {std::pair{&adam_m_, &m}, {&adam_v_, &v}}) {
-        if (!sharded_) {
-            backend_.upload(*moment, host->data());
-            continue;
-        }
-        backend_.upload(moment->slice(0, {shard_}), host->data() + rank() * shard_);
-        if (tail_ > 0)
-            backend_.upload(moment->slice(shard_, {tail_}), host->data() + ranks() * shard_);
-    }
-}
-
 Trainer::StepOutcome Trainer::reject_nonfinite(const std::string& what, double loss, double aux,
                                                std::optional<double> grad_norm) {
     const int64_t step = step_ + 1;
@@ -616,105 +422,6 @@ std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) 
     std::vector<double> sums = {total, count};
     comm_->all_reduce_sum(sums);
     return sums[0] / sums[1];
-}
-
-std::string Trainer::save(bool best) {
-    const std::string dir =
-        (fs::path(run_dir_) / (best ? std::string(kBestDir) : step_dir_name(step_))).string();
-    const int64_t P = model_->num_params();
-    std::vector<float> m, v;
-    moments_to_host(m, v);  // a collective when sharded: before rank 0 goes its own way
-    if (!is_root()) {       // rank 0 alone writes, what every rank holds alike
-        if (!best) {
-            last_checkpoint_ = dir;
-            unsaved_ = false;
-        }
-        return dir;
-    }
-    // A checkpoint must be a state worth resuming. A finite loss and gradient do not prove finite
-    // weights (an update can overflow), so they are checked here, once per checkpoint.
-    const auto refuse_nonfinite = [&](const std::vector<float>& values, const char* what) {
-        const std::string tensor = first_nonfinite_tensor(model_->layout(), values);
-        if (!tensor.empty())
-            throw Error("step " + std::to_string(step_) + ": the " + what + " of " + tensor +
-                        " are no longer finite; not writing " + dir + " (" +
-                        last_checkpoint_phrase() + "); lower --lr");
-    };
-    refuse_nonfinite(model_->params_to_host(), "weights");  // a copy freed before the write's own
-    refuse_nonfinite(m, "optimizer moments (exp_avg)");
-    refuse_nonfinite(v, "optimizer moments (exp_avg_sq)");
-    json state = {{"step", step_},
-                  {"max_steps", max_steps_},
-                  {"tokens", step_ * options_.tokens_per_step(seq_len_)},
-                  {"best_val_loss", has_best_ ? json(best_val_loss_) : json(nullptr)},
-                  {"nonfinite_skipped", nonfinite_skipped_},
-                  {"finish_pending", finish_pending_},
-                  {"since_report",
-                   {{"applied", window_.applied},
-                    {"skipped", window_.skipped},
-                    {"loss_sum", window_.loss_sum},
-                    {"aux_sum", window_.aux_sum},
-                    {"grad_norm_sum", window_.grad_norm_sum},
-                    {"expert_slots", window_.expert_slots}}},
-                  {"options", train_options_to_json(options_)}};
-    CheckpointWriteOptions w;
-    w.dtype = StorageType::F32;  // exact resume needs the full-precision weights
-    w.tokenizer_path = tokenizer_path_;
-    w.overwrite = true;
-    w.extra_files[kOptimizerFile] = encode_safetensors(
-        {{"exp_avg", {P}, m.data()}, {"exp_avg_sq", {P}, v.data()}}, StorageType::F32);
-    w.extra_files[kStateFile] = state.dump(2) + "\n";
-    save_checkpoint(*model_, dir, w);
-    if (!best) {
-        last_checkpoint_ = dir;
-        unsaved_ = false;
-    }
-    return dir;
-}
-
-void Trainer::prune_checkpoints() {
-    std::vector<std::pair<int64_t, fs::path>> steps;
-    for (const auto& entry : fs::directory_iterator(run_dir_))
-        if (entry.is_directory() && is_step_dir(entry.path()))
-            steps.emplace_back(*step_of_dir_name(entry.path().filename().string()), entry.path());
-    std::sort(steps.begin(), steps.end());
-    const int64_t excess = static_cast<int64_t>(steps.size()) - options_.keep_last;
-    for (int64_t i = 0; i < excess; ++i) fs::remove_all(steps[static_cast<size_t>(i)].second);
-}
-
-void Trainer::append_metrics(const json& line) {
-    // Written with write(2), not a buffered stream, so that a failure (a full disk) is seen
-    // here; a line written in part is cut off again, so the file never holds a torn line.
-    const std::string path = (fs::path(run_dir_) / kMetricsFile).string();
-    const std::string text = line.dump() + "\n";
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        throw MetricsWriteError(path + ": cannot open for appending: " + std::strerror(errno));
-    struct stat before {};
-    const bool sized = ::fstat(fd, &before) == 0 && S_ISREG(before.st_mode);
-    int err = 0;
-    for (size_t done = 0; done < text.size() && !err;) {
-        const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n >= 0)
-            done += static_cast<size_t>(n);
-        else if (errno != EINTR)
-            err = errno;
-    }
-    if (err && sized) (void)!::ftruncate(fd, before.st_size);
-    if (::close(fd) != 0 && !err) err = errno;
-    if (err) throw MetricsWriteError(path + ": cannot append a line: " + std::strerror(err));
-}
-
-std::string Trainer::log_before_error(const json& line) {
-    // The error that follows is what the user must see (and no checkpoint may follow it, as a
-    // metrics failure would have), so a failure to log only adds to its message.
-    if (!is_root()) return "";
-    try {
-        append_metrics(line);
-        return "";
-    } catch (const MetricsWriteError& e) {
-        return " (and it could not be logged: " + std::string(e.what()) + ")";
-    }
 }
 
 bool Trainer::finish_step(const StopPredicate& should_stop,

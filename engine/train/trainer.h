@@ -222,4 +222,12 @@ class Trainer {
     void timed(F&& collective);
 };
 
+template <class F>
+void Trainer::timed(F&& collective) {
+    const auto start = std::chrono::steady_clock::now();
+    collective();
+    comm_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace tmx
