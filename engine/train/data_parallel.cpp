@@ -1,27 +1,48 @@
-#include <cmath>
+#include "engine/train/data_parallel.h"
 
-#include "engine/dist/communicator.h"
-#include "engine/train/trainer.h"
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "engine/model/adamw.h"
 
 namespace tmx {
 
-Model::GradsFinal Trainer::start_gradient_sums() {
+DataParallelOptimizer::DataParallelOptimizer(Model& model, Backend& backend, Communicator& comm,
+                                             const DataParallel& dp, CollectiveClock& clock)
+    : model_(model), backend_(backend), comm_(comm), clock_(clock) {
+    const int64_t N = comm_.size(), P = model_.num_params();
+    sharded_ = dp.shard_optimizer && N > 1;
+    shard_ = sharded_ ? P / N : P;
+    tail_ = sharded_ ? P - N * shard_ : 0;
+    if (dp.bucket_bytes < 0) throw std::invalid_argument("DataParallel: bucket_bytes < 0");
+    const int64_t bucket = dp.bucket_bytes / static_cast<int64_t>(sizeof(float));
+    // Also on one rank: a one-rank NCCL communicator (TMX_FORCE_NCCL) runs the started sums;
+    // the solo communicator's are no-ops.
+    bucket_elements_ = !sharded_ && dp.bucket_bytes > 0 ? std::max<int64_t>(bucket, 1) : 0;
+    adam_m_ = backend_.alloc({shard_ + tail_});
+    adam_v_ = backend_.alloc({shard_ + tail_});
+    backend_.fill(adam_m_, 0.0f);
+    backend_.fill(adam_v_, 0.0f);
+}
+
+Model::GradsFinal DataParallelOptimizer::start_gradient_sums() {
     // [from, unsent) is final and not yet started; the pass reports lower offsets as it goes.
-    return [this, unsent = model_->num_params()](int64_t from) mutable {
-        const Tensor& grads = model_->grads();
+    return [this, unsent = model_.num_params()](int64_t from) mutable {
+        const Tensor& grads = model_.grads();
         timed([&] {
             if (unsent - from >= bucket_elements_ || (from == 0 && unsent > 0)) {
-                comm_->start_all_reduce_sum(backend_, grads.slice(from, {unsent - from}));
+                comm_.start_all_reduce_sum(backend_, grads.slice(from, {unsent - from}));
                 unsent = from;
             }
-            comm_->progress_sums();
+            comm_.progress_sums();
         });
     };
 }
 
-double Trainer::reduce_gradients(bool started) {
-    const Tensor& grads = model_->grads();
-    const int64_t N = ranks(), P = model_->num_params();
+double DataParallelOptimizer::reduce_gradients(bool started) {
+    const Tensor& grads = model_.grads();
+    const int64_t N = ranks(), P = model_.num_params();
     // The norm is summed from the parts the sharded optimizer owns (P / N elements each, then
     // the tail), each part's sum of squares on the device and their total in double in part
     // order: the same bits whether the optimizer is sharded or not, so clipping, and with it
@@ -38,52 +59,51 @@ double Trainer::reduce_gradients(bool started) {
     };
     if (!sharded_) {
         if (started)
-            timed([&] { comm_->finish_sums(); });
+            timed([&] { comm_.finish_sums(); });
         else
-            timed([&] { comm_->all_reduce_sum(backend_, grads); });
+            timed([&] { comm_.all_reduce_sum(backend_, grads); });
         for (int64_t r = 0; r < N && part > 0; ++r)
             backend_.sum_squares(grads.slice(r * part, {part}), sq.slice(r, {1}));
         if (tail > 0) backend_.sum_squares(grads.slice(N * part, {tail}), sq.slice(N, {1}));
         download_parts();
     } else {
         const Tensor own = grads.slice(rank() * shard_, {shard_});
-        timed([&] { comm_->reduce_scatter_sum(backend_, grads.slice(0, {N * shard_}), own); });
+        timed([&] { comm_.reduce_scatter_sum(backend_, grads.slice(0, {N * shard_}), own); });
         backend_.sum_squares(own, sq.slice(rank(), {1}));
         if (tail_ > 0) {
             const Tensor tail_grads = grads.slice(N * shard_, {tail_});
-            timed([&] { comm_->all_reduce_sum(backend_, tail_grads); });
+            timed([&] { comm_.all_reduce_sum(backend_, tail_grads); });
             // Every rank has the tail: counted once.
             if (is_root()) backend_.sum_squares(tail_grads, sq.slice(N, {1}));
         }
         download_parts();
         // Each part has one contributor and zeros elsewhere: the sum over ranks is exact.
-        timed([&] { comm_->all_reduce_sum(parts); });
+        timed([&] { comm_.all_reduce_sum(parts); });
     }
     double total = 0.0;
     for (double p : parts) total += p;
     return std::sqrt(total);
 }
 
-void Trainer::optimizer_step(const Backend::AdamWParams& hp) {
+void DataParallelOptimizer::step(const Backend::AdamWParams& hp) {
     if (!sharded_) {
-        adamw_step(*model_, adam_m_, adam_v_, hp);
+        adamw_step(model_, adam_m_, adam_v_, hp);
         return;
     }
     const int64_t N = ranks();
-    adamw_step(*model_, adam_m_.slice(0, {shard_}), adam_v_.slice(0, {shard_}), hp,
-               rank() * shard_);
+    adamw_step(model_, adam_m_.slice(0, {shard_}), adam_v_.slice(0, {shard_}), hp, rank() * shard_);
     if (tail_ > 0)
-        adamw_step(*model_, adam_m_.slice(shard_, {tail_}), adam_v_.slice(shard_, {tail_}), hp,
+        adamw_step(model_, adam_m_.slice(shard_, {tail_}), adam_v_.slice(shard_, {tail_}), hp,
                    N * shard_);
-    const Tensor& params = model_->params();
+    const Tensor& params = model_.params();
     timed([&] {
-        comm_->all_gather(backend_, params.slice(rank() * shard_, {shard_}),
-                          params.slice(0, {N * shard_}));
+        comm_.all_gather(backend_, params.slice(rank() * shard_, {shard_}),
+                         params.slice(0, {N * shard_}));
     });
 }
 
-void Trainer::moments_to_host(std::vector<float>& m, std::vector<float>& v) {
-    const int64_t P = model_->num_params();
+void DataParallelOptimizer::moments_to_host(std::vector<float>& m, std::vector<float>& v) {
+    const int64_t P = model_.num_params();
     m.clear();
     v.clear();
     if (!sharded_) {
@@ -97,7 +117,7 @@ void Trainer::moments_to_host(std::vector<float>& m, std::vector<float>& v) {
     const int64_t N = ranks();
     Tensor full = backend_.alloc({N * shard_});  // for the time of the gather only
     for (auto [moment, host] : {std::pair{&adam_m_, &m}, {&adam_v_, &v}}) {
-        comm_->all_gather(backend_, moment->slice(0, {shard_}), full);
+        comm_.all_gather(backend_, moment->slice(0, {shard_}), full);
         if (!is_root()) continue;
         host->resize(static_cast<size_t>(P));
         backend_.download(full, host->data());
@@ -105,7 +125,8 @@ void Trainer::moments_to_host(std::vector<float>& m, std::vector<float>& v) {
     }
 }
 
-void Trainer::moments_from_host(const std::vector<float>& m, const std::vector<float>& v) {
+void DataParallelOptimizer::moments_from_host(const std::vector<float>& m,
+                                              const std::vector<float>& v) {
     for (auto [moment, host] : {std::pair{&adam_m_, &m}, {&adam_v_, &v}}) {
         if (!sharded_) {
             backend_.upload(*moment, host->data());

@@ -1,28 +1,19 @@
+// The step loop: a run's steps, evaluations, reports and checkpoints on their schedule. The
+// files are run_store.cpp's, the gradient sums and AdamW data_parallel.cpp's.
 #include "engine/train/trainer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <limits>
 #include <nlohmann/json.hpp>
 
-#include "engine/core/checked_math.h"
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/format.h"
-#include "engine/core/json_fields.h"
 #include "engine/core/rng.h"
 #include "engine/dist/communicator.h"
 #include "engine/model/checkpoint.h"
-#include "engine/model/safetensors.h"
 #include "engine/train/metrics_plot.h"
-#include "engine/train/run_store.h"
 
 namespace tmx {
 namespace fs = std::filesystem;
@@ -85,19 +76,8 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
     max_steps_ = options_.max_steps > 0
                      ? options_.max_steps
                      : options_.max_tokens / per_step + (options_.max_tokens % per_step != 0);
-    const int64_t P = model_->num_params();
-    sharded_ = dp.shard_optimizer && N > 1;
-    shard_ = sharded_ ? P / N : P;
-    tail_ = sharded_ ? P - N * shard_ : 0;
-    if (dp.bucket_bytes < 0) throw std::invalid_argument("DataParallel: bucket_bytes < 0");
-    const int64_t bucket = dp.bucket_bytes / static_cast<int64_t>(sizeof(float));
-    // Also on one rank: a one-rank NCCL communicator (TMX_FORCE_NCCL) runs the started sums;
-    // the solo communicator's are no-ops.
-    bucket_elements_ = !sharded_ && dp.bucket_bytes > 0 ? std::max<int64_t>(bucket, 1) : 0;
-    adam_m_ = backend_.alloc({shard_ + tail_});
-    adam_v_ = backend_.alloc({shard_ + tail_});
-    backend_.fill(adam_m_, 0.0f);
-    backend_.fill(adam_v_, 0.0f);
+    optimizer_ =
+        std::make_unique<DataParallelOptimizer>(*model_, backend_, *comm_, dp, comm_clock_);
 }
 
 Trainer::~Trainer() = default;
@@ -130,31 +110,13 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
     check_run_memory(config, options, backend);
     const bool root = !dp.comm || dp.comm->rank() == 0;
     return filesystem_errors_as_errors([&] {
-        const std::string refusal = run_dir +
-                                    ": exists and is not empty (continue a run with --resume " +
-                                    run_dir + ", or choose another --out)";
-        // A lock file alone is what a start that failed after creating the directory leaves.
-        const auto holds_more_than_a_lock = [&] {
-            for (const auto& entry : fs::directory_iterator(run_dir))
-                if (entry.path().filename() != kLockFile) return true;
-            return false;
-        };
-        if (root && fs::exists(run_dir) && !fs::is_directory(run_dir))
-            throw Error("--out " + run_dir + ": exists and is not a directory");
-        if (root && fs::exists(run_dir) && holds_more_than_a_lock()) throw Error(refusal);
+        if (root) refuse_existing_run(run_dir);
         // Every rank makes the same weights from the seed: nothing to broadcast.
         auto model = std::make_unique<Model>(config, backend);
         model->init_random(init_seed);
         std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend, dp));
         t->open_data();
-        if (!root) return t;  // rank 0 alone writes the run directory
-        std::error_code ec;
-        fs::create_directories(run_dir, ec);
-        if (ec)
-            throw Error("--out " + run_dir + ": cannot create the run directory: " + ec.message());
-        t->lock_ = std::make_unique<RunDirLock>(run_dir);
-        if (holds_more_than_a_lock()) throw Error(refusal);  // taken since the check above
-        write_file_atomic((fs::path(run_dir) / kMetricsFile).string(), "");
+        if (root) t->lock_ = create_run_dir(run_dir);  // rank 0 alone writes the run directory
         return t;
     });
 }
@@ -163,42 +125,15 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
                                          const json& overrides, DataParallel dp) {
     const bool root = !dp.comm || dp.comm->rank() == 0;
     return filesystem_errors_as_errors([&] {
-        // Lock before reading: the run's holder may be writing the checkpoint. Resolve again
-        // under the lock, since a holder that just ended may have written a newer one. The
-        // other ranks read the checkpoint rank 0 chose, once it holds the lock.
+        // The other ranks read the checkpoint rank 0 chose, once it holds the lock.
         std::unique_ptr<RunDirLock> lock;
         std::string ckpt;
-        if (root) {
-            const std::string dir = parent_or_dot(resolve_run_checkpoint(path)).string();
-            lock = std::make_unique<RunDirLock>(dir);
-            remove_leftovers(dir);
-            ckpt = resolve_run_checkpoint(path);
-        }
+        if (root) lock = lock_run(path, ckpt);
         if (dp.comm) dp.comm->broadcast(ckpt, 0);
         const std::string run_dir = parent_or_dot(ckpt).string();
         const std::string state_path = (fs::path(ckpt) / kStateFile).string();
         const json state = read_json_file(state_path);
-        json options_json =
-            json_fields::Fields(state, state_path).at("options", "an object of training options");
-        if (!options_json.is_object())
-            json_fields::fail(state_path, "options",
-                              "expected an object of training options, got " +
-                                  json_fields::describe(options_json));
-        for (const auto& [key, value] : overrides.items()) {
-            // The run's own value is no change (a run from before "precision" existed is fp32).
-            const json current = key == "precision" ? options_json.value(key, json("fp32"))
-                                                    : options_json.value(key, json());
-            if (value == current) continue;
-            if (!resume_may_override(key))
-                throw UsageError(option_flag(key) +
-                                 " cannot change when resuming (it would change the run's math); "
-                                 "the run uses " +
-                                 current.dump());
-            options_json[key] = value;
-        }
-        if (overrides.contains("max_steps")) options_json["max_tokens"] = 0;
-        if (overrides.contains("max_tokens")) options_json["max_steps"] = 0;
-        TrainOptions options = train_options_from_json(options_json, state_path + ": options");
+        const TrainOptions options = resumed_options(state, state_path, overrides);
         // A run keeps its precision (above): where this backend lacks it, --precision fp32 is
         // no way out, so say where the run can go on.
         if (!backend.supports_precision(options.precision))
@@ -220,24 +155,12 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend, dp));
         t->lock_ = std::move(lock);
         t->open_data();
-        t->restore_state(state, state_path);
+        t->restore(read_run_state(state, state_path, options.tokens_per_step(t->seq_len_)));
         t->last_checkpoint_ = ckpt;
-
-        SafetensorsFile opt((fs::path(ckpt) / kOptimizerFile).string());
-        const int64_t P = t->model_->num_params();
-        std::vector<float> moments[2];
-        for (int i = 0; i < 2; ++i) {
-            const char* name = i == 0 ? "exp_avg" : "exp_avg_sq";
-            auto it = opt.entries().find(name);
-            if (it == opt.entries().end() || it->second.shape != Shape{P})
-                throw Error(opt.path() + ": missing or mis-shaped optimizer tensor '" + name + "'");
-            moments[i].resize(static_cast<size_t>(P));
-            opt.read_f32(name, moments[i].data());
-            // NaN moments would turn the first step's update, and every weight, into NaN.
-            check_finite_tensor(opt.path(), name, {P}, moments[i].data(), "optimizer moments");
-        }
-        t->moments_from_host(moments[0], moments[1]);
-        if (root) t->trim_metrics();
+        std::vector<float> m, v;
+        read_optimizer_moments(ckpt, t->model_->num_params(), m, v);
+        t->optimizer_->moments_from_host(m, v);
+        if (root) trim_metrics(run_dir, t->step_);
         return t;
     });
 }
@@ -270,7 +193,7 @@ bool Trainer::stop_requested(const StopPredicate& should_stop) {
     const bool mine = should_stop && should_stop();
     if (ranks() == 1) return mine;
     std::vector<double> any = {mine ? 1.0 : 0.0};
-    timed([&] { comm_->all_reduce_sum(any); });
+    comm_clock_.time([&] { comm_->all_reduce_sum(any); });
     return any[0] > 0.0;
 }
 
@@ -310,7 +233,7 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     const size_t experts = c.is_moe() ? static_cast<size_t>(c.n_experts) : 1;
     for (const auto& layer : slots)
         for (int64_t count : layer) figures.push_back(static_cast<double>(count));
-    timed([&] { comm_->all_reduce_sum(figures); });
+    comm_clock_.time([&] { comm_->all_reduce_sum(figures); });
     loss = figures[0];
     aux = figures[1];
     if (figures[2] > 0 || figures[3] > 0)
@@ -318,14 +241,14 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     for (size_t i = 4; i < figures.size(); ++i)  // counts, exact in a double
         slots[(i - 4) / experts][(i - 4) % experts] = static_cast<int64_t>(figures[i]);
     // Every rank's last micro-batch was finite, so every rank has its backward pass due.
-    const bool overlap = bucket_elements_ > 0;
-    m.backward(micro_scale, overlap ? start_gradient_sums() : Model::GradsFinal{});
-    const double grad_norm = reduce_gradients(overlap);
+    const bool overlap = optimizer_->overlaps_backward();
+    m.backward(micro_scale, overlap ? optimizer_->start_gradient_sums() : Model::GradsFinal{});
+    const double grad_norm = optimizer_->reduce_gradients(overlap);
     if (!std::isfinite(grad_norm)) return reject_nonfinite("gradient norm", loss, aux, grad_norm);
     // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
     const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
     const double lr = learning_rate(options_, step_, max_steps_);
-    optimizer_step(
+    optimizer_->step(
         {.lr = static_cast<float>(lr),
          .beta1 = static_cast<float>(options_.beta1),
          .beta2 = static_cast<float>(options_.beta2),
@@ -361,7 +284,7 @@ Trainer::StepOutcome Trainer::reject_nonfinite(const std::string& what, double l
     if (grad_norm) line["grad_norm"] = metrics_value(*grad_norm);
     const double value = what == "loss" ? loss : what == "aux loss" ? aux : *grad_norm;
     if (skip) {
-        if (is_root()) append_metrics(line);
+        append_metrics(line);
         // The step is consumed (its batch is never used) without touching weights or moments.
         ++nonfinite_skipped_;
         ++window_.skipped;
@@ -424,96 +347,153 @@ std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) 
     return sums[0] / sums[1];
 }
 
+RunState Trainer::run_state() const {
+    return {.step = step_,
+            .max_steps = max_steps_,
+            .tokens = step_ * options_.tokens_per_step(seq_len_),
+            .best_val_loss = best_val_loss_,
+            .nonfinite_skipped = nonfinite_skipped_,
+            .finish_pending = finish_pending_,
+            .since_report = window_};
+}
+
+void Trainer::restore(const RunState& state) {
+    step_ = state.step;
+    best_val_loss_ = state.best_val_loss;
+    nonfinite_skipped_ = state.nonfinite_skipped;
+    finish_pending_ = state.finish_pending;
+    window_ = state.since_report;
+}
+
+std::string Trainer::save(bool best) {
+    const std::string dir =
+        (fs::path(run_dir_) / (best ? std::string(kBestDir) : step_dir_name(step_))).string();
+    std::vector<float> m, v;
+    optimizer_->moments_to_host(m, v);  // a collective when sharded: before rank 0 goes its own way
+    if (is_root())                      // rank 0 alone writes, what every rank holds alike
+        write_run_checkpoint(*model_, dir,
+                             {.state = run_state(),
+                              .options = options_,
+                              .m = m,
+                              .v = v,
+                              .tokenizer_path = tokenizer_path_},
+                             last_checkpoint_phrase());
+    if (!best) {
+        last_checkpoint_ = dir;
+        unsaved_ = false;
+    }
+    return dir;
+}
+
+std::string Trainer::save_step_checkpoint() {
+    const std::string dir = save(false);
+    if (is_root()) prune_step_checkpoints(run_dir_, options_.keep_last);
+    return dir;
+}
+
+void Trainer::append_metrics(const json& line) {
+    if (is_root()) tmx::append_metrics(run_dir_, line);
+}
+
+std::string Trainer::log_before_error(const json& line) {
+    return is_root() ? append_metrics_before_error(run_dir_, line) : "";
+}
+
+Trainer::DueWork Trainer::due_after(int64_t step) const {
+    DueWork due;
+    const bool last_step = step == max_steps_;
+    due.evaluation = last_step || (options_.eval_every > 0 && step % options_.eval_every == 0);
+    due.checkpoint =
+        last_step || (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0);
+    due.report = due.evaluation || due.checkpoint || step % options_.log_every == 0;
+    return due;
+}
+
 bool Trainer::finish_step(const StopPredicate& should_stop,
                           const std::function<void(const TrainReport&)>& on_report,
                           TrainReport& report) {
     // Until the end of this function the step's work is pending: a checkpoint written meanwhile
     // (best/, or the one a stop writes) makes a resume do it again.
     finish_pending_ = true;
-    const bool last_step = step_ == max_steps_;
-    const bool eval_now =
-        last_step || (options_.eval_every > 0 && step_ % options_.eval_every == 0);
-    const bool ckpt_now =
-        last_step || (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0);
-    const bool report_now = eval_now || ckpt_now || step_ % options_.log_every == 0;
+    const DueWork due = due_after(step_);
     report = TrainReport{};
-    if (eval_now) {
-        const std::optional<double> val = evaluate_until(should_stop);
-        if (!val) return false;
-        if (!std::isfinite(*val)) {
-            const std::string unlogged = log_before_error({{"step", step_},
-                                                           {"val_loss", metrics_value(*val)},
-                                                           {"nonfinite", "validation loss"},
-                                                           {"skipped", false}});
-            throw Error("step " + std::to_string(step_) + ": the validation loss is " +
-                        format_real(*val) +
-                        ": the weights are no longer usable; no checkpoint was written (" +
-                        last_checkpoint_phrase() + "); lower --lr" + unlogged);
-        }
-        report.val_loss = *val;
-        if (!has_best_ || *val < best_val_loss_) {
-            best_val_loss_ = *val;
-            has_best_ = true;
-            save(/*best=*/true);
-        }
-    }
-    if (report_now) {
-        using clock = std::chrono::steady_clock;
-        const auto now = clock::now();
-        const double dt = std::chrono::duration<double>(now - last_report_time_).count();
-        const double elapsed = std::chrono::duration<double>(now - run_start_).count();
-        const int64_t timed_steps = step_ - last_report_step_, run_steps = step_ - run_start_step_;
-        last_report_time_ = now;
-        last_report_step_ = step_;
-        const int64_t per_step = options_.tokens_per_step(seq_len_);
-        // With every step since the last report skipped, there is no average: NaN, logged as such.
-        const double applied = window_.applied ? static_cast<double>(window_.applied) : NAN;
-        report.step = step_;
-        report.max_steps = max_steps_;
-        report.tokens = step_ * per_step;
-        report.loss = window_.loss_sum / applied;
-        report.aux = window_.aux_sum / applied;
-        report.grad_norm = window_.grad_norm_sum / applied;
-        report.skipped = window_.skipped;
-        report.lr = learning_rate(options_, step_ - 1, max_steps_);
-        report.tokens_per_s = static_cast<double>(timed_steps * per_step) / std::max(dt, 1e-9);
-        if (ranks() > 1) report.comm_share = std::min(comm_seconds_ / std::max(dt, 1e-9), 1.0);
-        comm_seconds_ = 0.0;
-        report.elapsed_s = elapsed;
-        report.eta_s = run_steps > 0
-                           ? elapsed / static_cast<double>(run_steps) *
-                                 static_cast<double>(std::max<int64_t>(max_steps_ - step_, 0))
-                           : 0.0;
-        for (const auto& layer : window_.expert_slots) {
-            int64_t total = 0;
-            for (int64_t c : layer) total += c;
-            std::vector<double> share;
-            for (int64_t c : layer) share.push_back(total ? static_cast<double>(c) / total : 0.0);
-            report.expert_load.push_back(std::move(share));
-        }
-        json line = {{"step", report.step},
-                     {"tokens", report.tokens},
-                     {"loss", metrics_value(report.loss)},
-                     {"aux", metrics_value(report.aux)},
-                     {"lr", report.lr},
-                     {"grad_norm", metrics_value(report.grad_norm)},
-                     {"tokens_per_s", report.tokens_per_s},
-                     {"elapsed_s", report.elapsed_s},
-                     {"expert_load", report.expert_load}};
-        if (report.val_loss) line["val_loss"] = *report.val_loss;
-        if (report.skipped) line["skipped_steps"] = report.skipped;
-        if (report.comm_share) line["comm_share"] = *report.comm_share;
-        if (is_root()) append_metrics(line);
-        window_ = ReportWindow{};
-    }
+    if (due.evaluation && !evaluate_and_keep_best(should_stop, report)) return false;
+    if (due.report) report_progress(report);
     finish_pending_ = false;
     unsaved_ = true;
-    if (ckpt_now) {
-        report.checkpoint = save(false);
-        if (is_root()) prune_checkpoints();
-    }
-    if (report_now && is_root()) on_report(report);
+    if (due.checkpoint) report.checkpoint = save_step_checkpoint();
+    if (due.report && is_root()) on_report(report);
     return true;
+}
+
+bool Trainer::evaluate_and_keep_best(const StopPredicate& should_stop, TrainReport& report) {
+    const std::optional<double> val = evaluate_until(should_stop);
+    if (!val) return false;
+    if (!std::isfinite(*val)) {
+        const std::string unlogged = log_before_error({{"step", step_},
+                                                       {"val_loss", metrics_value(*val)},
+                                                       {"nonfinite", "validation loss"},
+                                                       {"skipped", false}});
+        throw Error("step " + std::to_string(step_) + ": the validation loss is " +
+                    format_real(*val) +
+                    ": the weights are no longer usable; no checkpoint was written (" +
+                    last_checkpoint_phrase() + "); lower --lr" + unlogged);
+    }
+    report.val_loss = *val;
+    if (!best_val_loss_ || *val < *best_val_loss_) {
+        best_val_loss_ = *val;
+        save(/*best=*/true);
+    }
+    return true;
+}
+
+void Trainer::report_progress(TrainReport& report) {
+    using clock = std::chrono::steady_clock;
+    const auto now = clock::now();
+    const double dt = std::chrono::duration<double>(now - last_report_time_).count();
+    const double elapsed = std::chrono::duration<double>(now - run_start_).count();
+    const int64_t timed_steps = step_ - last_report_step_, run_steps = step_ - run_start_step_;
+    last_report_time_ = now;
+    last_report_step_ = step_;
+    const int64_t per_step = options_.tokens_per_step(seq_len_);
+    // With every step since the last report skipped, there is no average: NaN, logged as such.
+    const double applied = window_.applied ? static_cast<double>(window_.applied) : NAN;
+    report.step = step_;
+    report.max_steps = max_steps_;
+    report.tokens = step_ * per_step;
+    report.loss = window_.loss_sum / applied;
+    report.aux = window_.aux_sum / applied;
+    report.grad_norm = window_.grad_norm_sum / applied;
+    report.skipped = window_.skipped;
+    report.lr = learning_rate(options_, step_ - 1, max_steps_);
+    report.tokens_per_s = static_cast<double>(timed_steps * per_step) / std::max(dt, 1e-9);
+    const double comm_seconds = comm_clock_.take();
+    if (ranks() > 1) report.comm_share = std::min(comm_seconds / std::max(dt, 1e-9), 1.0);
+    report.elapsed_s = elapsed;
+    report.eta_s = run_steps > 0 ? elapsed / static_cast<double>(run_steps) *
+                                       static_cast<double>(std::max<int64_t>(max_steps_ - step_, 0))
+                                 : 0.0;
+    for (const auto& layer : window_.expert_slots) {
+        int64_t total = 0;
+        for (int64_t c : layer) total += c;
+        std::vector<double> share;
+        for (int64_t c : layer) share.push_back(total ? static_cast<double>(c) / total : 0.0);
+        report.expert_load.push_back(std::move(share));
+    }
+    json line = {{"step", report.step},
+                 {"tokens", report.tokens},
+                 {"loss", metrics_value(report.loss)},
+                 {"aux", metrics_value(report.aux)},
+                 {"lr", report.lr},
+                 {"grad_norm", metrics_value(report.grad_norm)},
+                 {"tokens_per_s", report.tokens_per_s},
+                 {"elapsed_s", report.elapsed_s},
+                 {"expert_load", report.expert_load}};
+    if (report.val_loss) line["val_loss"] = *report.val_loss;
+    if (report.skipped) line["skipped_steps"] = report.skipped;
+    if (report.comm_share) line["comm_share"] = *report.comm_share;
+    append_metrics(line);
+    window_ = ReportWindow{};
 }
 
 void Trainer::stop_after_metrics_failure(const Error& failure) {
@@ -526,8 +506,7 @@ void Trainer::stop_after_metrics_failure(const Error& failure) {
         outcome = "its checkpoint " + last_checkpoint_ + " is current";
     } else {
         try {
-            outcome = "after writing the checkpoint " + save(false);
-            prune_checkpoints();
+            outcome = "after writing the checkpoint " + save_step_checkpoint();
         } catch (const std::exception& e) {
             outcome =
                 "and its checkpoint could not be written either (" + std::string(e.what()) + ")";
@@ -558,10 +537,7 @@ TrainReport Trainer::run(const std::function<void(const TrainReport&)>& on_repor
         } catch (const MetricsWriteError& e) {
             stop_after_metrics_failure(e);
         }
-        if (unsaved_) {
-            report.checkpoint = save(false);
-            if (is_root()) prune_checkpoints();
-        }
+        if (unsaved_) report.checkpoint = save_step_checkpoint();
         report.step = step_;
         report.max_steps = max_steps_;
         return report;
