@@ -18,10 +18,11 @@ using nlohmann::json;
 namespace {
 
 // Options that change the run's cadence or budget but not its math: --resume may override them.
-// (skip_nonfinite changes only what happens to a step that is not finite.)
+// (skip_nonfinite changes only what happens to a step that is not finite; another backend
+// computes the same steps, to its rounding.)
 const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "eval_every",
                                           "eval_batches", "checkpoint_every", "keep_last",
-                                          "log_every",    "skip_nonfinite"};
+                                          "log_every",    "skip_nonfinite",   "backend"};
 
 // Token counts are products of flags; one that overflows is a usage error naming them.
 int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::string& flags) {
@@ -92,7 +93,8 @@ json train_options_to_json(const TrainOptions& o) {
             {"log_every", o.log_every},
             {"seed", o.seed},
             {"skip_nonfinite", o.skip_nonfinite},
-            {"precision", to_string(o.precision)}};
+            {"precision", to_string(o.precision)},
+            {"backend", o.backend}};
 }
 
 TrainOptions train_options_from_json(const json& j, const std::string& source) {
@@ -124,6 +126,8 @@ TrainOptions train_options_from_json(const json& j, const std::string& source) {
     // Absent before bf16 existed: those runs were fp32.
     if (j.contains("precision"))
         o.precision = parse_precision(f.string("precision"), source + ": precision");
+    // Absent before it was recorded: such a run resumes where --backend (auto) says.
+    if (j.contains("backend")) o.backend = f.string("backend");
     return o;
 }
 

@@ -33,6 +33,11 @@ struct TrainOptions {
     int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm the run may
                                      // skip (not apply) before it stops
     Precision precision = Precision::F32;  // of the matmuls (Backend::set_matmul_precision)
+    // The backend the run trains on, by the name that opens it ("cpu", "vulkan", "vulkan:1",
+    // "cuda"), recorded so that a resume keeps it. A trainer sets it to its backend's name
+    // unless it names that backend already (with a device); "" in runs from before it was
+    // recorded.
+    std::string backend;
 
     int64_t tokens_per_step(int64_t seq) const { return batch_size * grad_accum * seq; }
 };

@@ -78,6 +78,10 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
                      : options_.max_tokens / per_step + (options_.max_tokens % per_step != 0);
     optimizer_ =
         std::make_unique<DataParallelOptimizer>(*model_, backend_, *comm_, dp, comm_clock_);
+    // The run records the backend it trains on (its name with the device as opened, when that
+    // is this backend's), so that a resume can keep it.
+    const std::string recorded = options_.backend.substr(0, options_.backend.find(':'));
+    if (recorded != backend_.name()) options_.backend = backend_.name();
 }
 
 Trainer::~Trainer() = default;
