@@ -17,6 +17,7 @@
 #include "engine/model/model.h"
 #include "engine/train/run_dir.h"
 #include "engine/train/train_options.h"
+#include "engine/train/train_report.h"
 
 namespace tmx {
 
@@ -24,15 +25,6 @@ namespace tmx {
 class MetricsWriteError : public Error {
   public:
     using Error::Error;
-};
-
-// The steps since the last progress report: what its averages are made of. Saved in
-// checkpoints, so that the first report after a resume averages the same steps as in the
-// uninterrupted run.
-struct ReportWindow {
-    int64_t applied = 0, skipped = 0;
-    double loss_sum = 0.0, aux_sum = 0.0, grad_norm_sum = 0.0;
-    std::vector<std::vector<int64_t>> expert_slots;
 };
 
 // What trainer_state.json holds beside the options.
