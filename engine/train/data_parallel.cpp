@@ -4,9 +4,19 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "engine/core/errors.h"
 #include "engine/model/adamw.h"
 
 namespace tmx {
+
+void check_ranks_share_the_batch(int64_t grad_accum, int64_t batch_size, int ranks) {
+    if (grad_accum % ranks != 0)
+        throw UsageError("the run's global batch is " + std::to_string(grad_accum) +
+                         " micro-batches of " + std::to_string(batch_size) +
+                         " sequences per step, which " + std::to_string(ranks) +
+                         " ranks cannot share evenly: run it on a number of ranks that divides " +
+                         std::to_string(grad_accum));
+}
 
 DataParallelOptimizer::DataParallelOptimizer(Model& model, Backend& backend, Communicator& comm,
                                              const DataParallel& dp, CollectiveClock& clock)

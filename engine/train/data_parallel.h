@@ -31,6 +31,10 @@ struct DataParallel {
     int64_t bucket_bytes = int64_t{16} << 20;
 };
 
+// Refuses (a UsageError) a global batch of grad_accum micro-batches that `ranks` cannot share
+// evenly.
+void check_ranks_share_the_batch(int64_t grad_accum, int64_t batch_size, int ranks);
+
 // Wall-clock seconds spent in collectives, as the host sees them (waiting for slower ranks
 // included), for the progress reports' share of time in communication.
 class CollectiveClock {

@@ -97,6 +97,25 @@ TrainOptions resumed_options(const json& state, const std::string& state_path,
     return train_options_from_json(options_json, state_path + ": options");
 }
 
+ModelConfig check_resumable(const std::string& checkpoint, const TrainOptions& options,
+                            const Backend& backend) {
+    // A run keeps its precision: where this backend lacks it, --precision fp32 is no way out,
+    // so say where the run can go on.
+    if (!backend.supports_precision(options.precision))
+        throw UsageError((fs::path(checkpoint) / kStateFile).string() + ": the run trains in " +
+                         to_string(options.precision) + " matmuls, which the " + backend.name() +
+                         " backend has not (CUDA: bf16 needs compute capability 8.0 or "
+                         "newer); a run keeps its precision: resume it with --backend cpu "
+                         "or on a GPU that has them");
+    ModelConfig config = load_checkpoint_config(checkpoint);
+    // 8-bit weights lost what training needs; 16-bit ones widen to f32 exactly.
+    if (checkpoint_weight_format(checkpoint) == DType::Q8_0)
+        throw UsageError(checkpoint +
+                         ": holds q8_0 weights, which cannot be trained: resume from a "
+                         "full-precision (f32) checkpoint of the run");
+    return config;
+}
+
 void read_optimizer_moments(const std::string& checkpoint, int64_t num_params,
                             std::vector<float>& m, std::vector<float>& v) {
     SafetensorsFile opt((fs::path(checkpoint) / kOptimizerFile).string());

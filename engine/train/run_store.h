@@ -56,6 +56,11 @@ std::unique_ptr<RunDirLock> lock_run(const std::string& path, std::string& check
 // --resume may not change; a new budget replaces the other kind.
 TrainOptions resumed_options(const nlohmann::json& state, const std::string& state_path,
                              const nlohmann::json& overrides);
+// The checkpoint's config, once it is known that a resume on `backend` can train it: a
+// UsageError when the backend lacks the run's precision (which a run keeps), or the weights
+// were stored in q8_0.
+ModelConfig check_resumable(const std::string& checkpoint, const TrainOptions& options,
+                            const Backend& backend);
 // The run state of trainer_state.json; errors name `source` and the field, and a step whose
 // tokens (x tokens_per_step) overflow.
 RunState read_run_state(const nlohmann::json& state, const std::string& source,

@@ -1,6 +1,9 @@
+// A progress report: what it says (TrainReport, also the metrics.jsonl line it logs) and the
+// steps since the last one that it sums up (ReportWindow, which checkpoints carry).
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +36,20 @@ struct ReportWindow {
     int64_t applied = 0, skipped = 0;
     double loss_sum = 0.0, aux_sum = 0.0, grad_norm_sum = 0.0;
     std::vector<std::vector<int64_t>> expert_slots;
+
+    // An applied step: its loss, aux loss and gradient norm, and its slots per layer and expert.
+    void add_applied(double loss, double aux, double grad_norm,
+                     const std::vector<std::vector<int64_t>>& slots);
 };
+
+// Adds slot counts per layer and expert to `total`, which grows to fit.
+void add_expert_slots(std::vector<std::vector<int64_t>>& total,
+                      const std::vector<std::vector<int64_t>>& add);
+// The report's figures of the steps in `window`: the means over the applied ones (NaN when every
+// step was skipped: there is no mean, and it is logged as such), the skipped ones, and each
+// layer's expert load.
+void summarize_window(const ReportWindow& window, TrainReport& report);
+// The report's metrics.jsonl line (a non-finite figure as metrics_plot.h writes it).
+nlohmann::json metrics_line(const TrainReport& report);
 
 }  // namespace tmx

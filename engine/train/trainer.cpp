@@ -27,15 +27,6 @@ void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend
         {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
 }
 
-void add_slots(std::vector<std::vector<int64_t>>& total,
-               const std::vector<std::vector<int64_t>>& add) {
-    if (total.size() < add.size()) total.resize(add.size());
-    for (size_t l = 0; l < add.size(); ++l) {
-        if (total[l].size() < add[l].size()) total[l].resize(add[l].size(), 0);
-        for (size_t e = 0; e < add[l].size(); ++e) total[l][e] += add[l][e];
-    }
-}
-
 }  // namespace
 
 double Trainer::learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps) {
@@ -56,13 +47,7 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
       backend_(backend) {
     if (!dp.comm) solo_ = std::make_unique<SoloCommunicator>();
     comm_ = dp.comm ? dp.comm : solo_.get();
-    const int64_t N = comm_->size();
-    if (options_.grad_accum % N != 0)
-        throw UsageError("the run's global batch is " + std::to_string(options_.grad_accum) +
-                         " micro-batches of " + std::to_string(options_.batch_size) +
-                         " sequences per step, which " + std::to_string(N) +
-                         " ranks cannot share evenly: run it on a number of ranks that divides " +
-                         std::to_string(options_.grad_accum));
+    check_ranks_share_the_batch(options_.grad_accum, options_.batch_size, comm_->size());
     if (!backend_.supports_training())
         throw Error("the " + backend_.name() +
                     " backend runs inference only (it has no "
@@ -98,7 +83,7 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
         auto model = std::make_unique<Model>(config, backend);
         model->init_random(init_seed);
         std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend, dp));
-        t->open_data();
+        t->data_.emplace(t->options_, config.vocab_size, t->seq_len_);
         if (root) t->lock_ = create_run_dir(run_dir);  // rank 0 alone writes the run directory
         return t;
     });
@@ -117,27 +102,14 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         const std::string state_path = (fs::path(ckpt) / kStateFile).string();
         const json state = read_json_file(state_path);
         const TrainOptions options = resumed_options(state, state_path, overrides);
-        // A run keeps its precision (above): where this backend lacks it, --precision fp32 is
-        // no way out, so say where the run can go on.
-        if (!backend.supports_precision(options.precision))
-            throw UsageError(state_path + ": the run trains in " + to_string(options.precision) +
-                             " matmuls, which the " + backend.name() +
-                             " backend has not (CUDA: bf16 needs compute capability 8.0 or "
-                             "newer); a run keeps its precision: resume it with --backend cpu "
-                             "or on a GPU that has them");
-        const ModelConfig config = load_checkpoint_config(ckpt);
-        // 8-bit weights lost what training needs; 16-bit ones widen to f32 exactly.
-        if (checkpoint_weight_format(ckpt) == DType::Q8_0)
-            throw UsageError(ckpt +
-                             ": holds q8_0 weights, which cannot be trained: resume from a "
-                             "full-precision (f32) checkpoint of the run");
+        const ModelConfig config = check_resumable(ckpt, options, backend);
         validate_train_options(options, config);
         check_run_memory(config, options, backend);
         auto model = std::make_unique<Model>(config, backend);
         load_checkpoint_weights(*model, ckpt);
         std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend, dp));
         t->lock_ = std::move(lock);
-        t->open_data();
+        t->data_.emplace(t->options_, config.vocab_size, t->seq_len_);
         t->restore(read_run_state(state, state_path, options.tokens_per_step(t->seq_len_)));
         t->last_checkpoint_ = ckpt;
         std::vector<float> m, v;
@@ -184,7 +156,7 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
         // Nothing of the step is applied yet: dropping it here loses nothing a resume redoes.
         if (stop_requested(should_stop)) return StepOutcome::Interrupted;
         if (bad_loss + bad_aux > 0) continue;  // still polled with the others above
-        sample_batch(step_, rank() * local_micros + micro, inputs, targets);
+        data_->sample_batch(step_, rank() * local_micros + micro, inputs, targets);
         ForwardResult r = m.forward(inputs, options_.batch_size, seq_len_, &targets, true);
         loss += r.loss * micro_scale;
         aux += r.aux * micro_scale;
@@ -192,7 +164,7 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
             (std::isfinite(r.loss) ? bad_aux : bad_loss) += 1.0;
             continue;
         }
-        add_slots(slots, r.expert_slots);
+        add_expert_slots(slots, r.expert_slots);
         if (micro + 1 < local_micros) m.backward(micro_scale);
     }
     // The step's figures over all ranks: every rank decides alike whether to apply it.
@@ -226,11 +198,7 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     m.params_changed();
     ++step_;
     unsaved_ = true;
-    ++window_.applied;
-    window_.loss_sum += loss;
-    window_.aux_sum += aux;
-    window_.grad_norm_sum += grad_norm;
-    add_slots(window_.expert_slots, slots);
+    window_.add_applied(loss, aux, grad_norm, slots);
     return StepOutcome::Applied;
 }
 
@@ -282,30 +250,21 @@ double Trainer::evaluate() {
 }
 
 std::optional<double> Trainer::evaluate_until(const StopPredicate& should_stop) {
-    // Consecutive windows from the start of the validation stream: the same every time. The
-    // ranks take turns over its batches (rank r: batches r, r + N, ...), in rounds, so that they
-    // agree on a stop between batches; the sums are then added over the ranks.
-    const int64_t B = options_.batch_size, T = seq_len_, N = ranks();
-    const int64_t available =
-        static_cast<int64_t>((val_data_->size() - 1) / static_cast<uint64_t>(T));
-    const int64_t windows = std::min(options_.eval_batches * B, available);
+    // The ranks take turns over the validation batches (rank r: batches r, r + N, ...), in
+    // rounds, so that they agree on a stop between batches; the sums are then added over the
+    // ranks.
+    const int64_t B = options_.batch_size, N = ranks();
+    const int64_t windows = data_->validation_windows();
     const int64_t batches = (windows + B - 1) / B;
     double total = 0.0, count = 0.0;
-    std::vector<int32_t> window(static_cast<size_t>(T + 1)), inputs, targets;
+    std::vector<int32_t> inputs, targets;
     for (int64_t round = 0; round * N < batches; ++round) {
         if (stop_requested(should_stop)) return std::nullopt;
         const int64_t w0 = (round * N + rank()) * B;
         if (w0 >= windows) continue;
         const int64_t rows = std::min(B, windows - w0);
-        inputs.resize(static_cast<size_t>(rows * T));
-        targets.resize(static_cast<size_t>(rows * T));
-        for (int64_t r = 0; r < rows; ++r) {
-            val_data_->copy_range(static_cast<uint64_t>((w0 + r) * T), window.size(),
-                                  window.data());
-            std::copy(window.begin(), window.end() - 1, inputs.begin() + r * T);
-            std::copy(window.begin() + 1, window.end(), targets.begin() + r * T);
-        }
-        ForwardResult res = model_->forward_loss(inputs, rows, T, targets);
+        data_->validation_batch(w0, rows, inputs, targets);
+        ForwardResult res = model_->forward_loss(inputs, rows, seq_len_, targets);
         total += res.loss * static_cast<double>(res.n_targets);
         count += static_cast<double>(res.n_targets);
     }
@@ -343,7 +302,7 @@ std::string Trainer::save(bool best) {
                               .options = options_,
                               .m = m,
                               .v = v,
-                              .tokenizer_path = tokenizer_path_},
+                              .tokenizer_path = data_->tokenizer_path()},
                              last_checkpoint_phrase());
     if (!best) {
         last_checkpoint_ = dir;
@@ -423,15 +382,10 @@ void Trainer::report_progress(TrainReport& report) {
     last_report_time_ = now;
     last_report_step_ = step_;
     const int64_t per_step = options_.tokens_per_step(seq_len_);
-    // With every step since the last report skipped, there is no average: NaN, logged as such.
-    const double applied = window_.applied ? static_cast<double>(window_.applied) : NAN;
+    summarize_window(window_, report);
     report.step = step_;
     report.max_steps = max_steps_;
     report.tokens = step_ * per_step;
-    report.loss = window_.loss_sum / applied;
-    report.aux = window_.aux_sum / applied;
-    report.grad_norm = window_.grad_norm_sum / applied;
-    report.skipped = window_.skipped;
     report.lr = learning_rate(options_, step_ - 1, max_steps_);
     report.tokens_per_s = static_cast<double>(timed_steps * per_step) / std::max(dt, 1e-9);
     const double comm_seconds = comm_clock_.take();
@@ -440,26 +394,7 @@ void Trainer::report_progress(TrainReport& report) {
     report.eta_s = run_steps > 0 ? elapsed / static_cast<double>(run_steps) *
                                        static_cast<double>(std::max<int64_t>(max_steps_ - step_, 0))
                                  : 0.0;
-    for (const auto& layer : window_.expert_slots) {
-        int64_t total = 0;
-        for (int64_t c : layer) total += c;
-        std::vector<double> share;
-        for (int64_t c : layer) share.push_back(total ? static_cast<double>(c) / total : 0.0);
-        report.expert_load.push_back(std::move(share));
-    }
-    json line = {{"step", report.step},
-                 {"tokens", report.tokens},
-                 {"loss", metrics_value(report.loss)},
-                 {"aux", metrics_value(report.aux)},
-                 {"lr", report.lr},
-                 {"grad_norm", metrics_value(report.grad_norm)},
-                 {"tokens_per_s", report.tokens_per_s},
-                 {"elapsed_s", report.elapsed_s},
-                 {"expert_load", report.expert_load}};
-    if (report.val_loss) line["val_loss"] = *report.val_loss;
-    if (report.skipped) line["skipped_steps"] = report.skipped;
-    if (report.comm_share) line["comm_share"] = *report.comm_share;
-    append_metrics(line);
+    append_metrics(metrics_line(report));
     window_ = ReportWindow{};
 }
 

@@ -42,6 +42,7 @@
 #include "engine/train/data_parallel.h"
 #include "engine/train/run_dir.h"
 #include "engine/train/run_store.h"
+#include "engine/train/train_data.h"
 #include "engine/train/train_options.h"
 #include "engine/train/train_report.h"
 
@@ -109,10 +110,6 @@ class Trainer {
     bool is_root() const { return rank() == 0; }
     // should_stop, agreed over the ranks.
     bool stop_requested(const StopPredicate& should_stop);
-    void open_data();
-    // The micro-batch `micro` of optimizer step `step`: inputs and shifted targets.
-    void sample_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
-                      std::vector<int32_t>& targets) const;
     // One optimizer step, added to window_.
     StepOutcome train_step(const StopPredicate& should_stop);
     // A step whose loss or gradient norm is not finite: logs it, then skips it while the
@@ -156,8 +153,7 @@ class Trainer {
     CollectiveClock comm_clock_;  // time in collectives since the last report
     std::unique_ptr<DataParallelOptimizer> optimizer_;
     std::unique_ptr<RunDirLock> lock_;
-    std::string tokenizer_path_;
-    std::optional<TokenDataset> train_data_, val_data_;
+    std::optional<TrainData> data_;  // opened once the model is (its errors come after)
     int64_t seq_len_ = 0, max_steps_ = 0, step_ = 0;
     std::optional<double> best_val_loss_;
     int64_t nonfinite_skipped_ = 0;  // over the whole run
