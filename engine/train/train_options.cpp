@@ -10,6 +10,7 @@
 #include "engine/core/format.h"
 #include "engine/core/json_fields.h"
 #include "engine/core/range_checks.h"
+#include "engine/model/training_memory.h"
 
 namespace tmx {
 
@@ -129,6 +130,34 @@ TrainOptions train_options_from_json(const json& j, const std::string& source) {
     // Absent before it was recorded: such a run resumes where --backend (auto) says.
     if (j.contains("backend")) o.backend = f.string("backend");
     return o;
+}
+
+void check_train_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
+    check_training_memory(
+        c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision, backend,
+        {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
+}
+
+double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps) {
+    if (o.warmup_steps > 0 && step < o.warmup_steps)
+        return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
+    const int64_t decay_steps = max_steps - o.warmup_steps;
+    if (decay_steps <= 0) return o.lr;
+    const double progress = std::clamp(
+        static_cast<double>(step - o.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+Backend::AdamWParams adamw_params(const TrainOptions& o, int64_t step, int64_t max_steps,
+                                  double grad_norm) {
+    const bool clip = o.grad_clip > 0 && grad_norm > o.grad_clip;
+    return {.lr = static_cast<float>(learning_rate(o, step, max_steps)),
+            .beta1 = static_cast<float>(o.beta1),
+            .beta2 = static_cast<float>(o.beta2),
+            .eps = static_cast<float>(o.eps),
+            .weight_decay = static_cast<float>(o.weight_decay),
+            .step = step + 1,
+            .grad_scale = clip ? static_cast<float>(o.grad_clip / (grad_norm + 1e-6)) : 1.0f};
 }
 
 bool resume_may_override(const std::string& key) {

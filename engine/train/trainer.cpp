@@ -10,7 +10,6 @@
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/format.h"
-#include "engine/core/rng.h"
 #include "engine/dist/communicator.h"
 #include "engine/model/checkpoint.h"
 #include "engine/train/metrics_plot.h"
@@ -18,26 +17,6 @@
 namespace tmx {
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-
-void check_run_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
-    check_training_memory(
-        c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision, backend,
-        {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
-}
-
-}  // namespace
-
-double Trainer::learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps) {
-    if (o.warmup_steps > 0 && step < o.warmup_steps)
-        return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
-    const int64_t decay_steps = max_steps - o.warmup_steps;
-    if (decay_steps <= 0) return o.lr;
-    const double progress = std::clamp(
-        static_cast<double>(step - o.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
-    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
-}
 
 Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string run_dir,
                  Backend& backend, DataParallel dp)
@@ -75,7 +54,7 @@ std::unique_ptr<Trainer> Trainer::start(const ModelConfig& config, const TrainOp
                                         const std::string& run_dir, uint64_t init_seed,
                                         Backend& backend, DataParallel dp) {
     validate_train_options(options, config);
-    check_run_memory(config, options, backend);
+    check_train_memory(config, options, backend);
     const bool root = !dp.comm || dp.comm->rank() == 0;
     return filesystem_errors_as_errors([&] {
         if (root) refuse_existing_run(run_dir);
@@ -104,7 +83,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         const TrainOptions options = resumed_options(state, state_path, overrides);
         const ModelConfig config = check_resumable(ckpt, options, backend);
         validate_train_options(options, config);
-        check_run_memory(config, options, backend);
+        check_train_memory(config, options, backend);
         auto model = std::make_unique<Model>(config, backend);
         load_checkpoint_weights(*model, ckpt);
         std::unique_ptr<Trainer> t(new Trainer(std::move(model), options, run_dir, backend, dp));
@@ -118,14 +97,6 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& path, Backend& backe
         if (root) trim_metrics(run_dir, t->step_);
         return t;
     });
-}
-
-int Trainer::rank() const {
-    return comm_->rank();
-}
-
-int Trainer::ranks() const {
-    return comm_->size();
 }
 
 bool Trainer::stop_requested(const StopPredicate& should_stop) {
@@ -184,17 +155,7 @@ Trainer::StepOutcome Trainer::train_step(const StopPredicate& should_stop) {
     m.backward(micro_scale, overlap ? optimizer_->start_gradient_sums() : Model::GradsFinal{});
     const double grad_norm = optimizer_->reduce_gradients(overlap);
     if (!std::isfinite(grad_norm)) return reject_nonfinite("gradient norm", loss, aux, grad_norm);
-    // Clipping: AdamW reads the gradient scaled by the clip factor (no pass of its own).
-    const bool clip = options_.grad_clip > 0 && grad_norm > options_.grad_clip;
-    const double lr = learning_rate(options_, step_, max_steps_);
-    optimizer_->step(
-        {.lr = static_cast<float>(lr),
-         .beta1 = static_cast<float>(options_.beta1),
-         .beta2 = static_cast<float>(options_.beta2),
-         .eps = static_cast<float>(options_.eps),
-         .weight_decay = static_cast<float>(options_.weight_decay),
-         .step = step_ + 1,
-         .grad_scale = clip ? static_cast<float>(options_.grad_clip / (grad_norm + 1e-6)) : 1.0f});
+    optimizer_->step(adamw_params(options_, step_, max_steps_, grad_norm));
     m.params_changed();
     ++step_;
     unsaved_ = true;

@@ -85,15 +85,12 @@ class Trainer {
     // The run's latest step checkpoint written or resumed from; "" before the first.
     const std::string& last_checkpoint() const { return last_checkpoint_; }
 
-    // Learning rate at a 0-based step: linear warmup, then cosine decay to min_lr at max_steps.
-    static double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps);
-
     // Mean cross-entropy over the validation windows (a collective under data parallelism).
     double evaluate();
 
     // This rank's index and the number of ranks (0 and 1 in one process).
-    int rank() const;
-    int ranks() const;
+    int rank() const { return comm_->rank(); }
+    int ranks() const { return comm_->size(); }
     // Bytes of AdamW moments this rank holds (smaller by the rank count when sharded).
     int64_t optimizer_bytes() const { return optimizer_->moment_bytes(); }
 

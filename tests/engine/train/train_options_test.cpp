@@ -177,5 +177,42 @@ TEST(TrainOptions, ValidationNamesTheFlagOfTheFirstOptionOutOfRange) {
               std::string::npos);
 }
 
+TEST(TrainOptions, LearningRateWarmsUpThenDecaysToTheFloor) {
+    TrainOptions o;
+    o.lr = 1e-3;
+    o.min_lr = 1e-4;
+    o.warmup_steps = 10;
+    EXPECT_DOUBLE_EQ(learning_rate(o, 0, 100), 1e-4);
+    EXPECT_DOUBLE_EQ(learning_rate(o, 9, 100), 1e-3);
+    EXPECT_NEAR(learning_rate(o, 55, 100), 5.5e-4, 1e-12);  // half way: the mean
+    EXPECT_NEAR(learning_rate(o, 100, 100), 1e-4, 1e-12);
+    for (int s = 10; s < 100; ++s)
+        EXPECT_LE(learning_rate(o, s + 1, 100), learning_rate(o, s, 100));
+}
+
+// The optimizer's settings at a step: the options' betas, epsilon and decay, the schedule's rate,
+// AdamW's 1-based step, and gradients scaled to the clip norm only when their norm exceeds it.
+TEST(TrainOptions, AdamWParamsAtAStepClipOnlyGradientsAboveTheClipNorm) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    Rng rng(seed);
+    TrainOptions o;
+    o.grad_clip = 0.5 + rng.uniform();
+    o.weight_decay = rng.uniform();
+    const int64_t step = static_cast<int64_t>(rng.below(200)), max_steps = 200;
+    const double above = o.grad_clip * (1 + rng.uniform()), below = o.grad_clip * rng.uniform();
+    const Backend::AdamWParams clipped = adamw_params(o, step, max_steps, above);
+    EXPECT_EQ(clipped.lr, static_cast<float>(learning_rate(o, step, max_steps)));
+    EXPECT_EQ(clipped.step, step + 1);
+    EXPECT_EQ(clipped.beta1, static_cast<float>(o.beta1));
+    EXPECT_EQ(clipped.beta2, static_cast<float>(o.beta2));
+    EXPECT_EQ(clipped.eps, static_cast<float>(o.eps));
+    EXPECT_EQ(clipped.weight_decay, static_cast<float>(o.weight_decay));
+    EXPECT_NEAR(clipped.grad_scale * above, o.grad_clip, 1e-6 * o.grad_clip);
+    EXPECT_EQ(adamw_params(o, step, max_steps, below).grad_scale, 1.0f);
+    o.grad_clip = 0;  // off
+    EXPECT_EQ(adamw_params(o, step, max_steps, above).grad_scale, 1.0f);
+}
+
 }  // namespace
 }  // namespace tmx

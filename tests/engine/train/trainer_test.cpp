@@ -281,19 +281,6 @@ TEST_F(TrainerRun, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
     EXPECT_EQ(no_bf16.memory_stats().peak_bytes, 0u);  // refused before allocating
 }
 
-TEST_F(TrainerRun, LearningRateWarmsUpThenDecaysToTheFloor) {
-    TrainOptions o;
-    o.lr = 1e-3;
-    o.min_lr = 1e-4;
-    o.warmup_steps = 10;
-    EXPECT_DOUBLE_EQ(Trainer::learning_rate(o, 0, 100), 1e-4);
-    EXPECT_DOUBLE_EQ(Trainer::learning_rate(o, 9, 100), 1e-3);
-    EXPECT_NEAR(Trainer::learning_rate(o, 55, 100), 5.5e-4, 1e-12);  // half way: the mean
-    EXPECT_NEAR(Trainer::learning_rate(o, 100, 100), 1e-4, 1e-12);
-    for (int s = 10; s < 100; ++s)
-        EXPECT_LE(Trainer::learning_rate(o, s + 1, 100), Trainer::learning_rate(o, s, 100));
-}
-
 TEST_F(TrainerRun, BadOptionsAndMismatchedDataGiveClearErrors) {
     write_counting_dataset(tmp / "data", 1);
     write_counting_dataset(tmp / "data300", 1, 300);
