@@ -2,6 +2,11 @@
 // global-norm clipping, evaluation, metrics, and resumable checkpoints. Device-independent:
 // it talks to the model and the Backend interface only.
 //
+// The trainer is the step loop: what is due when. Its parts, each usable alone: what a run reads
+// (train_data.h), the gradient sums across ranks and the AdamW step (data_parallel.h), the
+// run's files (run_store.h, over run_dir.h), a progress report (train_report.h), and the
+// options with their schedule (train_options.h).
+//
 // A run directory holds step_NNNNNNNN/ checkpoints (the last keep_last of them), best/ (the
 // checkpoint with the lowest validation loss) and metrics.jsonl. Each checkpoint carries the
 // optimizer moments (optimizer.safetensors, F32) and trainer_state.json (step, best validation
@@ -60,7 +65,8 @@ class Trainer {
                                           const std::string& run_dir, uint64_t init_seed,
                                           Backend& backend, DataParallel dp = {});
     // Continues a run from a run directory (its latest checkpoint) or one of its checkpoints.
-    // `overrides` may change the budget and the cadence options (not the math).
+    // `overrides` may change the budget, the cadence options and the backend the run records
+    // (not the math).
     static std::unique_ptr<Trainer> resume(const std::string& path, Backend& backend,
                                            const nlohmann::json& overrides, DataParallel dp = {});
 
