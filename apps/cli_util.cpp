@@ -87,8 +87,9 @@ std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
     return be;
 }
 
-void BackendChoice::announce(const Backend& be) const {
-    std::fprintf(stderr, "backend%s: %s\n", backend == "auto" ? " (auto)" : "",
+void BackendChoice::announce(const Backend& be, const std::string& why) const {
+    const std::string said = !why.empty() ? why : backend == "auto" ? "auto" : "";
+    std::fprintf(stderr, "backend%s: %s\n", said.empty() ? "" : (" (" + said + ")").c_str(),
                  be.description().c_str());
 }
 

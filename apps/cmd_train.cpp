@@ -113,6 +113,7 @@ struct Options {
     uint64_t init_seed = 0;
     TrainOptions train;
     BackendChoice backend;
+    bool backend_given = false, device_given = false;  // --backend, --device on the command line
     bool shard_optimizer = false;
     double grad_bucket_mib = 16.0;
     double collective_timeout = 600.0;
@@ -134,11 +135,51 @@ std::string gradient_sums(const Options& o, int ranks) {
     return text;
 }
 
+// The backend as a run records it, for a resume to open again: --backend resolved, with --device
+// when given ("vulkan:1"; a data-parallel rank's default device is its launch's, not the run's).
+std::string run_backend_name(const BackendChoice& choice, const Backend& opened) {
+    if (choice.backend.find(':') != std::string::npos) return choice.backend;  // "vulkan:1"
+    return with_device(opened.name(), choice.device);
+}
+
+// A resumed run trains on the backend it trained on (recorded in its checkpoints) unless
+// --backend or --device says otherwise: opens it, and sets `why` to where it came from for the
+// backend line ("" when the flags name the run's own).
+std::unique_ptr<Backend> open_resume_backend(Options& o, std::string& why) {
+    const std::string recorded = recorded_backend(o.resume).value_or("");
+    if (o.backend_given || o.device_given) {
+        auto backend = o.backend.open(/*announce=*/false);
+        const std::string name = run_backend_name(o.backend, *backend);
+        if (!recorded.empty() && name != recorded) why = "overriding the run's " + recorded;
+        return backend;
+    }
+    if (recorded.empty()) {
+        why = "auto: the run has not recorded its backend";
+        return o.backend.open(/*announce=*/false);
+    }
+    why = "from run";
+    o.backend.backend = recorded;
+    try {
+        return o.backend.open(/*announce=*/false);
+    } catch (const Error& e) {
+        const std::string said = std::string(e.what()) + " (the run trained on " + recorded +
+                                 "; --backend resumes it on another)";
+        if (dynamic_cast<const UsageError*>(&e)) throw UsageError(said);
+        throw Error(said);
+    }
+}
+
 // Trains on this process's share of the job: `comm` (a rank of a data-parallel job, or one
 // process) becomes the backend's device communicator once the backend is open.
 void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Communicator>& comm) {
+    if (!o.resume.empty() &&
+        (!o.out.empty() || !o.train.data_dir.empty() || !o.train.val_dir.empty()))
+        throw UsageError(
+            "--resume continues a run where it was: drop --out, --data and --val-data");
     // Announced once the trainer has set the precision (a resumed run keeps its own).
-    auto backend = o.backend.open(/*announce=*/false);
+    std::string backend_why;
+    auto backend =
+        o.resume.empty() ? o.backend.open(/*announce=*/false) : open_resume_backend(o, backend_why);
     comm = open_device_communicator(*backend, std::move(comm),
                                     {.collective_timeout_s = o.collective_timeout});
     const DataParallel dp = {
@@ -149,9 +190,6 @@ void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Co
     const bool root = comm->rank() == 0;
     std::unique_ptr<Trainer> trainer;
     if (!o.resume.empty()) {
-        if (!o.out.empty() || !o.train.data_dir.empty() || !o.train.val_dir.empty())
-            throw UsageError(
-                "--resume continues a run where it was: drop --out, --data and --val-data");
         nlohmann::json overrides = nlohmann::json::object();
         const nlohmann::json given = train_options_to_json(o.train);
         for (const Flag& f : flags)
@@ -163,9 +201,11 @@ void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Co
         // (which Trainer::resume refuses: it would change the run's math).
         if (o.backend.precision_given())
             overrides["precision"] = to_string(backend->matmul_precision());
+        // Its checkpoints from now on record the backend it goes on with.
+        overrides["backend"] = run_backend_name(o.backend, *backend);
         trainer = Trainer::resume(o.resume, *backend, overrides, dp);
         if (root) {
-            o.backend.announce(*backend);
+            o.backend.announce(*backend, backend_why);
             std::fprintf(stderr, "resuming %s at step %lld of %lld (%s matmuls)\n",
                          trainer->run_dir().c_str(), static_cast<long long>(trainer->step()),
                          static_cast<long long>(trainer->max_steps()),
@@ -175,7 +215,8 @@ void run_training(Options& o, const std::vector<Flag>& flags, std::unique_ptr<Co
         if (o.config.empty()) throw UsageError("give --config CFG for a new run, or --resume RUN");
         if (o.out.empty()) throw UsageError("--out: the run directory is required");
         o.train.precision = backend->matmul_precision();  // --precision, resolved
-        o.train.grad_accum *= comm->size();               // the run's global batch
+        o.train.backend = run_backend_name(o.backend, *backend);
+        o.train.grad_accum *= comm->size();  // the run's global batch
         trainer = Trainer::start(load_config(o.config), o.train, o.out, o.init_seed, *backend, dp);
         if (root) {
             o.backend.announce(*backend);
@@ -330,7 +371,9 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
         ->capture_default_str();
     add_backend_options(*sub, o->backend, /*training=*/true);
     add_common_options(*sub, common);
-    sub->callback([o, flags, &common]() {
+    sub->callback([o, flags, sub, &common]() {
+        o->backend_given = sub->get_option("--backend")->count() > 0;
+        o->device_given = sub->get_option("--device")->count() > 0;
         // Under mpirun, before the backend: the rank picks its GPU and its share of the cores.
         const LaunchEnv launch = detect_launch_env();
         std::unique_ptr<Communicator> comm =

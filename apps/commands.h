@@ -69,7 +69,9 @@ struct BackendChoice {
     // Creates the backend with its matmul precision set and, with announce, says on stderr
     // which one runs (announce() later, once the precision is final: a resumed run's own).
     std::unique_ptr<Backend> open(bool announce = true) const;
-    void announce(const Backend& be) const;
+    // "backend: DESCRIPTION", "backend (auto): ..." after --backend auto, or
+    // "backend (WHY): ..." with `why` (where a resumed run's backend came from).
+    void announce(const Backend& be, const std::string& why = "") const;
     // --precision for `backend`: fp32 or bf16 as given; auto is the backend's
     // default_precision() (bf16 on CUDA, fp32 elsewhere), for training and inference alike.
     Precision resolve_precision(const Backend& backend) const;

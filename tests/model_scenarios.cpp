@@ -226,23 +226,6 @@ void expect_model_matches_cpu(Backend& cpu, Backend& other, const std::string& c
               << "worst gradient error " << worst_share << " of its allowance\n";
 }
 
-TrainOptions scenario_training_options(const std::string& data, uint64_t seed) {
-    TrainOptions o;
-    o.data_dir = data;
-    o.batch_size = 4;
-    o.seq_len = 16;
-    o.max_steps = 30;
-    o.lr = 1e-2;
-    o.min_lr = 1e-3;
-    o.warmup_steps = 5;
-    o.eval_every = 0;
-    o.eval_batches = 2;
-    o.checkpoint_every = 0;
-    o.log_every = 1;
-    o.seed = seed;
-    return o;
-}
-
 // The same 30 steps (same initial weights, same batches) on the CPU and on another backend: the
 // per-step losses agree within 1e-3 relative. The first step differs only by rounding (~1e-6);
 // after it the weights drift apart by rounding, amplified by training. Measured on the CPU, 300
@@ -262,7 +245,7 @@ void expect_losses_follow_the_cpu(Backend& cpu, Backend& other, uint64_t seed,
     const ModelConfig config = test_config(config_name);
     TempDir tmp;
     write_counting_dataset(tmp / "data", seed);
-    TrainOptions o = scenario_training_options(tmp / "data", seed);
+    TrainOptions o = small_train_options(tmp / "data", seed);
     o.precision = precision;
     auto train = [&](Backend& b, const std::string& run) {
         std::vector<TrainReport> reports;
@@ -305,7 +288,7 @@ void expect_resumed_run_matches_uninterrupted(Backend& be, uint64_t seed) {
     const ModelConfig config = test_config("test-tiny");
     TempDir tmp;
     write_counting_dataset(tmp / "data", seed);
-    const TrainOptions o = scenario_training_options(tmp / "data", seed);
+    const TrainOptions o = small_train_options(tmp / "data", seed);
 
     std::vector<double> whole_losses, part_losses;
     auto whole = Trainer::start(config, o, tmp / "whole", seed, be);

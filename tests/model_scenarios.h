@@ -60,11 +60,6 @@ void write_counting_dataset(const std::string& dir, uint64_t seed, int32_t vocab
 
 // ---- training: another backend against the CPU
 
-// Training options for the scenarios' runs on a write_counting_dataset: 30 steps of batch 4 x 16
-// with a report (the step's loss and expert load) at every step, an evaluation and a checkpoint
-// only at the end.
-TrainOptions scenario_training_options(const std::string& data, uint64_t seed);
-
 struct ModelTolerances {
     double logits, loss, grad_tensor, grad_model;
 };

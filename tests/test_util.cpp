@@ -20,6 +20,23 @@ uint64_t fresh_seed() {
            (static_cast<uint64_t>(::getpid()) << 32);
 }
 
+TrainOptions small_train_options(const std::string& data, uint64_t seed) {
+    TrainOptions o;
+    o.data_dir = data;
+    o.batch_size = 4;
+    o.seq_len = 16;
+    o.max_steps = 30;
+    o.lr = 1e-2;
+    o.min_lr = 1e-3;
+    o.warmup_steps = 5;
+    o.eval_every = 0;
+    o.eval_batches = 2;
+    o.checkpoint_every = 0;
+    o.log_every = 1;
+    o.seed = seed;
+    return o;
+}
+
 std::vector<float> random_normal(Rng& rng, size_t n, double scale) {
     std::vector<float> v(n);
     for (auto& x : v) x = static_cast<float>(rng.normal() * scale);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/core/rng.h"
+#include "engine/train/train_options.h"
 
 namespace tmx::test {
 
@@ -74,6 +75,13 @@ bool backend_opens(const std::string& name);
                          << " but unavailable: " << why;                                     \
         GTEST_SKIP() << "backend " << (backend) << " unavailable here: " << why;             \
     } while (0)
+
+// Training options for a test config's short run (assets/configs/test-tiny*.json: vocabulary 97,
+// max_seq_len 32) on `data` (a dataset such as model_scenarios.h's write_counting_dataset):
+// batches of 4 sequences of 16 tokens, 30 steps at a learning rate that learns in them (1e-2,
+// warming up over 5 steps, decaying to 1e-3), data order `seed`, a report at every step, an
+// evaluation (2 batches) and a checkpoint only at the end.
+TrainOptions small_train_options(const std::string& data, uint64_t seed);
 
 std::string source_dir();
 // ../shared next to the source tree, or "" when absent (a user's clone).

@@ -10,6 +10,7 @@
 #include "engine/core/format.h"
 #include "engine/core/json_fields.h"
 #include "engine/core/range_checks.h"
+#include "engine/model/training_memory.h"
 
 namespace tmx {
 
@@ -18,10 +19,11 @@ using nlohmann::json;
 namespace {
 
 // Options that change the run's cadence or budget but not its math: --resume may override them.
-// (skip_nonfinite changes only what happens to a step that is not finite.)
+// (skip_nonfinite changes only what happens to a step that is not finite; another backend
+// computes the same steps, to its rounding.)
 const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "eval_every",
                                           "eval_batches", "checkpoint_every", "keep_last",
-                                          "log_every",    "skip_nonfinite"};
+                                          "log_every",    "skip_nonfinite",   "backend"};
 
 // Token counts are products of flags; one that overflows is a usage error naming them.
 int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::string& flags) {
@@ -92,7 +94,8 @@ json train_options_to_json(const TrainOptions& o) {
             {"log_every", o.log_every},
             {"seed", o.seed},
             {"skip_nonfinite", o.skip_nonfinite},
-            {"precision", to_string(o.precision)}};
+            {"precision", to_string(o.precision)},
+            {"backend", o.backend}};
 }
 
 TrainOptions train_options_from_json(const json& j, const std::string& source) {
@@ -124,7 +127,37 @@ TrainOptions train_options_from_json(const json& j, const std::string& source) {
     // Absent before bf16 existed: those runs were fp32.
     if (j.contains("precision"))
         o.precision = parse_precision(f.string("precision"), source + ": precision");
+    // Absent before it was recorded: such a run resumes where --backend (auto) says.
+    if (j.contains("backend")) o.backend = f.string("backend");
     return o;
+}
+
+void check_train_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
+    check_training_memory(
+        c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision, backend,
+        {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
+}
+
+double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps) {
+    if (o.warmup_steps > 0 && step < o.warmup_steps)
+        return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
+    const int64_t decay_steps = max_steps - o.warmup_steps;
+    if (decay_steps <= 0) return o.lr;
+    const double progress = std::clamp(
+        static_cast<double>(step - o.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+Backend::AdamWParams adamw_params(const TrainOptions& o, int64_t step, int64_t max_steps,
+                                  double grad_norm) {
+    const bool clip = o.grad_clip > 0 && grad_norm > o.grad_clip;
+    return {.lr = static_cast<float>(learning_rate(o, step, max_steps)),
+            .beta1 = static_cast<float>(o.beta1),
+            .beta2 = static_cast<float>(o.beta2),
+            .eps = static_cast<float>(o.eps),
+            .weight_decay = static_cast<float>(o.weight_decay),
+            .step = step + 1,
+            .grad_scale = clip ? static_cast<float>(o.grad_clip / (grad_norm + 1e-6)) : 1.0f};
 }
 
 bool resume_may_override(const std::string& key) {

@@ -6,6 +6,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
+#include "engine/compute/backend.h"
 #include "engine/compute/precision.h"
 #include "engine/model/config.h"
 
@@ -33,6 +34,11 @@ struct TrainOptions {
     int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm the run may
                                      // skip (not apply) before it stops
     Precision precision = Precision::F32;  // of the matmuls (Backend::set_matmul_precision)
+    // The backend the run trains on, by the name that opens it ("cpu", "vulkan", "vulkan:1",
+    // "cuda"), recorded so that a resume keeps it. A trainer sets it to its backend's name
+    // unless it names that backend already (with a device); "" in runs from before it was
+    // recorded.
+    std::string backend;
 
     int64_t tokens_per_step(int64_t seq) const { return batch_size * grad_accum * seq; }
 };
@@ -43,6 +49,18 @@ TrainOptions train_options_from_json(const nlohmann::json& j, const std::string&
 
 // Throws tmx::UsageError naming the flag of the first option out of range for `config`.
 void validate_train_options(const TrainOptions& o, const ModelConfig& config);
+
+// The learning rate at a 0-based step: linear warmup, then cosine decay to min_lr at max_steps.
+double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps);
+// AdamW's settings for the 0-based step `step` whose gradients have the global norm grad_norm:
+// the learning rate above, and the clip factor as the gradients' scale (AdamW reads them scaled:
+// clipping takes no pass of its own).
+Backend::AdamWParams adamw_params(const TrainOptions& o, int64_t step, int64_t max_steps,
+                                  double grad_norm);
+
+// Throws tmx::UsageError naming --batch-size and --seq-len when a step of the run needs more
+// memory than `backend` has (model/training_memory.h).
+void check_train_memory(const ModelConfig& config, const TrainOptions& o, const Backend& backend);
 
 // Whether --resume may change the option (its JSON key): those that change the run's cadence or
 // budget but not its math.

@@ -2,6 +2,11 @@
 // global-norm clipping, evaluation, metrics, and resumable checkpoints. Device-independent:
 // it talks to the model and the Backend interface only.
 //
+// The trainer is the step loop: what is due when. Its parts, each usable alone: what a run reads
+// (train_data.h), the gradient sums across ranks and the AdamW step (data_parallel.h), the
+// run's files (run_store.h, over run_dir.h), a progress report (train_report.h), and the
+// options with their schedule (train_options.h).
+//
 // A run directory holds step_NNNNNNNN/ checkpoints (the last keep_last of them), best/ (the
 // checkpoint with the lowest validation loss) and metrics.jsonl. Each checkpoint carries the
 // optimizer moments (optimizer.safetensors, F32) and trainer_state.json (step, best validation
@@ -39,51 +44,18 @@
 #include "engine/model/adamw.h"
 #include "engine/model/model.h"
 #include "engine/model/training_memory.h"
+#include "engine/train/data_parallel.h"
 #include "engine/train/run_dir.h"
+#include "engine/train/run_store.h"
+#include "engine/train/train_data.h"
 #include "engine/train/train_options.h"
+#include "engine/train/train_report.h"
 
 namespace tmx {
-
-// One progress report (every log_every steps, after evaluations and at the end).
-struct TrainReport {
-    int64_t step = 0, max_steps = 0;
-    int64_t tokens = 0;              // training tokens consumed so far
-    double loss = 0.0, aux = 0.0;    // mean over the steps since the last report
-    std::optional<double> val_loss;  // when this step evaluated
-    double lr = 0.0, grad_norm = 0.0;
-    double tokens_per_s = 0.0, eta_s = 0.0, elapsed_s = 0.0;  // tokens of all ranks
-    // Under data parallelism: the share of the time since the last report this rank spent in
-    // collectives, as the host sees it (waiting for slower ranks included; MPI's collectives
-    // block, NCCL's are only enqueued and show up in the next read from the device).
-    std::optional<double> comm_share;
-    // Per layer, the share of routed (token, choice) slots each expert received since the last
-    // report (MoE models).
-    std::vector<std::vector<double>> expert_load;
-    int64_t skipped = 0;     // non-finite steps skipped since the last report
-    std::string checkpoint;  // a checkpoint written at this step, if any
-};
 
 // Polled before every micro-batch and every evaluation batch: true stops the run. Under data
 // parallelism the ranks stop together when any of them sees true.
 using StopPredicate = std::function<bool()>;
-
-class Communicator;
-
-// How a run spreads over the ranks of a data-parallel job.
-struct DataParallel {
-    Communicator* comm = nullptr;  // nullptr: one process
-    // ZeRO-1: each rank keeps and steps its share of the AdamW moments only (the gradients are
-    // reduce-scattered, the stepped weights all-gathered). The same steps as replicated moments
-    // (bit for bit on MPI; NCCL may add the ranks in another order); no effect on one rank.
-    bool shard_optimizer = false;
-    // Replicated moments: the last micro-batch's backward pass hands its finished gradients to
-    // the communicator in buckets of at least this many bytes, so that summing them over the
-    // ranks overlaps the rest of the pass. 0: one sum after the pass. The same bits either way.
-    // (Sharded moments reduce-scatter after the pass.)
-    int64_t bucket_bytes = int64_t{16} << 20;
-};
-
-class RunDirLock;
 
 class Trainer {
   public:
@@ -93,7 +65,8 @@ class Trainer {
                                           const std::string& run_dir, uint64_t init_seed,
                                           Backend& backend, DataParallel dp = {});
     // Continues a run from a run directory (its latest checkpoint) or one of its checkpoints.
-    // `overrides` may change the budget and the cadence options (not the math).
+    // `overrides` may change the budget, the cadence options and the backend the run records
+    // (not the math).
     static std::unique_ptr<Trainer> resume(const std::string& path, Backend& backend,
                                            const nlohmann::json& overrides, DataParallel dp = {});
 
@@ -118,51 +91,28 @@ class Trainer {
     // The run's latest step checkpoint written or resumed from; "" before the first.
     const std::string& last_checkpoint() const { return last_checkpoint_; }
 
-    // Learning rate at a 0-based step: linear warmup, then cosine decay to min_lr at max_steps.
-    static double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps);
-
     // Mean cross-entropy over the validation windows (a collective under data parallelism).
     double evaluate();
 
     // This rank's index and the number of ranks (0 and 1 in one process).
-    int rank() const;
-    int ranks() const;
+    int rank() const { return comm_->rank(); }
+    int ranks() const { return comm_->size(); }
     // Bytes of AdamW moments this rank holds (smaller by the rank count when sharded).
-    int64_t optimizer_bytes() const { return 2 * adam_m_.bytes(); }
+    int64_t optimizer_bytes() const { return optimizer_->moment_bytes(); }
 
   private:
-    // The steps since the last progress report: what its averages are made of. Saved in
-    // checkpoints, so that the first report after a resume averages the same steps as in the
-    // uninterrupted run.
-    struct ReportWindow {
-        int64_t applied = 0, skipped = 0;
-        double loss_sum = 0.0, aux_sum = 0.0, grad_norm_sum = 0.0;
-        std::vector<std::vector<int64_t>> expert_slots;
-    };
     enum class StepOutcome { Applied, Skipped, Interrupted };
+    // What is due after a step: an evaluation (and best/), a progress report (and its metrics
+    // line), a step checkpoint.
+    struct DueWork {
+        bool evaluation = false, report = false, checkpoint = false;
+    };
 
     Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string run_dir,
             Backend& backend, DataParallel dp);
     bool is_root() const { return rank() == 0; }
     // should_stop, agreed over the ranks.
     bool stop_requested(const StopPredicate& should_stop);
-    // Sums the micro-batches' gradients over the ranks (each rank's own share of them when the
-    // optimizer is sharded) and returns the global gradient norm. `started`: the backward pass
-    // has started the sums of all of them (replicated moments, overlapped buckets): finish them.
-    double reduce_gradients(bool started);
-    // The hook the last backward pass of a step calls (Model::GradsFinal): starts summing each
-    // run of finished gradients once it holds bucket_elements_ (and the last run at offset 0).
-    Model::GradsFinal start_gradient_sums();
-    // The AdamW step of this rank's moments, then (sharded) the all-gather of the weights.
-    void optimizer_step(const Backend::AdamWParams& hp);
-    // The full moments on rank 0 (a collective when sharded; empty on the other ranks).
-    void moments_to_host(std::vector<float>& m, std::vector<float>& v);
-    // This rank's part of the full moments `m`, `v` (host, num_params each) to the device.
-    void moments_from_host(const std::vector<float>& m, const std::vector<float>& v);
-    void open_data();
-    // The micro-batch `micro` of optimizer step `step`: inputs and shifted targets.
-    void sample_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
-                      std::vector<int32_t>& targets) const;
     // One optimizer step, added to window_.
     StepOutcome train_step(const StopPredicate& should_stop);
     // A step whose loss or gradient norm is not finite: logs it, then skips it while the
@@ -173,19 +123,27 @@ class Trainer {
     // should_stop interrupted the evaluation (finish_pending_ stays set).
     bool finish_step(const StopPredicate& should_stop,
                      const std::function<void(const TrainReport&)>& on_report, TrainReport& report);
+    DueWork due_after(int64_t step) const;
+    // Evaluates into report.val_loss and keeps best/ when it is the lowest yet; false when
+    // should_stop interrupted it. Throws on a validation loss that is not finite.
+    bool evaluate_and_keep_best(const StopPredicate& should_stop, TrainReport& report);
+    // Fills the report's averages over window_ and its timing, logs its metrics line, and
+    // starts the next window.
+    void report_progress(TrainReport& report);
     // Mean validation loss, or nullopt when should_stop interrupted it.
     std::optional<double> evaluate_until(const StopPredicate& should_stop);
+    // The run state a checkpoint of step_ carries.
+    RunState run_state() const;
+    void restore(const RunState& state);
+    // Writes best/ or step_N (and, for a step checkpoint, records it as the last).
     std::string save(bool is_best_copy_too);
-    void prune_checkpoints();
+    // A step checkpoint, then the step checkpoints beyond keep_last removed.
+    std::string save_step_checkpoint();
     void append_metrics(const nlohmann::json& line);
     // Appends the line of a failure about to be thrown; "" or what kept it from the file.
     std::string log_before_error(const nlohmann::json& line);
     // "the last checkpoint is RUN/step_N", for the messages of a run that stops.
     std::string last_checkpoint_phrase() const;
-    // Continues the run state of a checkpoint's trainer_state.json.
-    void restore_state(const nlohmann::json& state, const std::string& source);
-    // Drops the metrics lines logged after step_ (they are logged again).
-    void trim_metrics();
     // metrics.jsonl failed: a checkpoint of the current state if it has none, then the error.
     [[noreturn]] void stop_after_metrics_failure(const Error& failure);
 
@@ -195,19 +153,12 @@ class Trainer {
     Backend& backend_;
     std::unique_ptr<Communicator> solo_;  // the communicator of a one-process run
     Communicator* comm_ = nullptr;
-    // Sharded moments: this rank owns the parameters [rank * shard_, (rank + 1) * shard_) and,
-    // like every rank, the tail [ranks * shard_, num_params) that does not divide evenly.
-    bool sharded_ = false;
-    int64_t shard_ = 0, tail_ = 0;
-    // Gradients per overlapped bucket (DataParallel::bucket_bytes); 0: no overlap.
-    int64_t bucket_elements_ = 0;
+    CollectiveClock comm_clock_;  // time in collectives since the last report
+    std::unique_ptr<DataParallelOptimizer> optimizer_;
     std::unique_ptr<RunDirLock> lock_;
-    std::string tokenizer_path_;
-    std::optional<TokenDataset> train_data_, val_data_;
-    Tensor adam_m_, adam_v_;
+    std::optional<TrainData> data_;  // opened once the model is (its errors come after)
     int64_t seq_len_ = 0, max_steps_ = 0, step_ = 0;
-    double best_val_loss_ = 0.0;
-    bool has_best_ = false;
+    std::optional<double> best_val_loss_;
     int64_t nonfinite_skipped_ = 0;  // over the whole run
     ReportWindow window_;
     bool finish_pending_ = false;  // step_'s evaluation, report or checkpoint not yet done
@@ -216,10 +167,6 @@ class Trainer {
     // Timing of the current run() call, for the reports' throughput and ETA.
     std::chrono::steady_clock::time_point run_start_, last_report_time_;
     int64_t run_start_step_ = 0, last_report_step_ = 0;
-    double comm_seconds_ = 0.0;  // in collectives since the last report
-    // Runs a collective, adding its time to comm_seconds_.
-    template <class F>
-    void timed(F&& collective);
 };
 
 }  // namespace tmx

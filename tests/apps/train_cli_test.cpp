@@ -184,6 +184,110 @@ TEST(TrainCli, PrecisionFlagTrainsInBf16AndTheRunKeepsIt) {
     }
 }
 
+// The trainer_state.json of a run's latest step checkpoint (step_N names sort by N: they are
+// zero-padded).
+std::string latest_state(const std::string& run) {
+    std::string latest;
+    for (const auto& e : fs::directory_iterator(run)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("step_", 0) == 0 && name > latest) latest = name;
+    }
+    return run + "/" + latest + "/trainer_state.json";
+}
+
+std::string recorded_backend_of(const std::string& run) {
+    return nlohmann::json::parse(read_file(latest_state(run)))["options"].value("backend", "");
+}
+
+// A resumed run trains on the backend it was trained on, which its checkpoints record, unless
+// --backend says otherwise; the backend line says which. A run from before the backend was
+// recorded resumes where --backend auto says, and says so; a recorded backend that does not open
+// here is a usage error naming it and the way out.
+TEST(TrainCli, AResumeKeepsTheRunsBackendUnlessAFlagSaysOtherwise) {
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string run = tmp / "run";
+    auto r = test::run_tmx("train --backend cpu --config " + tiny() + " --data " + (tmp / "data") +
+                           " --batch-size 2 --seq-len 16 --eval-every 0 --threads 1 --out " + run +
+                           " --max-steps 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(recorded_backend_of(run), "cpu");
+    const std::string resume = "train --threads 1 --resume " + run;
+    r = test::run_tmx(resume + " --max-steps 3");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("backend (from run): cpu, fp32 matmuls\n"), std::string::npos) << r.err;
+    // The flag naming the run's own backend: the plain line.
+    r = test::run_tmx(resume + " --max-steps 4 --backend cpu");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("backend: cpu, fp32 matmuls\n"), std::string::npos) << r.err;
+
+    // A run from before the backend was recorded.
+    nlohmann::json state = nlohmann::json::parse(read_file(latest_state(run)));
+    state["options"].erase("backend");
+    test::write_text(latest_state(run), state.dump());
+    r = test::run_tmx(resume + " --max-steps 5");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string said = "backend (auto: the run has not recorded its backend): ";
+    const size_t at = r.err.find(said);
+    ASSERT_NE(at, std::string::npos) << r.err;
+    // Its checkpoints record the backend it went on with (cpu here; CUDA on a GPU machine).
+    const std::string backend = recorded_backend_of(run);
+    EXPECT_FALSE(backend.empty());
+    EXPECT_EQ(r.err.substr(at + said.size(), backend.size()), backend) << r.err;
+
+    state = nlohmann::json::parse(read_file(latest_state(run)));
+    state["options"]["backend"] = "abacus";
+    test::write_text(latest_state(run), state.dump());
+    r = test::run_tmx(resume + " --max-steps 6");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("unknown backend 'abacus'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("(the run trained on abacus; --backend resumes it on another)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(test::run_tmx(resume + " --max-steps 6 --backend cpu").exit_code, 0);
+    EXPECT_EQ(recorded_backend_of(run), "cpu");
+}
+
+// A run trained on Vulkan and resumed without --backend goes on on Vulkan: its steps are those of
+// the uninterrupted Vulkan run, bit for bit (before, a resume chose the backend afresh and went
+// on on the CPU). With --backend cpu it goes on on the CPU, as the backend line says and its
+// checkpoints record. The learning rate is constant (warmup 0, --min-lr = --lr), so a run of 3
+// steps continued to 6 takes the steps of a run of 6.
+TEST(TrainCli, AVulkanRunResumedWithoutBackendGoesOnOnVulkanBitForBit) {
+    try {
+        make_backend("vulkan");
+    } catch (const std::exception& e) {
+        TMX_SKIP_UNAVAILABLE("vulkan", e.what());
+    }
+    test::TempDir tmp;
+    write_dataset(tmp / "data");
+    const std::string train = "train --backend vulkan --config " + tiny() + " --data " +
+                              (tmp / "data") +
+                              " --batch-size 2 --seq-len 16 --grad-accum 2 --log-every 1 "
+                              "--eval-every 0 --lr 0.003 --min-lr 0.003 --warmup-steps 0 --out ";
+    auto r = test::run_tmx(train + (tmp / "whole") + " --max-steps 6");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = test::run_tmx(train + (tmp / "parts") + " --max-steps 3");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(recorded_backend_of(tmp / "parts"), "vulkan");
+    r = test::run_tmx("train --resume " + (tmp / "parts") + " --max-steps 6");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("backend (from run): vulkan: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("step 6/6"), std::string::npos) << r.err;
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+        EXPECT_EQ(read_file(tmp / ("parts/step_00000006/" + std::string(file))),
+                  read_file(tmp / ("whole/step_00000006/" + std::string(file))))
+            << file << " differs from the uninterrupted Vulkan run's";
+    EXPECT_EQ(recorded_backend_of(tmp / "parts"), "vulkan");
+
+    r = test::run_tmx("train --backend cpu --resume " + (tmp / "parts") + " --max-steps 7");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("backend (overriding the run's vulkan): cpu, fp32 matmuls\n"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(recorded_backend_of(tmp / "parts"), "cpu");
+}
+
 // Runs `train_args` in the background and, once its log says training has begun, sends
 // `signals` (kill arguments, in order; "pause" waits 0.6 s, longer than tmx's 0.5 s window
 // for a repeated signal). Before each signal the shell appends "test: sending SIG" to the log,

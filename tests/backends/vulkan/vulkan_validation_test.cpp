@@ -147,7 +147,7 @@ TEST_P(VulkanValidation, TrainingStepsRunWithoutValidationErrors) {
     write_counting_dataset(tmp / "data", seed_);
     for (const char* name : {"test-tiny", "test-tiny-dense"}) {
         SCOPED_TRACE(name);
-        TrainOptions o = scenario_training_options(tmp / "data", seed_);
+        TrainOptions o = small_train_options(tmp / "data", seed_);
         o.max_steps = 3;
         o.grad_clip = 1e-3;  // small enough to clip: the scale pass runs
         std::vector<double> losses;

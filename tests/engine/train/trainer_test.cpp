@@ -29,29 +29,36 @@ ModelConfig tiny_config() {
     return load_config(test::source_dir() + "/assets/configs/test-tiny.json");
 }
 
+// test::small_train_options for 60 steps (data order 0), evaluating every 20 and reporting
+// every 5.
 TrainOptions small_options(const std::string& data) {
-    TrainOptions o;
-    o.data_dir = data;
-    o.batch_size = 4;
-    o.seq_len = 16;
+    TrainOptions o = test::small_train_options(data, 0);
     o.max_steps = 60;
-    o.lr = 1e-2;
-    o.min_lr = 1e-3;
-    o.warmup_steps = 5;
     o.eval_every = 20;
-    o.eval_batches = 2;
-    o.checkpoint_every = 0;
     o.log_every = 5;
     return o;
 }
 
-TEST(Trainer, LossDecreasesOnATinyConfig) {
+// Each test's setting: a temporary directory, the CPU backend, and a fresh seed for its random
+// inputs (printed when the test fails; TMX_TEST_SEED=N replays it).
+class TrainerRun : public ::testing::Test {
+  protected:
+    void TearDown() override {
+        if (HasFailure()) std::cout << "[   SEED   ] TMX_TEST_SEED=" << seed << "\n";
+    }
+    // A counting dataset from `data_seed` in tmp/data, and small_options on it.
+    TrainOptions data_and_options(uint64_t data_seed) {
+        write_counting_dataset(tmp / "data", data_seed);
+        return small_options(tmp / "data");
+    }
+
     const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
     test::TempDir tmp;
-    write_counting_dataset(tmp / "data", seed);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+    std::unique_ptr<Backend> be = make_backend("cpu");
+};
+
+TEST_F(TrainerRun, LossDecreasesOnATinyConfig) {
+    TrainOptions o = data_and_options(seed);
     o.seed = seed;
     auto t = Trainer::start(tiny_config(), o, tmp / "run", seed, *be);
     const double before = t->evaluate();
@@ -74,13 +81,8 @@ TEST(Trainer, LossDecreasesOnATinyConfig) {
     EXPECT_TRUE(fs::exists(tmp / "run/step_00000060/optimizer.safetensors"));
 }
 
-TEST(Trainer, StoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", seed);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, StoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {
+    TrainOptions o = data_and_options(seed);
     o.max_steps = 14;
     o.grad_accum = 2;
     o.log_every = 1;
@@ -172,13 +174,8 @@ class RecordingCommunicator final : public Communicator {
 // from the top of the flat gradients down to 0, each exactly once, each bucket (but the last)
 // at least the bucket size, none written after its start; and finished once per step. With no
 // bucket size, one sum after the pass. The same weights either way.
-TEST(Trainer, GradientSumsStartInBucketsAsTheBackwardPassFinishesThem) {
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", seed);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, GradientSumsStartInBucketsAsTheBackwardPassFinishesThem) {
+    TrainOptions o = data_and_options(seed);
     o.max_steps = 3;
     o.grad_accum = 2;
     o.seed = seed;
@@ -219,12 +216,8 @@ TEST(Trainer, GradientSumsStartInBucketsAsTheBackwardPassFinishesThem) {
 // bf16 matmuls on the CPU (its emulation of the GPU's mixed precision): the run learns, its
 // checkpoint records the precision, and a resume on a fresh backend (fp32 until told) picks it
 // up from there and ends bit-identical to the uninterrupted run.
-TEST(Trainer, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", seed);
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
+    TrainOptions o = data_and_options(seed);
     o.precision = Precision::BF16;
     o.max_steps = 40;
     o.eval_every = 40;
@@ -232,7 +225,6 @@ TEST(Trainer, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
     o.keep_last = 1;
     o.seed = seed;
 
-    auto be = make_backend("cpu");
     auto whole = Trainer::start(tiny_config(), o, tmp / "whole", seed, *be);
     EXPECT_EQ(be->matmul_precision(), Precision::BF16);
     const double before = whole->evaluate();
@@ -289,24 +281,9 @@ TEST(Trainer, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
     EXPECT_EQ(no_bf16.memory_stats().peak_bytes, 0u);  // refused before allocating
 }
 
-TEST(Trainer, LearningRateWarmsUpThenDecaysToTheFloor) {
-    TrainOptions o;
-    o.lr = 1e-3;
-    o.min_lr = 1e-4;
-    o.warmup_steps = 10;
-    EXPECT_DOUBLE_EQ(Trainer::learning_rate(o, 0, 100), 1e-4);
-    EXPECT_DOUBLE_EQ(Trainer::learning_rate(o, 9, 100), 1e-3);
-    EXPECT_NEAR(Trainer::learning_rate(o, 55, 100), 5.5e-4, 1e-12);  // half way: the mean
-    EXPECT_NEAR(Trainer::learning_rate(o, 100, 100), 1e-4, 1e-12);
-    for (int s = 10; s < 100; ++s)
-        EXPECT_LE(Trainer::learning_rate(o, s + 1, 100), Trainer::learning_rate(o, s, 100));
-}
-
-TEST(Trainer, BadOptionsAndMismatchedDataGiveClearErrors) {
-    test::TempDir tmp;
+TEST_F(TrainerRun, BadOptionsAndMismatchedDataGiveClearErrors) {
     write_counting_dataset(tmp / "data", 1);
     write_counting_dataset(tmp / "data300", 1, 300);
-    auto be = make_backend("cpu");
     auto error_of = [&](TrainOptions o, const std::string& run) -> std::string {
         try {
             Trainer::start(tiny_config(), o, tmp / run, 0, *be);
@@ -381,13 +358,8 @@ bool weights_are_finite(const std::string& checkpoint) {
 // middle of an evaluation, and between two steps; each resumed run ends as the uninterrupted
 // one does: weights, optimizer state, best/ and every metrics line (the first after the resume
 // averages the same steps).
-TEST(Trainer, AStopInsideAStepOrAnEvaluationResumesExactlyAsTheUninterruptedRun) {
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", seed);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, AStopInsideAStepOrAnEvaluationResumesExactlyAsTheUninterruptedRun) {
+    TrainOptions o = data_and_options(seed);
     o.max_steps = 10;
     o.grad_accum = 2;
     o.log_every = 4;
@@ -425,10 +397,8 @@ TEST(Trainer, AStopInsideAStepOrAnEvaluationResumesExactlyAsTheUninterruptedRun)
     }
 }
 
-TEST(Trainer, NonFiniteOrOutOfRangeHyperparametersAreUsageErrorsNamingTheFlag) {
-    test::TempDir tmp;
+TEST_F(TrainerRun, NonFiniteOrOutOfRangeHyperparametersAreUsageErrorsNamingTheFlag) {
     write_counting_dataset(tmp / "data", 1);
-    auto be = make_backend("cpu");
     const double nan = std::nan(""), inf = INFINITY;
     struct Case {
         const char* flag;
@@ -469,11 +439,8 @@ TEST(Trainer, NonFiniteOrOutOfRangeHyperparametersAreUsageErrorsNamingTheFlag) {
 
 // A learning rate of 1e30 is finite but makes the weights explode after the first step: the run
 // stops with an error at the first non-finite value, and no checkpoint holds one.
-TEST(Trainer, ADivergingRunStopsAndNeverCheckpointsNonFiniteWeights) {
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", 3);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, ADivergingRunStopsAndNeverCheckpointsNonFiniteWeights) {
+    TrainOptions o = data_and_options(3);
     o.lr = o.min_lr = 1e30;
     o.warmup_steps = 0;
     o.max_steps = 6;
@@ -497,11 +464,8 @@ TEST(Trainer, ADivergingRunStopsAndNeverCheckpointsNonFiniteWeights) {
               std::string::npos);
 }
 
-TEST(Trainer, SkipNonfiniteSkipsUpToItsLimitWithoutTouchingTheWeights) {
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", 4);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, SkipNonfiniteSkipsUpToItsLimitWithoutTouchingTheWeights) {
+    TrainOptions o = data_and_options(4);
     o.lr = o.min_lr = 1e30;
     o.warmup_steps = 0;
     o.max_steps = 8;
@@ -535,14 +499,9 @@ TEST(Trainer, SkipNonfiniteSkipsUpToItsLimitWithoutTouchingTheWeights) {
 }
 
 // The file is a link to /dev/full, where every write fails with ENOSPC (a full disk).
-TEST(Trainer, AFailedMetricsWriteStopsTheRunAfterALastCheckpoint) {
+TEST_F(TrainerRun, AFailedMetricsWriteStopsTheRunAfterALastCheckpoint) {
     if (!fs::exists("/dev/full")) GTEST_SKIP() << "needs /dev/full";
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", seed);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+    TrainOptions o = data_and_options(seed);
     o.max_steps = 12;
     o.seed = seed;
     auto whole = Trainer::start(tiny_config(), o, tmp / "whole", seed, *be);
@@ -569,11 +528,8 @@ TEST(Trainer, AFailedMetricsWriteStopsTheRunAfterALastCheckpoint) {
 // What a checkpoint write killed part way leaves: the writer's temporary sibling directory
 // (here one of a later step, with a complete trainer_state.json), and write_file_atomic's
 // temporary file.
-TEST(Trainer, LeftoversOfAKilledCheckpointWriteAreNeverTakenForCheckpointsAndAreRemoved) {
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", 5);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, LeftoversOfAKilledCheckpointWriteAreNeverTakenForCheckpointsAndAreRemoved) {
+    TrainOptions o = data_and_options(5);
     o.max_steps = 4;
     o.checkpoint_every = 1;
     o.keep_last = 2;
@@ -601,11 +557,8 @@ TEST(Trainer, LeftoversOfAKilledCheckpointWriteAreNeverTakenForCheckpointsAndAre
                                                "step_00000006", "train.lock"}));
 }
 
-TEST(Trainer, ASecondTrainerOfARunIsRefusedNamingTheHolder) {
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", 6);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, ASecondTrainerOfARunIsRefusedNamingTheHolder) {
+    TrainOptions o = data_and_options(6);
     o.max_steps = 2;
     auto holder = Trainer::start(tiny_config(), o, tmp / "run", 6, *be);
     holder->run([](const TrainReport&) {});
@@ -618,11 +571,8 @@ TEST(Trainer, ASecondTrainerOfARunIsRefusedNamingTheHolder) {
     EXPECT_EQ(Trainer::resume(tmp / "run", *be, {{"max_steps", 4}})->step(), 2);
 }
 
-TEST(Trainer, AMissingOrMistypedTrainerStateFieldIsAnErrorNamingFileAndField) {
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", 7);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+TEST_F(TrainerRun, AMissingOrMistypedTrainerStateFieldIsAnErrorNamingFileAndField) {
+    TrainOptions o = data_and_options(7);
     o.max_steps = 1;
     Trainer::start(tiny_config(), o, tmp / "run", 7, *be)->run([](const TrainReport&) {});
     const std::string path = tmp / "run/step_00000001/trainer_state.json";
@@ -650,14 +600,9 @@ TEST(Trainer, AMissingOrMistypedTrainerStateFieldIsAnErrorNamingFileAndField) {
 // Resuming from optimizer moments that hold NaN or infinity would make every weight NaN at the
 // first step: an error naming the file and the tensor, as for weights. The same checkpoint,
 // restored, resumes.
-TEST(Trainer, NonFiniteOptimizerMomentsOnResumeAreAnErrorNamingFileAndTensor) {
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+TEST_F(TrainerRun, NonFiniteOptimizerMomentsOnResumeAreAnErrorNamingFileAndTensor) {
     Rng rng(seed);
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", 8);
-    auto be = make_backend("cpu");
-    TrainOptions o = small_options(tmp / "data");
+    TrainOptions o = data_and_options(8);
     o.max_steps = 1;
     Trainer::start(tiny_config(), o, tmp / "run", 8, *be)->run([](const TrainReport&) {});
     const std::string path = tmp / "run/step_00000001/optimizer.safetensors";
@@ -697,11 +642,8 @@ TEST(Trainer, NonFiniteOptimizerMomentsOnResumeAreAnErrorNamingFileAndTensor) {
 // its own accounting, not a bound. Three small models (MoE gelu, MoE swiglu, dense), fp32 and
 // bf16, steps with validation passes between them; the second step frees the first's
 // activations before making its own.
-TEST(Trainer, PeakMemoryOfARunIsTheTrainingMemoryEstimate) {
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+TEST_F(TrainerRun, PeakMemoryOfARunIsTheTrainingMemoryEstimate) {
     Rng rng(seed);
-    test::TempDir tmp;
     write_counting_dataset(tmp / "data", seed);
     int run = 0;
     for (const char* name : {"test-tiny", "test-tiny-swiglu", "test-tiny-dense"}) {
@@ -715,11 +657,11 @@ TEST(Trainer, PeakMemoryOfARunIsTheTrainingMemoryEstimate) {
             o.eval_every = 1 + static_cast<int64_t>(rng.below(2));
             SCOPED_TRACE(std::string(name) + " " + to_string(precision) + " batch " +
                          std::to_string(o.batch_size) + " seq " + std::to_string(o.seq_len));
-            auto be = make_backend("cpu");
-            auto t = Trainer::start(c, o, tmp / ("run" + std::to_string(run++)), seed, *be);
+            auto measured = make_backend("cpu");  // its peak is this run's alone
+            auto t = Trainer::start(c, o, tmp / ("run" + std::to_string(run++)), seed, *measured);
             t->run([](const TrainReport&) {});
             const TrainingMemory m = training_memory(c, o.batch_size, o.seq_len, precision);
-            EXPECT_EQ(static_cast<double>(be->memory_stats().peak_bytes), m.total());
+            EXPECT_EQ(static_cast<double>(measured->memory_stats().peak_bytes), m.total());
             const double P = static_cast<double>(t->model().num_params());
             EXPECT_EQ(m.weights + m.gradients + m.optimizer + m.bf16_weights,
                       (precision == Precision::BF16 ? 18 : 16) * P);
@@ -800,20 +742,15 @@ TEST(AdamWStep, DecaysExactlyTheTensorsTheLayoutMarks) {
 // A batch whose memory estimate passes the parameter report's 1 EiB bound, or whose
 // training_memory() exceeds the backend's memory, is a usage error naming the flags,
 // before the run directory or any tensor is made.
-TEST(Trainer, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocated) {
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+TEST_F(TrainerRun, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocated) {
     Rng rng(seed);
-    test::TempDir tmp;
-    write_counting_dataset(tmp / "data", 9);
-    TrainOptions o = small_options(tmp / "data");
+    TrainOptions o = data_and_options(9);
     o.max_steps = 1;
     // More than any machine's memory (2^30 x 16 tokens, ~1 KB each: > 16 TiB), and more than
     // 1 EiB; both fit the token-count arithmetic.
     for (const int64_t batch : {(int64_t{1} << 30) + static_cast<int64_t>(rng.below(1 << 30)),
                                 (int64_t{1} << 52) + static_cast<int64_t>(rng.below(1 << 30))}) {
         SCOPED_TRACE("--batch-size " + std::to_string(batch));
-        auto be = make_backend("cpu");
         ASSERT_GT(be->memory_capacity(), 0u);
         o.batch_size = batch;
         std::string e;
@@ -832,7 +769,6 @@ TEST(Trainer, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocated) {
     }
     // The same model and sequence at a batch that fits trains.
     o.batch_size = 1 + static_cast<int64_t>(rng.below(4));
-    auto be = make_backend("cpu");
     EXPECT_EQ(
         Trainer::start(tiny_config(), o, tmp / "run", 9, *be)->run([](const TrainReport&) {}).step,
         1);
