@@ -86,8 +86,8 @@ struct WeightsChoice {
 };
 void add_weights_option(CLI::App& sub, WeightsChoice& choice);
 
-// `name` with --device applied: "vulkan" becomes "vulkan:N", "cuda" "cuda:N"; a UsageError for
-// other backends.
+// `name` with --device applied: "vulkan" becomes "vulkan:N", "cuda" "cuda:N" (a backend with
+// devices, backend_takes_device()); a UsageError for other backends.
 std::string with_device(const std::string& name, int device);
 
 // Parses "1,2,3" (spaces allowed) into token ids below `vocab_size`; a UsageError names `flag`

@@ -1,6 +1,6 @@
 // The forward ops of every backend against the double-precision reference (reference_ops.h),
 // on random inputs of awkward sizes. The suite is parameterised by backend name: a new
-// backend joins by being listed in backend_names() (backends/registry.cpp).
+// backend joins by registering itself (backends/registry.h), which lists it in backend_names().
 //
 // Each test draws a fresh seed (printed on failure; TMX_TEST_SEED=<seed> replays it).
 // Outputs an op overwrites are poisoned first (NaN for F32, a negative sentinel for I32), so an
