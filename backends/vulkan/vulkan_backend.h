@@ -76,7 +76,7 @@ class VulkanBackend final : public Backend, public KernelTuning {
         uint32_t elementwise_wg = 256;
         uint32_t row_wg = 128;  // norm, cross_entropy: one workgroup per row
         // Column sums (bias_backward, norm_backward's weights) and row scatters
-        // (embedding_backward): one invocation per column, walking the rows in order.
+        // (gather_rows_backward): one invocation per column, walking the rows in order.
         uint32_t column_wg = 64;
         // The matmul kernels' shapes are chosen per call by the tuning table (vulkan_tuning.h).
         uint32_t attention_wg = 64, attention_chunk = 256;  // attention.comp, the fallback
@@ -161,12 +161,6 @@ class VulkanBackend final : public Backend, public KernelTuning {
     }
     // Workgroups for n items, wg per workgroup, as a 2-D grid (x then y; group_index()).
     std::pair<uint32_t, uint32_t> grid(uint64_t n, uint32_t wg) const;
-    // gather_rows.comp: out[s, :] = x[rows[s], :], x in any weight format; a row out of range
-    // is reported with shader error code err.
-    void gather(const Tensor& x, const Tensor& rows, const Tensor& out, uint32_t err);
-    // gather_rows_backward.comp: d_x[rows[s], :] += d_out[s, :]; a row out of range is
-    // reported with shader error code err.
-    void scatter_add_rows(const Tensor& rows, const Tensor& d_out, const Tensor& d_x, uint32_t err);
     // activation_backward.comp with operation op (y and d_y: swiglu's up and its gradient).
     void record_activation_backward(uint32_t op, const Tensor& x, const Tensor& y,
                                     const Tensor& d_out, const Tensor& d_x, const Tensor& d_y);

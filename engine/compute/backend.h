@@ -94,10 +94,11 @@ class Backend {
     // Whether the backend reads weights stored in format t (engine/compute/weight_format.h) in
     // any precision: F32 always; BF16, F16 and Q8_0 where this says so. Then alloc() makes
     // tensors of t, upload() and download() move their bytes as they are, and t may be the
-    // dtype of w in linear() and grouped_matmul() and of the table in embedding() (those ops
-    // only). Each reads a weight as the value its format holds (Q8_0: scale * int8), and
-    // multiplies it with x as the precision says for x; a backend may also quantize x to Q8_0
-    // blocks for int8 products with a Q8_0 weight (the CPU does: backends/cpu/cpu_backend.h).
+    // dtype of w in linear() and grouped_matmul() and of x in gather_rows() (an embedding
+    // table; those ops only). Each reads a weight as the value its format holds (Q8_0: scale *
+    // int8); the matmuls multiply it with x as the precision says for x, and a backend may also
+    // quantize x to Q8_0 blocks for int8 products with a Q8_0 weight (the CPU does:
+    // backends/cpu/cpu_backend.h).
     // A Q8_0 weight's rows are whole blocks of 32 values.
     virtual bool supports_weight_format(DType t) const { return t == DType::F32; }
 
@@ -157,8 +158,13 @@ class Backend {
     virtual std::vector<ProfiledCommands> end_profile();  // logic_error without begin_profile()
 
     // ---- forward ops
-    // out[n, :] = table[ids[n], :].   table [V, d], ids [N] (I32, each in [0, V)), out [N, d].
-    void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+    // out[s, :] = x[rows[s], :].   x [N, d], rows [S] (I32, each in [0, N)), out [S, d]. The
+    // model's token embedding (x the table, rows the token ids) and its gather of token rows
+    // into expert order (moe_group's slot_rows). x is F32 with out F32; or BF16 with out BF16,
+    // copied as it is (a backend with BF16 tensors); or a weight stored in BF16, F16 or Q8_0
+    // where supports_weight_format() says so, with out F32: each value as its format holds it.
+    // A row outside [0, N) throws: at once on the CPU, at the next sync point on a GPU.
+    void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
 
     // out = norm(x) * weight (+ bias): layernorm (mean and biased variance) or rmsnorm over the
     // last dimension. x, out [N, d]; weight [d]; bias [d] for layernorm, undefined for rmsnorm.
@@ -226,9 +232,6 @@ class Backend {
     void moe_group(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
                    const Tensor& slot_rows, const Tensor& slot_of);
 
-    // out[s, :] = x[rows[s], :].   x [N, d], rows [S] (I32), out [S, d].
-    void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
-
     // One matmul over all experts: out[s, :] = x[s, :] . w[e]^T (+ bias[e]) for every sorted
     // slot s of expert e (offsets as moe_group gives). x [S, K], w [E, Nout, K], bias [E, Nout]
     // or undefined, out [S, Nout].
@@ -260,8 +263,10 @@ class Backend {
     // Gradient outputs (d_*) are *accumulated into* (+=) unless the op says otherwise, so a
     // tensor read in several places collects every contribution; callers zero them first.
 
-    // d_table[ids[n], :] += d_out[n, :].
-    void embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table);
+    // Backward of gather_rows(): d_x[rows[s], :] += d_out[s, :] in increasing s, so a row that
+    // rows names several times (a token repeated in a batch) adds its d_out rows in that order.
+    // d_x, d_out F32.
+    void gather_rows_backward(const Tensor& rows, const Tensor& d_out, const Tensor& d_x);
 
     // Backward of norm(): d_x, d_weight and (layernorm) d_bias accumulate.
     void norm_backward(NormType type, const Tensor& x, const Tensor& weight, const Tensor& d_out,
@@ -291,9 +296,6 @@ class Backend {
     // indices): only via the mean router probabilities P (the counts f are constants).
     void router_backward(const Tensor& logits, const Tensor& indices, const Tensor& gates,
                          const Tensor& d_gates, float aux_weight, const Tensor& d_logits);
-
-    // d_x[rows[s], :] += d_out[s, :].
-    void gather_rows_backward(const Tensor& rows, const Tensor& d_out, const Tensor& d_x);
 
     // Backward of grouped_matmul(): d_x, d_w and (when defined) d_bias accumulate.
     void grouped_matmul_backward(const Tensor& x, const Tensor& w, const Tensor& offsets,

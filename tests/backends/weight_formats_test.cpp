@@ -1,16 +1,16 @@
 // Weights stored in bf16, f16 and Q8_0 on every backend besides the CPU that holds them
-// (Backend::supports_weight_format; CUDA: backends/cuda/weights.cuh, Vulkan:
-// shaders/weights.glsl): linear, grouped_matmul and embedding read them as stored, in the
-// matrix-vector paths (decoding's few rows) and the paths for larger products, and equal the CPU
-// backend run on the decoded weights. In fp32 precision at fp32's tolerances: the backends
-// multiply the exactly decoded weights in fp32, so only the summation order differs, and a
-// wrong unpacking, block stride, scale or offset gives errors of the order of the results. In
-// bf16 precision (where a backend has it) at bf16's: operands rounded to bf16 (2^-9 relative
-// each). Weights are placed at every start a model's packing gives them: a whole word, and
-// half-way into one (an f16 or bf16 tensor at an odd element, a Q8_0 tensor after an odd number
-// of 34-byte blocks). Sizes are no multiple of any tile; Q8_0 rows are whole blocks, as the
-// format requires. Then a model in each format against the CPU's f32 model on the same decoded
-// weights, through the forward pass and cached decoding.
+// (Backend::supports_weight_format; CUDA: backends/cuda/weights.cuh, Vulkan: shaders/weights.glsl):
+// linear, grouped_matmul and gather_rows (the embedding) read them as stored, in the matrix-vector
+// paths (decoding's few rows) and the paths for larger products, and equal the CPU backend run on
+// the decoded weights. In fp32 precision at fp32's tolerances: the backends multiply the exactly
+// decoded weights in fp32, so only the summation order differs, and a wrong unpacking, block
+// stride, scale or offset gives errors of the order of the results. In bf16 precision (where a
+// backend has it) at bf16's: operands rounded to bf16 (2^-9 relative each). Weights are placed at
+// every start a model's packing gives them: a whole word, and half-way into one (an f16 or bf16
+// tensor at an odd element, a Q8_0 tensor after an odd number of 34-byte blocks). Sizes are no
+// multiple of any tile; Q8_0 rows are whole blocks, as the format requires. Then a model in each
+// format against the CPU's f32 model on the same decoded weights, through the forward pass and
+// cached decoding.
 #include "engine/compute/weight_format.h"
 #include "engine/model/kv_cache.h"
 #include "engine/model/model.h"
@@ -135,7 +135,8 @@ TEST_P(WeightFormats, GroupedMatmulReadsEachFormatAsStoredOnEveryPath) {
     }
 }
 
-TEST_P(WeightFormats, EmbeddingRowsAreTheDecodedRowsExactly) {
+// gather_rows from a stored table (the embedding) gives the decoded rows.
+TEST_P(WeightFormats, GatheredRowsAreTheDecodedRowsExactly) {
     SCOPED_TRACE(trace());
     const int64_t V = 23, d = 64, S = 40;
     for (DType t : kFormats) {
@@ -145,7 +146,7 @@ TEST_P(WeightFormats, EmbeddingRowsAreTheDecodedRowsExactly) {
             const Tensor tv = stored(t, {V, d}, lead, &table);
             const std::vector<int32_t> ids = ints(S, 0, static_cast<int32_t>(V));
             Tensor out = be().alloc({S, d});
-            be().embedding(tv, up_ids(be(), ids, {S}), out);
+            be().gather_rows(tv, up_ids(be(), ids, {S}), out);
             const std::vector<float> got = down(be(), out);
             for (int64_t s = 0; s < S; ++s)
                 for (int64_t c = 0; c < d; ++c)
@@ -153,13 +154,13 @@ TEST_P(WeightFormats, EmbeddingRowsAreTheDecodedRowsExactly) {
                         << "slot " << s << " col " << c;
         }
     }
-    // An id outside the vocabulary is reported for a stored table as for an fp32 one.
+    // A row outside the table is reported for a stored table as for an fp32 one.
     std::vector<float> table;
     const Tensor tv = stored(DType::Q8_0, {V, d}, kQ8_0BlockValues, &table);
     Tensor out = be().alloc({2, d});
-    be().embedding(tv, up_ids(be(), std::vector<int32_t>{1, static_cast<int32_t>(V)}, {2}), out);
+    be().gather_rows(tv, up_ids(be(), std::vector<int32_t>{1, static_cast<int32_t>(V)}, {2}), out);
     const std::string e = error_of([&] { down(be(), out); });
-    EXPECT_NE(e.find("token id 23 outside the vocabulary of 23"), std::string::npos) << e;
+    EXPECT_NE(e.find("row 23 outside [0, 23)"), std::string::npos) << e;
 }
 
 // A model holding each format against the CPU's f32 model on the decoded weights, in fp32.
