@@ -74,17 +74,17 @@ std::string with_device(const std::string& name, int device) {
                      "' has none");
 }
 
-std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
+OpenedBackend BackendChoice::open(bool announce_it) const {
     const std::string name = resolve_backend(backend);
     const bool gpu = backend_takes_device(name);
     auto be = make_backend(with_device(name, device >= 0 || !gpu ? device : default_device));
     if (training && !be->supports_training())
         throw UsageError("--backend " + backend + ": the " + be->name() +
                          " backend runs inference only");
-    be->set_matmul_precision(resolve_precision(*be));
-    be->set_training_mode(training);
-    if (announce_it) announce(*be);
-    return be;
+    const Backend::Mode mode{.precision = resolve_precision(*be), .training = training};
+    OpenedBackend opened(std::move(be), mode);
+    if (announce_it) announce(*opened);
+    return opened;
 }
 
 void BackendChoice::announce(const Backend& be) const {

@@ -41,8 +41,6 @@ class VulkanBackend final : public Backend, public KernelTuning {
     bool supports_training() const override { return true; }
     // The largest device-local memory heap (training's memory check compares with it).
     uint64_t memory_capacity() const override;
-    // In training mode f32 weights are read as they are, never through fp16 copies.
-    void set_training_mode(bool on) override { training_mode_ = on; }
     // Every format: the shaders unpack 16- and 8-bit weights from 32-bit words, which any
     // Vulkan 1.2 device reads (no 8- or 16-bit storage feature is needed).
     bool supports_weight_format(DType t) const override {
@@ -66,9 +64,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
     const vk::Context& context() const { return *ctx_; }
     vk::Allocator::Stats allocator_stats() const { return allocator_->stats(); }
     const vk::Stream::Counters& counters() const { return stream_->counters(); }
-    // Whether f32 matmul weights are read as fp16 (not in training mode), and how many fp16
-    // copies exist now.
-    bool fp16_weights() const { return fp16_ != nullptr && !training_mode_; }
+    // Whether f32 matmul weights are read as fp16 (not in training mode, Backend::Mode: there
+    // f32 weights are read as they are), and how many fp16 copies exist now.
+    bool fp16_weights() const { return fp16_ != nullptr && !training_mode(); }
     size_t fp16_weight_copies() const { return fp16_ ? fp16_->size() : 0; }
 
     // Workgroup and tile sizes, chosen per device (specialization constants of the shaders).
@@ -191,7 +189,6 @@ class VulkanBackend final : public Backend, public KernelTuning {
     vk::TuningTable table_;
     std::string tuning_status_ = "untuned";
     std::vector<TunableCall>* call_log_ = nullptr;
-    bool training_mode_ = false;
     Tensor dummy_;
     std::map<std::pair<double, int64_t>, Tensor> rope_tables_;
 };

@@ -63,11 +63,11 @@ void check_weight_rows(const OpCheck& c, const Tensor& w, const char* name) {
 
 }  // namespace
 
-void Backend::set_matmul_precision(Precision p) {
-    if (!supports_precision(p))
-        throw Error("the " + name() + " backend has no " + to_string(p) +
+Backend::ModeScope::ModeScope(Backend& be, Mode mode) : be_(be), before_(be.mode_) {
+    if (!be.supports_precision(mode.precision))
+        throw Error("the " + be.name() + " backend has no " + to_string(mode.precision) +
                     " matmuls (use --precision fp32)");
-    matmul_precision_ = p;
+    be.mode_ = mode;
 }
 
 Tensor Backend::alloc(Shape shape, DType dtype) {

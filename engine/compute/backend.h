@@ -46,7 +46,7 @@ class Backend {
     // memory), or 0 when unknown. Trainer refuses a run whose memory estimate exceeds it.
     virtual uint64_t memory_capacity() const { return 0; }
 
-    // ---- precision
+    // ---- the mode: precision and training (what the ops compute until a ModeScope ends)
     // The precision of matmul(), grouped_matmul() and grouped_matmul_backward()'s d_x and d_w
     // products: F32 (the default), or BF16: every operand element is rounded to bfloat16
     // (round_to_bf16) before it is multiplied, products are summed in fp32 and results are fp32
@@ -62,13 +62,32 @@ class Backend {
     // The device's published dense peak for matmuls in precision p, in TFLOP/s (tmx bench's MFU
     // when no --peak-tflops is given); 0 where unknown, as on every CPU.
     virtual double spec_peak_tflops(Precision) const { return 0.0; }
-    void set_matmul_precision(Precision p);
-    // Training mode: while on, every op computes its contract in the matmul precision, with no
-    // inference-only shortcut (the Vulkan backend's fp16 copies of f32 weights), since the
-    // weights change at every step. Off by default; the trainer, the bench's training step and
-    // `tmx train` turn it on.
-    virtual void set_training_mode(bool on) { (void)on; }
-    Precision matmul_precision() const { return matmul_precision_; }
+    struct Mode {
+        Precision precision = Precision::F32;  // of the matmuls and attention (above)
+        // Training mode: while on, every op computes its contract in the matmul precision, with
+        // no inference-only shortcut (the Vulkan backend's fp16 copies of f32 weights), since
+        // the weights change at every step.
+        bool training = false;
+    };
+    // Sets the mode where a pass starts (a command's backend, a trainer, a benchmark's run)
+    // and restores the one before when the scope ends, however it ends, so that the mode an
+    // op runs in is written where its pass begins:
+    //   Backend::ModeScope mode(be, {.precision = Precision::BF16, .training = true});
+    // Scopes nest: each restores what the one outside it set. A backend starts in {F32, no
+    // training}. Throws tmx::Error for a precision the backend lacks.
+    class ModeScope {
+      public:
+        ModeScope(Backend& be, Mode mode);
+        ~ModeScope() { be_.mode_ = before_; }
+        ModeScope(const ModeScope&) = delete;
+        ModeScope& operator=(const ModeScope&) = delete;
+
+      private:
+        Backend& be_;
+        Mode before_;
+    };
+    Precision matmul_precision() const { return mode_.precision; }
+    bool training_mode() const { return mode_.training; }
 
     // ---- bf16 tensors
     // A backend with BF16 precision also has BF16 tensors (alloc() refuses them elsewhere). An
@@ -362,7 +381,7 @@ class Backend {
 
   private:
     [[noreturn]] void training_op_unavailable(const char* op) const;
-    Precision matmul_precision_ = Precision::F32;
+    Mode mode_;  // set only by ModeScope
     // Shared with every buffer's release hook, so buffers may outlive the backend object.
     std::shared_ptr<MemoryStats> memory_ = std::make_shared<MemoryStats>();
 };

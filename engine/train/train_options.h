@@ -32,7 +32,7 @@ struct TrainOptions {
     uint64_t seed = 0;               // data order
     int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm the run may
                                      // skip (not apply) before it stops
-    Precision precision = Precision::F32;  // of the matmuls (Backend::set_matmul_precision)
+    Precision precision = Precision::F32;  // of the matmuls (Backend::Mode)
 
     int64_t tokens_per_step(int64_t seq) const { return batch_size * grad_accum * seq; }
 };

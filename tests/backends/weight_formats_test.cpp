@@ -11,6 +11,8 @@
 // multiple of any tile; Q8_0 rows are whole blocks, as the format requires. Then a model in each
 // format against the CPU's f32 model on the same decoded weights, through the forward pass and
 // cached decoding.
+#include <optional>
+
 #include "engine/compute/weight_format.h"
 #include "engine/model/kv_cache.h"
 #include "engine/model/model.h"
@@ -32,8 +34,9 @@ class WeightFormats : public BackendPairTest {
                              << " weights";
         // f32 weights (a model's norms and router) read as they are: Vulkan's fp16 copies of
         // them, an inference shortcut, are off in training mode.
-        be().set_training_mode(true);
+        training_.emplace(be(), Backend::Mode{.training = true});
     }
+    std::optional<Backend::ModeScope> training_;  // every test; some nest a precision of their own
     // A weight of `shape` in format t on the backend under test: `lead` other values, then the
     // weight's, encoded together in one buffer; the weight is the view after the lead. Its
     // decoded values (what the format holds) go to *decoded.
@@ -75,8 +78,8 @@ TEST_P(WeightFormats, LinearReadsEachFormatAsStoredOnEveryPath) {
     // K = 45: no multiple of 4 (the matrix-vector shader's one-by-one loop).
     for (const Case c : {Case{37, 96, true}, Case{5, 160, true}, Case{19, 45, false}}) {
         for (const auto& [precision, tol] : precisions(c.K)) {
-            be().set_matmul_precision(precision);
-            cpu().set_matmul_precision(precision);
+            Backend::ModeScope mode(be(), {.precision = precision, .training = true});
+            Backend::ModeScope cpu_mode(cpu(), {.precision = precision});
             for (DType t : kFormats) {
                 if (t == DType::Q8_0 && !c.q8_0) continue;
                 for (int64_t lead : leads(t)) {
@@ -113,8 +116,8 @@ TEST_P(WeightFormats, GroupedMatmulReadsEachFormatAsStoredOnEveryPath) {
         const std::vector<int32_t> offsets = expert_offsets(counts);
         const int64_t S = offsets.back();
         for (const auto& [precision, tol] : precisions(K)) {
-            be().set_matmul_precision(precision);
-            cpu().set_matmul_precision(precision);
+            Backend::ModeScope mode(be(), {.precision = precision, .training = true});
+            Backend::ModeScope cpu_mode(cpu(), {.precision = precision});
             for (DType t : kFormats) {
                 for (int64_t lead : leads(t)) {
                     SCOPED_TRACE(std::string(to_string(t)) + " in " + to_string(precision) + " S " +
@@ -166,7 +169,7 @@ TEST_P(WeightFormats, GatheredRowsAreTheDecodedRowsExactly) {
 // A model holding each format against the CPU's f32 model on the decoded weights, in fp32.
 TEST_P(WeightFormats, ModelsInEachFormatMatchTheCpuOnTheDecodedWeights) {
     SCOPED_TRACE(trace());
-    be().set_matmul_precision(Precision::F32);
+    Backend::ModeScope mode(be(), {.precision = Precision::F32, .training = true});
     // test-tiny-swiglu's o_proj rows (48) are no whole Q8_0 blocks: they stay f16 in a Q8_0
     // model, so one model mixes formats.
     ModelConfig c = load_config(source_dir() + "/assets/configs/test-tiny-swiglu.json");

@@ -68,8 +68,8 @@ class CudaModel : public CudaTrainingTest, public ::testing::WithParamInterface<
 TEST_P(CudaModel, LogitsLossesAndEveryGradientMatchTheCpuInBf16) {
     SCOPED_TRACE(trace());
     if (!cuda().supports_precision(Precision::BF16)) GTEST_SKIP() << "no bf16 on this GPU";
-    cpu().set_matmul_precision(Precision::BF16);
-    cuda().set_matmul_precision(Precision::BF16);
+    Backend::ModeScope cpu_bf16(cpu(), {.precision = Precision::BF16});
+    Backend::ModeScope cuda_bf16(cuda(), {.precision = Precision::BF16});
     expect_model_matches_cpu(
         cpu(), cuda(), GetParam(),
         {.logits = 1e-2, .loss = 1e-3, .grad_tensor = 2e-2, .grad_model = 2e-3});
@@ -138,8 +138,8 @@ TEST_F(CudaGreedy, DemoModelGenerationMatchesCpu) {
 // that, so two top logits within twice that are a near-tie.
 TEST_F(CudaGreedy, DemoModelGenerationMatchesCpuInBf16) {
     if (!cuda().supports_precision(Precision::BF16)) GTEST_SKIP() << "no bf16 on this GPU";
-    cpu().set_matmul_precision(Precision::BF16);
-    cuda().set_matmul_precision(Precision::BF16);
+    Backend::ModeScope cpu_bf16(cpu(), {.precision = Precision::BF16});
+    Backend::ModeScope cuda_bf16(cuda(), {.precision = Precision::BF16});
     expect_greedy_demo_matches_cpu(cpu(), cuda(), [](const std::vector<float>& cpu_logits) {
         double scale = 1.0;
         for (float v : cpu_logits) scale = std::max(scale, double(std::abs(v)));

@@ -155,10 +155,11 @@ TEST_P(VulkanValidation, TrainingStepsRunWithoutValidationErrors) {
         t->run([&](const TrainReport& r) { losses.push_back(r.loss); });
         ASSERT_EQ(losses.size(), 3u);
         for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+        EXPECT_FALSE(be.fp16_weights()) << "training reads f32 weights as they are";
     }
     be.synchronize();
     EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";
-    EXPECT_FALSE(be.fp16_weights()) << "training reads f32 weights as they are";
+    EXPECT_EQ(be.fp16_weights(), GetParam()) << "a trainer's mode ends with it";
 }
 
 // Recorded steps (run_recorded: a secondary command buffer) under the layer: recorded, replayed
