@@ -69,22 +69,22 @@ Precision BackendChoice::resolve_precision(const Backend& be) const {
 
 std::string with_device(const std::string& name, int device) {
     if (device < 0) return name;
-    if (name == "vulkan" || name == "cuda") return name + ":" + std::to_string(device);
+    if (backend_takes_device(name)) return name + ":" + std::to_string(device);
     throw UsageError("--device " + std::to_string(device) + " selects a GPU; backend '" + name +
                      "' has none");
 }
 
-std::unique_ptr<Backend> BackendChoice::open(bool announce_it) const {
-    const std::string name = resolve_backend(backend, training);
-    const bool gpu = name == "vulkan" || name == "cuda";
+OpenedBackend BackendChoice::open(bool announce_it) const {
+    const std::string name = resolve_backend(backend);
+    const bool gpu = backend_takes_device(name);
     auto be = make_backend(with_device(name, device >= 0 || !gpu ? device : default_device));
     if (training && !be->supports_training())
         throw UsageError("--backend " + backend + ": the " + be->name() +
                          " backend runs inference only");
-    be->set_matmul_precision(resolve_precision(*be));
-    be->set_training_mode(training);
-    if (announce_it) announce(*be);
-    return be;
+    const Backend::Mode mode{.precision = resolve_precision(*be), .training = training};
+    OpenedBackend opened(std::move(be), mode);
+    if (announce_it) announce(*opened);
+    return opened;
 }
 
 void BackendChoice::announce(const Backend& be, const std::string& why) const {

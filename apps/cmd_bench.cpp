@@ -270,7 +270,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         o.backends = opts->backends.empty() ? present_backends() : split_names(opts->backends);
         if (opts->device >= 0)
             for (std::string& name : o.backends)
-                if (name == "vulkan" || name == "cuda") name = with_device(name, opts->device);
+                if (backend_takes_device(name)) name = with_device(name, opts->device);
         o.open_backend = [](const std::string& name) { return make_backend(name); };
         o.progress = [](const std::string& what) {
             std::fprintf(stderr, "bench: %s\n", what.c_str());

@@ -56,6 +56,21 @@ struct CheckpointOutOptions {
 };
 void add_checkpoint_out_options(CLI::App& sub, CheckpointOutOptions& o);
 
+// A backend a command opened, in the command's mode (its precision; training or not) for as long
+// as the command holds it: a Backend::ModeScope over its life. Used as a pointer to the backend.
+class OpenedBackend {
+  public:
+    OpenedBackend(std::unique_ptr<Backend> backend, Backend::Mode mode)
+        : backend_(std::move(backend)),
+          mode_(std::make_unique<Backend::ModeScope>(*backend_, mode)) {}
+    Backend& operator*() const { return *backend_; }
+    Backend* operator->() const { return backend_.get(); }
+
+  private:
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<Backend::ModeScope> mode_;  // ends before the backend does
+};
+
 // --backend NAME (auto: the best present) and --device N (a GPU, as `tmx devices` lists
 // them) of the commands that run a model; for training, only backends that train.
 struct BackendChoice {
@@ -66,9 +81,10 @@ struct BackendChoice {
     int default_device = -1;
     bool training = false;
     std::string precision = "auto";  // --precision: auto, fp32 or bf16
-    // Creates the backend with its matmul precision set and, with announce, says on stderr
-    // which one runs (announce() later, once the precision is final: a resumed run's own).
-    std::unique_ptr<Backend> open(bool announce = true) const;
+    // Creates the backend in the mode the flags ask for (--precision; training for the
+    // commands that train) and, with announce, says on stderr which one runs (announce()
+    // later, once the precision is final: a resumed run's own).
+    OpenedBackend open(bool announce = true) const;
     // "backend: DESCRIPTION", "backend (auto): ..." after --backend auto, or
     // "backend (WHY): ..." with `why` (where a resumed run's backend came from).
     void announce(const Backend& be, const std::string& why = "") const;
@@ -88,8 +104,8 @@ struct WeightsChoice {
 };
 void add_weights_option(CLI::App& sub, WeightsChoice& choice);
 
-// `name` with --device applied: "vulkan" becomes "vulkan:N", "cuda" "cuda:N"; a UsageError for
-// other backends.
+// `name` with --device applied: "vulkan" becomes "vulkan:N", "cuda" "cuda:N" (a backend with
+// devices, backend_takes_device()); a UsageError for other backends.
 std::string with_device(const std::string& name, int device);
 
 // Parses "1,2,3" (spaces allowed) into token ids below `vocab_size`; a UsageError names `flag`

@@ -11,7 +11,6 @@ uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroup
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
 // Error codes a shader reports in the status buffer; vulkan_backend.cpp words the message.
-const uint ERR_EMBEDDING_ID = 1u;     // value: the id, limit: the vocabulary size
 const uint ERR_GATHER_ROW = 2u;       // value: the row, limit: the row count
 const uint ERR_EXPERT_INDEX = 3u;     // value: the expert, limit: the expert count
 const uint ERR_TARGET = 4u;           // value: the target, limit: the vocabulary size

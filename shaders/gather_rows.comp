@@ -1,6 +1,6 @@
-// out[s, :] = x[rows[s], :] for gather_rows and embedding (the table is x). A row outside
-// [0, n_rows) is reported (ERR code from the push constants) and its output row zeroed. Also
-// built reading an embedding table in 16- and 8-bit formats (weights.glsl).
+// out[s, :] = x[rows[s], :] (gather_rows; the token embedding reads its table as x). A row
+// outside [0, n_rows) is reported and its output row zeroed. Also built reading an embedding
+// table in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #define WEIGHT_BINDING 0
@@ -18,7 +18,6 @@ layout(std430, binding = 3) buffer Status { uint status[]; };
 layout(push_constant) uniform Push {
     uint off_x, off_rows, off_o, off_status;
     uint S, d, n_rows;
-    uint err;
     uint x_adjust;  // weights.glsl
 } pc;
 
@@ -28,7 +27,7 @@ void main() {
     const uint s = idx / pc.d, c = idx % pc.d;
     const int r = rows[pc.off_rows + s];
     if (r < 0 || uint(r) >= pc.n_rows) {
-        if (c == 0) REPORT_ERROR(pc.err, r, pc.n_rows);
+        if (c == 0) REPORT_ERROR(ERR_GATHER_ROW, r, pc.n_rows);
         o[pc.off_o + idx] = 0.0;
         return;
     }

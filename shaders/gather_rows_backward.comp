@@ -1,8 +1,8 @@
-// Backward of gather_rows and embedding: d_x[rows[s], :] += d_out[s, :]. One invocation per
+// Backward of gather_rows: d_x[rows[s], :] += d_out[s, :]. One invocation per
 // column, walking the slots in order: rows repeat (a token seen twice, a row gathered for two
 // experts), and this way each element of d_x is summed by one invocation in slot order, with
 // no atomics, so the result is the same on every run. A row outside [0, n_rows) is reported
-// (ERR code from the push constants) and skipped.
+// and skipped.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -18,7 +18,6 @@ layout(std430, binding = 3) buffer Status { uint status[]; };
 layout(push_constant) uniform Push {
     uint off_rows, off_dout, off_dx, off_status;
     uint S, d, n_rows;
-    uint err;
 } pc;
 
 void main() {
@@ -27,7 +26,7 @@ void main() {
     for (uint s = 0; s < pc.S; ++s) {
         const int r = rows[pc.off_rows + s];
         if (r < 0 || uint(r) >= pc.n_rows) {
-            if (c == 0) REPORT_ERROR(pc.err, r, pc.n_rows);
+            if (c == 0) REPORT_ERROR(ERR_GATHER_ROW, r, pc.n_rows);
             continue;
         }
         d_x[pc.off_dx + uint(r) * pc.d + c] += d_out[pc.off_dout + s * pc.d + c];

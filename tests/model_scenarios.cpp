@@ -147,7 +147,8 @@ void write_counting_dataset(const std::string& dir, uint64_t seed, int32_t vocab
 void expect_model_matches_cpu(Backend& cpu, Backend& other, const std::string& config_name,
                               const ModelTolerances& tol) {
     const ModelConfig config = test_config(config_name);
-    other.set_training_mode(true);  // what a training run computes (no inference shortcut)
+    // What a training run computes (no inference shortcut), in the precision the caller set.
+    Backend::ModeScope training(other, {.precision = other.matmul_precision(), .training = true});
     Model on_cpu(config, cpu), on_other(config, other);
     on_cpu.init_random(7);
     on_other.params_from_host(on_cpu.params_to_host());

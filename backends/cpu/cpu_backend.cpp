@@ -142,20 +142,6 @@ void CpuOutput::store() {
         cpu_round_to_bf16(scratch_.data(), CpuBackend::data<uint16_t>(out_), out_.numel());
 }
 
-void CpuBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) {
-    const std::byte* t = data<std::byte>(table);
-    const int32_t* id = data<int32_t>(ids);
-    float* o = data<float>(out);
-    int64_t N = ids.dim(0), d = table.dim(1), V = table.dim(0);
-    const int64_t row_bytes = dtype_bytes(table.dtype(), d);
-    for (int64_t n = 0; n < N; ++n) {
-        if (id[n] < 0 || id[n] >= V)
-            throw std::out_of_range("embedding: token id " + std::to_string(id[n]) +
-                                    " outside the vocabulary of " + std::to_string(V));
-        decode_weights(table.dtype(), t + id[n] * row_bytes, d, o + n * d);  // a stored format
-    }
-}
-
 void CpuBackend::activation_impl(Activation act, const Tensor& x, const Tensor& out) {
     CpuOutput result(out);
     cpu::with_activation(
@@ -181,19 +167,6 @@ void CpuBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& out) {
     int64_t n = a.numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelElements)
     for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
-}
-
-void CpuBackend::embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
-                                         const Tensor& d_table) {
-    const int64_t N = ids.dim(0), d = d_table.dim(1);
-    const int32_t* id = data<int32_t>(ids);
-    const float* src = data<float>(d_out);
-    float* dst = data<float>(d_table);
-    for (int64_t n = 0; n < N; ++n) {  // serial: repeated tokens add into one row
-        float* row = dst + static_cast<int64_t>(id[n]) * d;
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) row[c] += src[n * d + c];
-    }
 }
 
 void CpuBackend::activation_backward_impl(Activation act, const Tensor& x, const Tensor& d_out,

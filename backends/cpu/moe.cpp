@@ -1,6 +1,6 @@
 // CPU mixture-of-experts ops: router top-k with softmax gates, grouping slots by expert
-// (count, prefix sum, stable scatter), gathering rows, combining expert outputs, and the
-// load-balancing loss.
+// (count, prefix sum, stable scatter), gathering rows (which is also the token embedding),
+// combining expert outputs, and the load-balancing loss.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -65,16 +65,22 @@ void CpuBackend::moe_group_impl(const Tensor& indices, int64_t n_experts, const 
 }
 
 void CpuBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out) {
-    const int64_t S = rows.dim(0), N = x.dim(0);
-    const size_t row_bytes = static_cast<size_t>(dtype_bytes(x.dtype(), x.dim(1)));  // F32, BF16
+    const int64_t S = rows.dim(0), N = x.dim(0), d = x.dim(1);
+    const int64_t row_bytes = dtype_bytes(x.dtype(), d);
+    // F32 or BF16 rows into rows of their own dtype move as they are; a weight stored in another
+    // format (an embedding table) is decoded into F32.
+    const bool same_dtype = out.dtype() == x.dtype();
     const std::byte* in = data<std::byte>(x);
     const int32_t* r = data<int32_t>(rows);
-    std::byte* o = data<std::byte>(out);
     for (int64_t s = 0; s < S; ++s) {
         if (r[s] < 0 || r[s] >= N)
             throw std::out_of_range("gather_rows: row " + std::to_string(r[s]) + " outside [0, " +
                                     std::to_string(N) + ")");
-        std::memcpy(o + s * row_bytes, in + r[s] * row_bytes, row_bytes);
+        const std::byte* row = in + r[s] * row_bytes;
+        if (same_dtype)
+            std::memcpy(data<std::byte>(out) + s * row_bytes, row, static_cast<size_t>(row_bytes));
+        else
+            decode_weights(x.dtype(), row, d, data<float>(out) + s * d);
     }
 }
 
@@ -165,7 +171,7 @@ void CpuBackend::gather_rows_backward_impl(const Tensor& rows, const Tensor& d_o
     const int32_t* r = data<int32_t>(rows);
     const float* src = data<float>(d_out);
     float* dst = data<float>(d_x);
-    for (int64_t s = 0; s < S; ++s) {  // serial: several slots may add into one row
+    for (int64_t s = 0; s < S; ++s) {  // serial: several slots (tokens) may add into one row
         float* row = dst + static_cast<int64_t>(r[s]) * d;
 #pragma omp simd
         for (int64_t c = 0; c < d; ++c) row[c] += src[s * d + c];

@@ -275,8 +275,6 @@ void CudaBackend::check_status() {
     cuda::check(cudaMemsetAsync(s.status, 0, 4 * sizeof(int), s.stream), "status",
                 "cudaMemsetAsync");
     switch (code) {
-        case cuda::kBadTokenId:
-            throw Error("embedding: token id " + value + " outside the vocabulary of " + limit);
         case cuda::kBadRow:
             throw Error("gather_rows: row " + value + " outside [0, " + limit + ")");
         case cuda::kBadExpert:

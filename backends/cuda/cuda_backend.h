@@ -65,7 +65,6 @@ void check(cublasStatus_t status, const char* op, const char* call);
 // Error codes a kernel records in the status word (cuda_common.cuh: report_error()).
 enum StatusCode : int {
     kStatusOk = 0,
-    kBadTokenId = 1,   // embedding: id outside [0, V)
     kBadRow = 2,       // gather_rows and its backward: row outside [0, N)
     kBadExpert = 3,    // moe: expert index outside [0, E)
     kBadTarget = 4,    // cross_entropy: target outside [-1, V)

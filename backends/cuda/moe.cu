@@ -1,22 +1,24 @@
 // CUDA mixture-of-experts ops, forward and backward (CPU twin: backends/cpu/moe.cpp): router
-// top-k with softmax gates, grouping token slots by expert, gathering rows, combining expert
-// outputs, the load-balancing loss, and the router's backward.
+// top-k with softmax gates, grouping token slots by expert, gathering rows (which is also the
+// token embedding), combining expert outputs, the load-balancing loss, and the router's
+// backward.
 //
 // Determinism: no float atomics anywhere. Grouping is a stable CUB radix sort of (expert, slot)
-// pairs plus a binary search per expert for the offsets; gather_rows' backward sorts (row, slot)
-// pairs the same way and lets one block add each row's run of slots in increasing slot order
-// (the CPU's order, so that sum is bit-exact). Sums over tokens (the aux loss, the expert counts
-// of its gradient) are per-chunk partials into scratch, then added chunk by chunk in order: the
-// chunking depends only on N, so results do not change from run to run or GPU to GPU.
+// pairs plus a binary search per expert for the offsets; gather_rows' backward (the embedding's
+// too, where token ids repeat) sorts (row, slot) pairs the same way and lets one block add each
+// row's run of slots in increasing slot order (the CPU's order, so that sum is bit-exact). Sums
+// over tokens (the aux loss, the expert counts of its gradient) are per-chunk partials into
+// scratch, then added chunk by chunk in order: the chunking depends only on N, so results do not
+// change from run to run or GPU to GPU.
 //
 // Invalid indices (experts, rows, slots) are reported in the status word and skipped, never
 // read or written out of bounds; the host throws at the next sync point.
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
-#include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/weights.cuh"
 
 namespace tmx {
 namespace {
@@ -176,10 +178,11 @@ __global__ void expert_offsets_kernel(const uint32_t* sorted_keys, int S, int E,
 // ---------------------------------------------------------------- gather rows
 
 // One block per slot s (grid-stride), threads over columns. A bad row is reported and its
-// output row zeroed. T: float, or __nv_bfloat16 (x and out both BF16: copied as they are).
-template <typename T>
-__global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t S, int N, int64_t d,
-                                   T* out, int* status) {
+// output row zeroed. X: a pointer to T, the same type as out (F32, or BF16 copied as it is), or
+// a weights.cuh reader of a stored weight format (an embedding table) with T float.
+template <typename X, typename T>
+__global__ void gather_rows_kernel(X x, const int32_t* rows, int64_t S, int N, int64_t d, T* out,
+                                   int* status) {
     for (int64_t s = blockIdx.x; s < S; s += gridDim.x) {
         const int32_t r = rows[s];
         T* dst = out + s * d;
@@ -188,8 +191,8 @@ __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t S, i
             for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = T(0.0f);
             continue;
         }
-        const T* src = x + static_cast<int64_t>(r) * d;
-        for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+        const int64_t src = static_cast<int64_t>(r) * d;
+        for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = x[src + c];
     }
 }
 
@@ -471,11 +474,14 @@ void CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Te
     const int64_t S = rows.dim(0), d = x.dim(1);
     if (S == 0) return;
     const int N = cuda::to_int(x.dim(0), op);
-    cuda::with_float_data(x, [&](auto* xp) {
-        using T = std::remove_pointer_t<decltype(xp)>;  // out has x's dtype
+    auto launch = [&](auto x_read, auto* out_p) {
         gather_rows_kernel<<<cuda::blocks_for(S, 1), row_threads(d), 0, stream()>>>(
-            xp, data<int32_t>(rows), S, N, d, data<T>(out), status_word());
-    });
+            x_read, data<int32_t>(rows), S, N, d, out_p, status_word());
+    };
+    if (out.dtype() == DType::BF16)  // x too: its bits copied
+        launch(data<__nv_bfloat16>(x), data<__nv_bfloat16>(out));
+    else  // x in any weight format, its values into F32
+        cuda::with_weight_reader(x, [&](auto reader) { launch(reader, data<float>(out)); });
     check_launch(op);
 }
 

@@ -1,9 +1,9 @@
 // Weights as stored (engine/compute/weight_format.h): f32, bf16, f16 and Q8_0, read by the
 // CUDA kernels that take a weight (linear's matrix-vector path, the grouped matrix-vector
-// kernel, the embedding) through one accessor per format, and decoded whole into a matmul
-// operand where a product is large enough for cuBLASLt or the tiled kernels (prefill,
-// training-sized batches). Each accessor returns the value the format holds, exactly: bf16 and
-// f16 widened, Q8_0 as its block's f16 scale times the int8.
+// kernel, gather_rows reading an embedding table) through one accessor per format, and decoded
+// whole into a matmul operand where a product is large enough for cuBLASLt or the tiled kernels
+// (prefill, training-sized batches). Each accessor returns the value the format holds, exactly:
+// bf16 and f16 widened, Q8_0 as its block's f16 scale times the int8.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -56,8 +56,6 @@ std::string status_message(const std::array<uint32_t, 4>& s) {
     const std::string value = std::to_string(static_cast<int32_t>(s[1]));
     const std::string limit = std::to_string(s[2]);
     switch (s[0]) {
-        case 1:
-            return "embedding: token id " + value + " outside the vocabulary of " + limit;
         case 2:
             return "gather_rows: row " + value + " outside [0, " + limit + ")";
         case 3:
@@ -293,43 +291,27 @@ void VulkanBackend::copy_impl(const Tensor& src, const Tensor& dst) {
 
 // ---- gathers and elementwise ops
 
-void VulkanBackend::embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out_t) {
-    gather(table, ids, out_t, /*err=*/1);  // ERR_EMBEDDING_ID (common.glsl)
-}
-
+// gather_rows.comp, with x read in its format (an embedding table's may be 16 or 8 bits).
 void VulkanBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& out_t) {
-    gather(x, rows, out_t, /*err=*/2);  // ERR_GATHER_ROW
-}
-
-void VulkanBackend::gather(const Tensor& x, const Tensor& rows, const Tensor& out_t, uint32_t err) {
     const uint32_t S = static_cast<uint32_t>(rows.dim(0)), d = static_cast<uint32_t>(x.dim(1));
     std::string shader = "gather_rows";
-    const WeightBinding x_read = stored_weight(x, shader);  // an embedding table's format
+    const WeightBinding x_read = stored_weight(x, shader);
     struct {
-        uint32_t S, d, n_rows, err, x_adjust;
-    } push{S, d, static_cast<uint32_t>(x.dim(0)), err, x_read.byte_adjust};
+        uint32_t S, d, n_rows, x_adjust;
+    } push{S, d, static_cast<uint32_t>(x.dim(0)), x_read.byte_adjust};
     auto [gx, gy] = grid(uint64_t{S} * d, tuning_.elementwise_wg);
     run(shader, {tuning_.elementwise_wg},
         {x_read.binding, in(rows), out(out_t), stream_->status_binding()}, push, gx, gy);
 }
 
-void VulkanBackend::embedding_backward_impl(const Tensor& ids, const Tensor& d_out,
-                                            const Tensor& d_table) {
-    scatter_add_rows(ids, d_out, d_table, /*err=*/1);  // ERR_EMBEDDING_ID
-}
-
+// gather_rows_backward.comp: one invocation per column, walking the rows in order.
 void VulkanBackend::gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
                                               const Tensor& d_x) {
-    scatter_add_rows(rows, d_out, d_x, /*err=*/2);  // ERR_GATHER_ROW
-}
-
-void VulkanBackend::scatter_add_rows(const Tensor& rows, const Tensor& d_out, const Tensor& d_x,
-                                     uint32_t err) {
     const uint32_t S = static_cast<uint32_t>(rows.dim(0)), d = static_cast<uint32_t>(d_x.dim(1));
     if (S == 0 || d == 0) return;
     struct {
-        uint32_t S, d, n_rows, err;
-    } push{S, d, static_cast<uint32_t>(d_x.dim(0)), err};
+        uint32_t S, d, n_rows;
+    } push{S, d, static_cast<uint32_t>(d_x.dim(0))};
     auto [gx, gy] = grid(d, tuning_.column_wg);
     run("gather_rows_backward", {tuning_.column_wg},
         {in(rows), in(d_out), inout(d_x), stream_->status_binding()}, push, gx, gy);

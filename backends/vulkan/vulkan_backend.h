@@ -41,8 +41,6 @@ class VulkanBackend final : public Backend, public KernelTuning {
     bool supports_training() const override { return true; }
     // The largest device-local memory heap (training's memory check compares with it).
     uint64_t memory_capacity() const override;
-    // In training mode f32 weights are read as they are, never through fp16 copies.
-    void set_training_mode(bool on) override { training_mode_ = on; }
     // Every format: the shaders unpack 16- and 8-bit weights from 32-bit words, which any
     // Vulkan 1.2 device reads (no 8- or 16-bit storage feature is needed).
     bool supports_weight_format(DType t) const override {
@@ -66,9 +64,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
     const vk::Context& context() const { return *ctx_; }
     vk::Allocator::Stats allocator_stats() const { return allocator_->stats(); }
     const vk::Stream::Counters& counters() const { return stream_->counters(); }
-    // Whether f32 matmul weights are read as fp16 (not in training mode), and how many fp16
-    // copies exist now.
-    bool fp16_weights() const { return fp16_ != nullptr && !training_mode_; }
+    // Whether f32 matmul weights are read as fp16 (not in training mode, Backend::Mode: there
+    // f32 weights are read as they are), and how many fp16 copies exist now.
+    bool fp16_weights() const { return fp16_ != nullptr && !training_mode(); }
     size_t fp16_weight_copies() const { return fp16_ ? fp16_->size() : 0; }
 
     // Workgroup and tile sizes, chosen per device (specialization constants of the shaders).
@@ -76,7 +74,7 @@ class VulkanBackend final : public Backend, public KernelTuning {
         uint32_t elementwise_wg = 256;
         uint32_t row_wg = 128;  // norm, cross_entropy: one workgroup per row
         // Column sums (bias_backward, norm_backward's weights) and row scatters
-        // (embedding_backward): one invocation per column, walking the rows in order.
+        // (gather_rows_backward): one invocation per column, walking the rows in order.
         uint32_t column_wg = 64;
         // The matmul kernels' shapes are chosen per call by the tuning table (vulkan_tuning.h).
         uint32_t attention_wg = 64, attention_chunk = 256;  // attention.comp, the fallback
@@ -161,12 +159,6 @@ class VulkanBackend final : public Backend, public KernelTuning {
     }
     // Workgroups for n items, wg per workgroup, as a 2-D grid (x then y; group_index()).
     std::pair<uint32_t, uint32_t> grid(uint64_t n, uint32_t wg) const;
-    // gather_rows.comp: out[s, :] = x[rows[s], :], x in any weight format; a row out of range
-    // is reported with shader error code err.
-    void gather(const Tensor& x, const Tensor& rows, const Tensor& out, uint32_t err);
-    // gather_rows_backward.comp: d_x[rows[s], :] += d_out[s, :]; a row out of range is
-    // reported with shader error code err.
-    void scatter_add_rows(const Tensor& rows, const Tensor& d_out, const Tensor& d_x, uint32_t err);
     // activation_backward.comp with operation op (y and d_y: swiglu's up and its gradient).
     void record_activation_backward(uint32_t op, const Tensor& x, const Tensor& y,
                                     const Tensor& d_out, const Tensor& d_x, const Tensor& d_y);
@@ -197,7 +189,6 @@ class VulkanBackend final : public Backend, public KernelTuning {
     vk::TuningTable table_;
     std::string tuning_status_ = "untuned";
     std::vector<TunableCall>* call_log_ = nullptr;
-    bool training_mode_ = false;
     Tensor dummy_;
     std::map<std::pair<double, int64_t>, Tensor> rope_tables_;
 };

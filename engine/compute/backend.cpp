@@ -45,7 +45,7 @@ struct OpCheck {
     }
 };
 
-// The dtype a stored weight (w of linear() and grouped_matmul(), embedding()'s table) may have:
+// The dtype a stored weight (w of linear() and grouped_matmul(), x of gather_rows()) may have:
 // its own where it is a 16- or 8-bit format the backend reads, else as OpCheck::float_type.
 DType weight_type(const Backend& be, const Tensor& w, bool bf16_operands) {
     if (w.defined() && w.dtype() != DType::F32 && is_weight_format(w.dtype()) &&
@@ -63,11 +63,11 @@ void check_weight_rows(const OpCheck& c, const Tensor& w, const char* name) {
 
 }  // namespace
 
-void Backend::set_matmul_precision(Precision p) {
-    if (!supports_precision(p))
-        throw Error("the " + name() + " backend has no " + to_string(p) + " matmuls (use " +
-                    opt("precision") + " fp32)");
-    matmul_precision_ = p;
+Backend::ModeScope::ModeScope(Backend& be, Mode mode) : be_(be), before_(be.mode_) {
+    if (!be.supports_precision(mode.precision))
+        throw Error("the " + be.name() + " backend has no " + to_string(mode.precision) +
+                    " matmuls (use " + opt("precision") + " fp32)");
+    be.mode_ = mode;
 }
 
 Tensor Backend::alloc(Shape shape, DType dtype) {
@@ -149,13 +149,16 @@ void Backend::convert_impl(const Tensor&, const Tensor&) {
     throw Error("the " + name() + " backend has no bf16 tensors");
 }
 
-void Backend::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
-    OpCheck c{"embedding"};
-    c.rank(table, "table", 2, weight_type(*this, table, false));
-    check_weight_rows(c, table, "table");
-    c.rank(ids, "ids", 1, DType::I32);
-    c.shape(out, "out", {ids.dim(0), table.dim(1)});
-    embedding_impl(table, ids, out);
+void Backend::gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
+    OpCheck c{"gather_rows"};
+    // BF16 rows stay BF16 where out is BF16 too; any other x is read as its format holds it.
+    const bool bf16_rows = has_bf16_tensors() && x.defined() && x.dtype() == DType::BF16 &&
+                           out.defined() && out.dtype() == DType::BF16;
+    c.rank(x, "x", 2, bf16_rows ? DType::BF16 : weight_type(*this, x, false));
+    check_weight_rows(c, x, "x");
+    c.rank(rows, "rows", 1, DType::I32);
+    c.shape(out, "out", {rows.dim(0), x.dim(1)}, bf16_rows ? DType::BF16 : DType::F32);
+    gather_rows_impl(x, rows, out);
 }
 
 void Backend::norm(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -301,15 +304,6 @@ void Backend::moe_group(const Tensor& indices, int64_t n_experts, const Tensor& 
     moe_group_impl(indices, n_experts, offsets, slot_rows, slot_of);
 }
 
-void Backend::gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
-    OpCheck c{"gather_rows"};
-    const DType type = OpCheck::float_type(x, has_bf16_tensors());
-    c.rank(x, "x", 2, type);
-    c.rank(rows, "rows", 1, DType::I32);
-    c.shape(out, "out", {rows.dim(0), x.dim(1)}, type);
-    gather_rows_impl(x, rows, out);
-}
-
 void Backend::grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
                              const Tensor& offsets, const Tensor& out) {
     OpCheck c{"grouped_matmul"};
@@ -377,14 +371,6 @@ void Backend::router_aux_loss(const Tensor& logits, const Tensor& indices, const
 }
 
 // ---- backward ops
-
-void Backend::embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table) {
-    OpCheck c{"embedding_backward"};
-    c.rank(ids, "ids", 1, DType::I32);
-    c.rank(d_table, "d_table", 2);
-    c.shape(d_out, "d_out", {ids.dim(0), d_table.dim(1)});
-    embedding_backward_impl(ids, d_out, d_table);
-}
 
 void Backend::norm_backward(NormType type, const Tensor& x, const Tensor& weight,
                             const Tensor& d_out, float eps, const Tensor& d_x,
@@ -556,9 +542,6 @@ void Backend::training_op_unavailable(const char* op) const {
                 " backend (it runs inference only)");
 }
 
-void Backend::embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&) {
-    training_op_unavailable("embedding_backward");
-}
 void Backend::norm_backward_impl(NormType, const Tensor&, const Tensor&, const Tensor&, float,
                                  const Tensor&, const Tensor&, const Tensor&) {
     training_op_unavailable("norm_backward");

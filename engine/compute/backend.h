@@ -46,7 +46,7 @@ class Backend {
     // memory), or 0 when unknown. Trainer refuses a run whose memory estimate exceeds it.
     virtual uint64_t memory_capacity() const { return 0; }
 
-    // ---- precision
+    // ---- the mode: precision and training (what the ops compute until a ModeScope ends)
     // The precision of matmul(), grouped_matmul() and grouped_matmul_backward()'s d_x and d_w
     // products: F32 (the default), or BF16: every operand element is rounded to bfloat16
     // (round_to_bf16) before it is multiplied, products are summed in fp32 and results are fp32
@@ -62,13 +62,32 @@ class Backend {
     // The device's published dense peak for matmuls in precision p, in TFLOP/s (tmx bench's MFU
     // when no --peak-tflops is given); 0 where unknown, as on every CPU.
     virtual double spec_peak_tflops(Precision) const { return 0.0; }
-    void set_matmul_precision(Precision p);
-    // Training mode: while on, every op computes its contract in the matmul precision, with no
-    // inference-only shortcut (the Vulkan backend's fp16 copies of f32 weights), since the
-    // weights change at every step. Off by default; the trainer, the bench's training step and
-    // `tmx train` turn it on.
-    virtual void set_training_mode(bool on) { (void)on; }
-    Precision matmul_precision() const { return matmul_precision_; }
+    struct Mode {
+        Precision precision = Precision::F32;  // of the matmuls and attention (above)
+        // Training mode: while on, every op computes its contract in the matmul precision, with
+        // no inference-only shortcut (the Vulkan backend's fp16 copies of f32 weights), since
+        // the weights change at every step.
+        bool training = false;
+    };
+    // Sets the mode where a pass starts (a command's backend, a trainer, a benchmark's run)
+    // and restores the one before when the scope ends, however it ends, so that the mode an
+    // op runs in is written where its pass begins:
+    //   Backend::ModeScope mode(be, {.precision = Precision::BF16, .training = true});
+    // Scopes nest: each restores what the one outside it set. A backend starts in {F32, no
+    // training}. Throws tmx::Error for a precision the backend lacks.
+    class ModeScope {
+      public:
+        ModeScope(Backend& be, Mode mode);
+        ~ModeScope() { be_.mode_ = before_; }
+        ModeScope(const ModeScope&) = delete;
+        ModeScope& operator=(const ModeScope&) = delete;
+
+      private:
+        Backend& be_;
+        Mode before_;
+    };
+    Precision matmul_precision() const { return mode_.precision; }
+    bool training_mode() const { return mode_.training; }
 
     // ---- bf16 tensors
     // A backend with BF16 precision also has BF16 tensors (alloc() refuses them elsewhere). An
@@ -94,10 +113,11 @@ class Backend {
     // Whether the backend reads weights stored in format t (engine/compute/weight_format.h) in
     // any precision: F32 always; BF16, F16 and Q8_0 where this says so. Then alloc() makes
     // tensors of t, upload() and download() move their bytes as they are, and t may be the
-    // dtype of w in linear() and grouped_matmul() and of the table in embedding() (those ops
-    // only). Each reads a weight as the value its format holds (Q8_0: scale * int8), and
-    // multiplies it with x as the precision says for x; a backend may also quantize x to Q8_0
-    // blocks for int8 products with a Q8_0 weight (the CPU does: backends/cpu/cpu_backend.h).
+    // dtype of w in linear() and grouped_matmul() and of x in gather_rows() (an embedding
+    // table; those ops only). Each reads a weight as the value its format holds (Q8_0: scale *
+    // int8); the matmuls multiply it with x as the precision says for x, and a backend may also
+    // quantize x to Q8_0 blocks for int8 products with a Q8_0 weight (the CPU does:
+    // backends/cpu/cpu_backend.h).
     // A Q8_0 weight's rows are whole blocks of 32 values.
     virtual bool supports_weight_format(DType t) const { return t == DType::F32; }
 
@@ -157,8 +177,13 @@ class Backend {
     virtual std::vector<ProfiledCommands> end_profile();  // logic_error without begin_profile()
 
     // ---- forward ops
-    // out[n, :] = table[ids[n], :].   table [V, d], ids [N] (I32, each in [0, V)), out [N, d].
-    void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+    // out[s, :] = x[rows[s], :].   x [N, d], rows [S] (I32, each in [0, N)), out [S, d]. The
+    // model's token embedding (x the table, rows the token ids) and its gather of token rows
+    // into expert order (moe_group's slot_rows). x is F32 with out F32; or BF16 with out BF16,
+    // copied as it is (a backend with BF16 tensors); or a weight stored in BF16, F16 or Q8_0
+    // where supports_weight_format() says so, with out F32: each value as its format holds it.
+    // A row outside [0, N) throws: at once on the CPU, at the next sync point on a GPU.
+    void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
 
     // out = norm(x) * weight (+ bias): layernorm (mean and biased variance) or rmsnorm over the
     // last dimension. x, out [N, d]; weight [d]; bias [d] for layernorm, undefined for rmsnorm.
@@ -226,9 +251,6 @@ class Backend {
     void moe_group(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
                    const Tensor& slot_rows, const Tensor& slot_of);
 
-    // out[s, :] = x[rows[s], :].   x [N, d], rows [S] (I32), out [S, d].
-    void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
-
     // One matmul over all experts: out[s, :] = x[s, :] . w[e]^T (+ bias[e]) for every sorted
     // slot s of expert e (offsets as moe_group gives). x [S, K], w [E, Nout, K], bias [E, Nout]
     // or undefined, out [S, Nout].
@@ -260,8 +282,10 @@ class Backend {
     // Gradient outputs (d_*) are *accumulated into* (+=) unless the op says otherwise, so a
     // tensor read in several places collects every contribution; callers zero them first.
 
-    // d_table[ids[n], :] += d_out[n, :].
-    void embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table);
+    // Backward of gather_rows(): d_x[rows[s], :] += d_out[s, :] in increasing s, so a row that
+    // rows names several times (a token repeated in a batch) adds its d_out rows in that order.
+    // d_x, d_out F32.
+    void gather_rows_backward(const Tensor& rows, const Tensor& d_out, const Tensor& d_x);
 
     // Backward of norm(): d_x, d_weight and (layernorm) d_bias accumulate.
     void norm_backward(NormType type, const Tensor& x, const Tensor& weight, const Tensor& d_out,
@@ -291,9 +315,6 @@ class Backend {
     // indices): only via the mean router probabilities P (the counts f are constants).
     void router_backward(const Tensor& logits, const Tensor& indices, const Tensor& gates,
                          const Tensor& d_gates, float aux_weight, const Tensor& d_logits);
-
-    // d_x[rows[s], :] += d_out[s, :].
-    void gather_rows_backward(const Tensor& rows, const Tensor& d_out, const Tensor& d_x);
 
     // Backward of grouped_matmul(): d_x, d_w and (when defined) d_bias accumulate.
     void grouped_matmul_backward(const Tensor& x, const Tensor& w, const Tensor& offsets,
@@ -360,7 +381,7 @@ class Backend {
 
   private:
     [[noreturn]] void training_op_unavailable(const char* op) const;
-    Precision matmul_precision_ = Precision::F32;
+    Mode mode_;  // set only by ModeScope
     // Shared with every buffer's release hook, so buffers may outlive the backend object.
     std::shared_ptr<MemoryStats> memory_ = std::make_shared<MemoryStats>();
 };

@@ -15,7 +15,7 @@
 //
 // Inside a class derived from Backend, TMX_BACKEND_MEMORY_OP_OVERRIDES,
 // TMX_BACKEND_FORWARD_OP_OVERRIDES and TMX_BACKEND_TRAINING_OP_OVERRIDES declare the overrides
-// of a whole list (`void embedding_impl(...) override;` and so on); the backend defines them.
+// of a whole list (`void norm_impl(...) override;` and so on); the backend defines them.
 // TMX_BACKEND_TRAINING_BACKEND_OVERRIDES is all three and convert_impl: what a backend that
 // trains and has BF16 tensors overrides (cpu, cuda).
 #pragma once
@@ -29,7 +29,6 @@
     X(void, copy, (const Tensor& src, const Tensor& dst))
 
 #define TMX_BACKEND_FORWARD_OPS(X)                                                                 \
-    X(void, embedding, (const Tensor& table, const Tensor& ids, const Tensor& out))                \
     X(void, norm, (NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,       \
                    float eps, const Tensor& out))                                                  \
     X(void, matmul, (const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,      \
@@ -57,7 +56,6 @@
     X(void, router_aux_loss, (const Tensor& logits, const Tensor& indices, const Tensor& out))
 
 #define TMX_BACKEND_TRAINING_OPS(X)                                                                \
-    X(void, embedding_backward, (const Tensor& ids, const Tensor& d_out, const Tensor& d_table))   \
     X(void, norm_backward, (NormType type, const Tensor& x, const Tensor& weight,                  \
                             const Tensor& d_out, float eps, const Tensor& d_x,                     \
                             const Tensor& d_weight, const Tensor& d_bias))                         \

@@ -653,7 +653,7 @@ ForwardResult Model::run_forward(const std::vector<int32_t>& tokens, int64_t B, 
         shared_act = be.alloc(act.shape, act.dtype);
     }
 
-    be.embedding(embed_, ids, h);
+    be.gather_rows(embed_, ids, h);
     for (int64_t l = 0; l < c.n_layers; ++l) {
         if (keep_activations) {
             kept.push_back(alloc_activations(N, /*for_backward=*/true));
@@ -820,7 +820,7 @@ void Model::backward(float loss_scale, const GradsFinal& grads_final_from) {
                          gw.input_norm_b);
         finished(layer_start(l));
     }
-    be.embedding_backward(saved_.ids, dh, view(g, "model.embed_tokens.weight"));
+    be.gather_rows_backward(saved_.ids, dh, view(g, "model.embed_tokens.weight"));
     finished(0);
     saved_ = {};  // the activations are spent: free them before the next step makes its own
 }
@@ -855,7 +855,7 @@ Tensor Model::forward_cached(const std::vector<int32_t>& tokens, int64_t B, int6
 
     Tensor h = be.alloc({N, c.d_model});
     LayerActivations scratch = alloc_activations(N, /*for_backward=*/false, /*cached=*/true);
-    be.embedding(embed_, ids, h);
+    be.gather_rows(embed_, ids, h);
     for (int64_t l = 0; l < c.n_layers; ++l)
         layer_forward(l, h, scratch, positions, B, T, Tensor{}, &cached);
     if (every_position) {
@@ -927,7 +927,7 @@ Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<
     be.upload(d.start, start.data());
     be.run_recorded(d.recording, [&] {
         const CachedAttention cached{&cache, d.start};
-        be.embedding(embed_, d.ids, d.h);
+        be.gather_rows(embed_, d.ids, d.h);
         for (int64_t l = 0; l < c.n_layers; ++l)
             layer_forward(l, d.h, d.scratch, d.start, B, 1, Tensor{}, &cached);
         d.logits = logits_of(d.h);

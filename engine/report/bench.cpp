@@ -104,7 +104,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
     auto reference = [&](Precision p) -> Reference& {
         Reference& ref = references[p];
         if (ref.op_outputs.empty()) {
-            PrecisionScope scope(*cpu, p);
+            Backend::ModeScope mode(*cpu, {.precision = p});
             for (const OpCase& op : ops) ref.op_outputs.push_back(run_op(op, *cpu));
         }
         return ref;
@@ -115,7 +115,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
         Backend& be = other ? *other : *cpu;
         const Precision precision = precision_of(be);
         Reference& ref = reference(precision);
-        PrecisionScope scope(be, precision);
+        Backend::ModeScope mode(be, {.precision = precision});
         BackendBench r;
         r.backend = be.name();
         r.description = be.description();
@@ -143,15 +143,14 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             once.repeats = 1;
             once.profile = false;
             once.progress = {};
-            PrecisionScope cpu_scope(*cpu, precision);
+            Backend::ModeScope cpu_mode(*cpu, {.precision = precision});
             measure_model(reference_model(), once, P, ref.run);
             ref.model_run = true;
         }
         compare_with_cpu(r.model, run, ref.run);
         if (o.train_batch > 0 && be.supports_training()) {
-            be.set_training_mode(true);
-            r.train = measure_training(config, weights, be, o, precision);
-            be.set_training_mode(false);
+            const Backend::Mode training{.precision = precision, .training = true};
+            r.train = measure_training(config, weights, be, o, training);
             if (&be == cpu.get()) {
                 r.train.cpu_loss = r.train.loss;
             } else if (o.train_check) {  // the CPU's loss on the same batch, one untimed step
@@ -159,7 +158,7 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
                 once.warmup = 0;
                 once.repeats = 1;
                 once.progress = {};
-                r.train.cpu_loss = measure_training(config, weights, *cpu, once, precision).loss;
+                r.train.cpu_loss = measure_training(config, weights, *cpu, once, training).loss;
             }
         }
         results.push_back(std::move(r));

@@ -51,19 +51,4 @@ Tensor upload_ids(Backend& be, const std::vector<int32_t>& host, Shape shape);
 // "512x8x64".
 std::string dims(std::initializer_list<int64_t> d);
 
-// Sets a backend's matmul precision for a scope and restores the one before, however it ends.
-class PrecisionScope {
-  public:
-    PrecisionScope(Backend& be, Precision p) : be_(be), before_(be.matmul_precision()) {
-        be.set_matmul_precision(p);
-    }
-    ~PrecisionScope() { be_.set_matmul_precision(before_); }
-    PrecisionScope(const PrecisionScope&) = delete;
-    PrecisionScope& operator=(const PrecisionScope&) = delete;
-
-  private:
-    Backend& be_;
-    Precision before_;
-};
-
 }  // namespace tmx::bench_detail

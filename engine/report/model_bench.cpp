@@ -151,10 +151,10 @@ class ModelRunner {
 }  // namespace
 
 TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weights, Backend& be,
-                            const BenchOptions& o, Precision precision) {
+                            const BenchOptions& o, Backend::Mode mode) {
     TrainBench r;
-    r.precision = precision;
-    PrecisionScope scope(be, precision);
+    r.precision = mode.precision;
+    Backend::ModeScope mode_scope(be, mode);
     const int64_t B = o.train_batch, T = o.train_seq, N = B * T;
     Rng rng(o.seed ^ 0x7a1d);
     std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
@@ -193,7 +193,7 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
     const ParamReport report =
         build_param_report(config_to_json(c), "bench", ReportOptions{.batch = B, .seq = T});
     r.model_tflops = report.training_flops * r.tokens_per_s * 1e-12;
-    r.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : be.spec_peak_tflops(precision);
+    r.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : be.spec_peak_tflops(mode.precision);
     r.peak_from_spec = o.peak_tflops <= 0 && r.peak_tflops > 0;
     if (r.peak_tflops > 0) r.mfu = r.model_tflops / r.peak_tflops;
     return r;

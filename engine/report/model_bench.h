@@ -24,9 +24,10 @@ ModelBench measure_model(Model& model, const BenchOptions& o, int64_t prompt_tok
 // How far `run` is from the CPU's `cpu_run`: the logits' error and the greedy tokens that agree.
 void compare_with_cpu(ModelBench& mb, const ModelRun& run, const ModelRun& cpu_run);
 
-// Training steps on random tokens: the median step time after warm-up, and the first step's
-// loss (the same weights and batch on every backend, so comparable with the CPU's).
+// Training steps on random tokens, in `mode`: the median step time after warm-up, and the
+// first step's loss (the same weights and batch on every backend, so comparable with the
+// CPU's).
 TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weights, Backend& be,
-                            const BenchOptions& o, Precision precision);
+                            const BenchOptions& o, Backend::Mode mode);
 
 }  // namespace tmx::bench_detail

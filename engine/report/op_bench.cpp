@@ -64,7 +64,7 @@ OpCase square_gemm_case(int64_t n, InputMaker& in) {
     c.prepare = [=](Backend& be) {
         Tensor at = upload(be, a, {n, n}), bt = upload(be, b, {n, n}), out = be.alloc({n, n});
         return OpCase::Prepared{[&be, at, bt, out] {
-                                    PrecisionScope fp32(be, Precision::F32);
+                                    Backend::ModeScope fp32(be, {.precision = Precision::F32});
                                     be.matmul(at, bt, out);
                                 },
                                 out};

@@ -50,7 +50,8 @@ std::vector<TunableCall> collect_calls(const ModelConfig& config, Backend& be,
             bench_detail::ModelRun run;
             bench_detail::measure_model(model, bo, o.prompt_tokens, run);
             if (o.train_batch > 0) {
-                bench_detail::measure_training(config, weights, be, bo, Precision::F32);
+                bench_detail::measure_training(config, weights, be, bo,
+                                               {.precision = Precision::F32});
             }
         } catch (...) {
             kt.log_calls(nullptr);
@@ -170,17 +171,6 @@ double time_launch(Backend& be, const Launch& l, const TuneOptions& o) {
     return per_launch[per_launch.size() / 2];
 }
 
-// Training mode reads f32 weights as they are; outside it a backend may read fp16 copies. The
-// call is repeated the way it was logged.
-class TrainingModeScope {
-  public:
-    TrainingModeScope(Backend& be, bool on) : be_(be) { be_.set_training_mode(on); }
-    ~TrainingModeScope() { be_.set_training_mode(false); }
-
-  private:
-    Backend& be_;
-};
-
 }  // namespace
 
 TuneReport tune_kernels(const ModelConfig& config, Backend& be, Backend& cpu,
@@ -201,7 +191,10 @@ TuneReport tune_kernels(const ModelConfig& config, Backend& be, Backend& cpu,
         ref.run();
         const std::vector<std::vector<float>> want = outputs_of(cpu, ref);
 
-        TrainingModeScope mode(be, !call.reduced_weights);
+        // Repeated the way it was logged: training mode reads f32 weights as they are, outside
+        // it a backend may read fp16 copies. The tuned kernels are fp32 (Vulkan's precision).
+        Backend::ModeScope mode(be,
+                                {.precision = Precision::F32, .training = !call.reduced_weights});
         const Launch launch = prepare(call, be, seed);
         TunedShapeReport shape;
         shape.call = call;

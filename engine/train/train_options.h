@@ -33,7 +33,7 @@ struct TrainOptions {
     uint64_t seed = 0;               // data order
     int64_t skip_nonfinite = 0;      // steps with a non-finite loss or gradient norm the run may
                                      // skip (not apply) before it stops
-    Precision precision = Precision::F32;  // of the matmuls (Backend::set_matmul_precision)
+    Precision precision = Precision::F32;  // of the matmuls (Backend::Mode)
     // The backend the run trains on, by the name that opens it ("cpu", "vulkan", "vulkan:1",
     // "cuda"), recorded so that a resume keeps it. A trainer sets it to its backend's name
     // unless it names that backend already (with a device); "" in runs from before it was

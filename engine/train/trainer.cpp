@@ -31,8 +31,7 @@ Trainer::Trainer(std::unique_ptr<Model> model, TrainOptions options, std::string
         throw Error("the " + backend_.name() +
                     " backend runs inference only (it has no "
                     "backward ops)");
-    backend_.set_matmul_precision(options_.precision);
-    backend_.set_training_mode(true);
+    mode_.emplace(backend_, Backend::Mode{.precision = options_.precision, .training = true});
     const ModelConfig& c = model_->config();
     seq_len_ = options_.seq_len > 0 ? options_.seq_len : c.max_seq_len;
     const int64_t per_step = options_.tokens_per_step(seq_len_);

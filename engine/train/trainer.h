@@ -151,6 +151,8 @@ class Trainer {
     TrainOptions options_;
     std::string run_dir_;
     Backend& backend_;
+    // The backend's mode while the trainer lives: the run's precision, in training mode.
+    std::optional<Backend::ModeScope> mode_;
     std::unique_ptr<Communicator> solo_;  // the communicator of a one-process run
     Communicator* comm_ = nullptr;
     CollectiveClock comm_clock_;  // time in collectives since the last report

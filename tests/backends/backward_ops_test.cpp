@@ -77,44 +77,27 @@ class BackwardOps : public BackendPairTest {
     }
 };
 
-// ---------------------------------------------------------------- embedding, gather_rows
-
-TEST_P(BackwardOps, EmbeddingBackward) {
-    SCOPED_TRACE(trace());
-    struct Case {
-        int64_t V, d, N;
-        bool hot;  // nine tokens in ten are the same id: one row sums thousands of terms
-    };
-    for (Case c :
-         {Case{1, 1, 1, false}, Case{1, 5, 40, false}, Case{17, 3, 33, false},
-          Case{1000, 64, 65, false}, Case{97, 130, 2000, false}, Case{50, 33, 3001, true}}) {
-        SCOPED_TRACE("V,d,N = " + dims({c.V, c.d, c.N}) + (c.hot ? ", one hot id" : ""));
-        std::vector<int32_t> ids = ints(c.N, 0, static_cast<int32_t>(c.V));
-        if (c.hot)
-            for (int64_t n = 0; n < c.N; ++n)
-                if (n % 10 != 0) ids[n] = 7;
-        ids[0] = static_cast<int32_t>(c.V - 1);  // the last row is reachable
-        const std::vector<float> d_out = normal(c.N * c.d), init = accum_init(c.V * c.d);
-        expect_matches_cpu([&](Backend& b) {
-            Tensor d_table = up(b, init, {c.V, c.d});
-            b.embedding_backward(up_ids(b, ids, {c.N}), up(b, d_out, {c.N, c.d}), d_table);
-            return Outputs{{"d_table", down(b, d_table), reduction_tol(c.N)}};
-        });
-    }
-}
+// ---------------------------------------------------------------- gather_rows (the embedding)
 
 TEST_P(BackwardOps, GatherRowsBackward) {
     SCOPED_TRACE(trace());
     struct Case {
         int64_t N, d, S;
+        bool hot;  // nine slots in ten take the same row: one row sums thousands of terms
     };
+    // Embedding shapes (a table of N rows, S tokens) and expert gathers (more slots than rows).
     // Random rows repeat; N = 5 with S = 4096 adds ~800 slots into each row.
-    for (Case c : {Case{1, 1, 1}, Case{1, 17, 5}, Case{17, 3, 33}, Case{65, 33, 130},
-                   Case{300, 130, 600}, Case{5, 64, 4096}}) {
-        SCOPED_TRACE("N,d,S = " + dims({c.N, c.d, c.S}));
+    for (Case c : {Case{1, 1, 1, false}, Case{1, 5, 40, false}, Case{1, 17, 5, false},
+                   Case{17, 3, 33, false}, Case{65, 33, 130, false}, Case{1000, 64, 65, false},
+                   Case{97, 130, 2000, false}, Case{300, 130, 600, false}, Case{5, 64, 4096, false},
+                   Case{50, 33, 3001, true}}) {
+        SCOPED_TRACE("N,d,S = " + dims({c.N, c.d, c.S}) + (c.hot ? ", one hot row" : ""));
         std::vector<int32_t> rows = ints(c.S, 0, static_cast<int32_t>(c.N));
-        rows[0] = static_cast<int32_t>(c.N - 1);
-        if (c.S > 2) rows[2] = rows[1];  // a repeat, whatever the draw
+        if (c.hot)
+            for (int64_t s = 0; s < c.S; ++s)
+                if (s % 10 != 0) rows[s] = 7;
+        rows[0] = static_cast<int32_t>(c.N - 1);  // the last row is reachable
+        if (c.S > 2) rows[2] = rows[1];           // a repeat, whatever the draw
         const std::vector<float> d_out = normal(c.S * c.d), init = accum_init(c.N * c.d);
         expect_matches_cpu([&](Backend& b) {
             Tensor d_x = up(b, init, {c.N, c.d});
@@ -666,13 +649,13 @@ TEST_P(BackwardOps, OpsHonourViewsAtOddOffsets) {
     const int64_t N = 37, d = 64;
 
     {
-        SCOPED_TRACE("embedding_backward");
+        SCOPED_TRACE("gather_rows_backward into an embedding table");
         const int64_t V = 20;
         const std::vector<int32_t> ids = ints(N, 0, static_cast<int32_t>(V));
         const Placed g = placed({N, d}, 1), dt = placed({V, d}, 3, true);
         expect_matches_cpu([&](Backend& b) {
             Tensor dt_buf;
-            b.embedding_backward(up_ids(b, ids, {N}), view(b, g), view(b, dt, &dt_buf));
+            b.gather_rows_backward(up_ids(b, ids, {N}), view(b, g), view(b, dt, &dt_buf));
             return Outputs{{"d_table buffer", down(b, dt_buf), reduction_tol(N)}};
         });
     }
@@ -831,7 +814,7 @@ TEST_P(BackwardOps, BackwardResultsAreBitwiseReproducibleAtTrainingSizes) {
     constexpr int kRuns = 3;
     const int64_t N = 4096, d = 192;
     {
-        SCOPED_TRACE("embedding_backward");
+        SCOPED_TRACE("gather_rows_backward into an embedding table");
         const int64_t V = 2048;
         std::vector<int32_t> ids = ints(N, 0, static_cast<int32_t>(V));
         for (int64_t n = 0; n < N; n += 2) ids[n] = 1;  // half the tokens: one hot id
@@ -839,7 +822,7 @@ TEST_P(BackwardOps, BackwardResultsAreBitwiseReproducibleAtTrainingSizes) {
         expect_matches_cpu(
             [&](Backend& b) {
                 Tensor dt = up(b, init, {V, d});
-                b.embedding_backward(up_ids(b, ids, {N}), up(b, g, {N, d}), dt);
+                b.gather_rows_backward(up_ids(b, ids, {N}), up(b, g, {N, d}), dt);
                 return Outputs{{"d_table", down(b, dt), reduction_tol(N)}};
             },
             kRuns);

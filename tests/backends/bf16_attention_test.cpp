@@ -1,4 +1,4 @@
-// attention() and attention_backward() in bf16 precision (Backend::set_matmul_precision, and the
+// attention() and attention_backward() in bf16 precision (a Backend::ModeScope's, and the
 // contract in engine/compute/backend.h), on every backend that has it: the CPU (which CI runs) and
 // CUDA (on a GPU). Each backend is compared with a double-precision reference of the contract
 // (ref::attention, ref::attention_backward with Precision::BF16), so meeting it on CUDA is also
@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,8 +124,9 @@ class Bf16Attention : public BackendPairTest {
         if (IsSkipped() || HasFatalFailure()) return;
         if (!be().supports_precision(Precision::BF16))
             GTEST_SKIP() << "backend " << backend_name() << " has no bf16 precision";
-        be().set_matmul_precision(Precision::BF16);
+        bf16_.emplace(be(), Backend::Mode{.precision = Precision::BF16});
     }
+    std::optional<Backend::ModeScope> bf16_;  // every test of the suite
 
     struct Inputs {
         Shape qs, ks;
@@ -149,15 +151,13 @@ class Bf16Attention : public BackendPairTest {
     // The forward and the backward of `in` on the backend under test, in precision p.
     Results run(const Case& c, const Inputs& in, Precision p) {
         Backend& b = be();
-        const Precision before = b.matmul_precision();
-        b.set_matmul_precision(p);
+        Backend::ModeScope mode(b, {.precision = p});
         Tensor q = up(b, in.q, in.qs), k = up(b, in.k, in.ks), v = up(b, in.v, in.ks);
         Tensor out = poisoned(b, in.qs);
         b.attention(q, k, v, out, c.window);
         Tensor d_q = up(b, in.init_q, in.qs), d_k = up(b, in.init_k, in.ks),
                d_v = up(b, in.init_v, in.ks);
         b.attention_backward(q, k, v, up(b, in.d_out, in.qs), d_q, d_k, d_v, c.window);
-        b.set_matmul_precision(before);
         return {down(b, out), down(b, d_q), down(b, d_k), down(b, d_v)};
     }
 };

@@ -1,5 +1,5 @@
-// The matmuls in bf16 precision (Backend::set_matmul_precision), on every backend that has it:
-// the CPU (which CI runs) and CUDA (on a GPU). The contract is exact enough to test against
+// The matmuls in bf16 precision (a Backend::ModeScope's), on every backend that has it: the CPU
+// (which CI runs) and CUDA (on a GPU). The contract is exact enough to test against
 // double precision: every operand element rounded to bf16 (round_to_bf16), the products of
 // those values (exact in fp32: 8-bit significands) summed in fp32, fp32 results, biases and
 // accumulated outputs not rounded, d_bias from the unrounded gradient. So each backend's result
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,9 +73,10 @@ class Bf16Matmuls : public BackendPairTest {
         if (IsSkipped() || HasFatalFailure()) return;
         if (!be().supports_precision(Precision::BF16))
             GTEST_SKIP() << "backend " << backend_name() << " has no bf16 matmuls";
-        be().set_matmul_precision(Precision::BF16);
-        cpu().set_matmul_precision(Precision::BF16);
+        bf16_.emplace(be(), Backend::Mode{.precision = Precision::BF16});
+        cpu_bf16_.emplace(cpu(), Backend::Mode{.precision = Precision::BF16});
     }
+    std::optional<Backend::ModeScope> bf16_, cpu_bf16_;  // every test of the suite
 };
 
 TEST_P(Bf16Matmuls, DenseMultipliesTheRoundedOperandsInFp32) {

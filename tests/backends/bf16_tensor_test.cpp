@@ -170,7 +170,7 @@ TEST_P(Bf16Tensors, ConvertRoundsToNearestEvenAndWidensExactly) {
 }
 
 TEST_P(Bf16Tensors, OpsWithABf16OutStoreTheRoundingOfTheirF32Result) {
-    be().set_matmul_precision(Precision::BF16);  // attention's bf16 out needs it
+    Backend::ModeScope bf16(be(), {.precision = Precision::BF16});  // for attention's bf16 out
     // Runs op into an F32 out and into a BF16 out of the same shape.
     const auto expect_rounded = [&](const std::string& what, const Shape& shape,
                                     const std::function<void(const Tensor&)>& op) {
@@ -237,7 +237,7 @@ TEST_P(Bf16Tensors, OpsWithABf16OutStoreTheRoundingOfTheirF32Result) {
 }
 
 TEST_P(Bf16Tensors, Bf16OperandsGiveTheResultOfTheirValues) {
-    be().set_matmul_precision(Precision::BF16);
+    Backend::ModeScope bf16(be(), {.precision = Precision::BF16});
     // Dense: each operand BF16 or not, every transposition; K not a multiple of 8, and one that is.
     struct Dense {
         int64_t M, N, K;
@@ -342,7 +342,7 @@ ModelResult run_model(Model& model, Backend& be) {
 }
 
 TEST_P(Bf16Tensors, ModelsStoringBf16GiveTheResultsOfFp32Storage) {
-    be().set_matmul_precision(Precision::BF16);
+    Backend::ModeScope bf16(be(), {.precision = Precision::BF16});
     for (const char* name : {"test-tiny", "test-tiny-dense", "test-tiny-swiglu"}) {
         SCOPED_TRACE(name);
         const ModelConfig config = test_config(name);
@@ -391,7 +391,7 @@ TEST_P(Bf16Tensors, ModelsStoringBf16GiveTheResultsOfFp32Storage) {
 // (a CUDA graph on CUDA) reads the bf16 copy in place, and params_changed() refreshes that copy
 // before the next step replays. The reference keeps its weights fp32 (no copy to go stale).
 TEST_P(Bf16Tensors, RecordedDecodeStepsReadTheWeightsOfTheLastOptimizerStep) {
-    be().set_matmul_precision(Precision::BF16);
+    Backend::ModeScope bf16(be(), {.precision = Precision::BF16});
     const ModelConfig config = test_config("test-tiny");
     const int64_t V = config.vocab_size, prompt = 4, steps = 3;
     const std::vector<int32_t> tokens = ints(prompt + steps + 1, 0, static_cast<int32_t>(V));
@@ -450,8 +450,8 @@ TEST_P(Bf16Tensors, RecordedDecodeStepsReadTheWeightsOfTheLastOptimizerStep) {
 // slot or expert moves them by far more. 8 sequences put 16 slots through the experts'
 // matrix-vector path; 17 put 34, past it, onto the tiled kernels.
 TEST_P(Bf16Tensors, BatchedDecodingMatchesTheCpuInBf16) {
-    be().set_matmul_precision(Precision::BF16);
-    cpu().set_matmul_precision(Precision::BF16);
+    Backend::ModeScope bf16(be(), {.precision = Precision::BF16});
+    Backend::ModeScope cpu_bf16(cpu(), {.precision = Precision::BF16});
     const ModelConfig config = test_config("test-tiny");
     const int32_t V = static_cast<int32_t>(config.vocab_size);
     const int64_t prompt = 5, steps = 6;  // 11 positions: past the window of 8
@@ -486,7 +486,7 @@ TEST_P(Bf16Tensors, BatchedDecodingMatchesTheCpuInBf16) {
 // An op the contract does not list for a BF16 input refuses one, naming the op and the
 // argument, before the backend reads two-byte elements as four-byte floats.
 TEST_P(Bf16Tensors, OpsOffTheContractRefuseABf16Input) {
-    be().set_matmul_precision(Precision::BF16);
+    Backend::ModeScope bf16(be(), {.precision = Precision::BF16});
     const Shape shape{4, 8};
     const std::vector<float> host = normal(32);
     const Tensor h = up_bf16(host, shape);

@@ -1,6 +1,6 @@
 // The forward ops of every backend against the double-precision reference (reference_ops.h),
 // on random inputs of awkward sizes. The suite is parameterised by backend name: a new
-// backend joins by being listed in backend_names() (backends/registry.cpp).
+// backend joins by registering itself (backends/registry.h), which lists it in backend_names().
 //
 // Each test draws a fresh seed (printed on failure; TMX_TEST_SEED=<seed> replays it).
 // Outputs an op overwrites are poisoned first (NaN for F32, a negative sentinel for I32), so an
@@ -140,55 +140,42 @@ class OpTest : public ::testing::TestWithParam<std::string>, protected test::One
     std::unique_ptr<Backend> backend_;
 };
 
-// ---------------------------------------------------------------- embedding, gather
-
-TEST_P(OpTest, Embedding) {
-    SCOPED_TRACE(trace());
-    struct Case {
-        int64_t V, d, N;
-    };
-    for (Case c : {Case{1, 1, 1}, Case{17, 3, 33}, Case{65, 33, 17}, Case{1000, 64, 65}}) {
-        SCOPED_TRACE("V,d,N = " + dims({c.V, c.d, c.N}));
-        auto table = normal(c.V * c.d);
-        Ids ids = ints(c.N, 0, static_cast<int32_t>(c.V));
-        ids[0] = static_cast<int32_t>(c.V - 1);  // the last row is reachable
-        Tensor out = poisoned({c.N, c.d});
-        be().embedding(up(table, {c.V, c.d}), up_ids(ids, {c.N}), out);
-        // A copy: exact.
-        EXPECT_TRUE(Close(down(out), ref::embedding(ref::to_double(table), c.V, c.d, ids), 0.0));
-    }
-}
-
-TEST_P(OpTest, EmbeddingRejectsOutOfRangeIds) {
-    SCOPED_TRACE(trace());
-    const int64_t V = 7, d = 5;
-    Tensor table = up(normal(V * d), {V, d});
-    for (int32_t bad : {static_cast<int32_t>(V), -1, 1 << 30}) {
-        SCOPED_TRACE("id " + std::to_string(bad));
-        Tensor ids = up_ids({0, bad, 3}, {3});
-        Tensor out = be().alloc({3, d});
-        EXPECT_THROW(
-            {
-                be().embedding(table, ids, out);
-                be().synchronize();
-            },
-            std::exception);
-    }
-}
+// ---------------------------------------------------------------- gather_rows (the embedding)
 
 TEST_P(OpTest, GatherRows) {
     SCOPED_TRACE(trace());
     struct Case {
         int64_t N, d, S;
     };
-    for (Case c : {Case{1, 1, 1}, Case{1, 17, 5}, Case{17, 3, 33}, Case{65, 33, 130}}) {
+    // Embedding-like shapes (a table of N rows, S tokens) and MoE-like ones (more slots than
+    // rows): rows repeat in both.
+    for (Case c : {Case{1, 1, 1}, Case{1, 17, 5}, Case{17, 3, 33}, Case{65, 33, 17},
+                   Case{65, 33, 130}, Case{1000, 64, 65}}) {
         SCOPED_TRACE("N,d,S = " + dims({c.N, c.d, c.S}));
         auto x = normal(c.N * c.d);
         Ids rows = ints(c.S, 0, static_cast<int32_t>(c.N));  // with repeats
-        rows[0] = static_cast<int32_t>(c.N - 1);
+        rows[0] = static_cast<int32_t>(c.N - 1);             // the last row is reachable
         Tensor out = poisoned({c.S, c.d});
         be().gather_rows(up(x, {c.N, c.d}), up_ids(rows, {c.S}), out);
+        // A copy: exact.
         EXPECT_TRUE(Close(down(out), ref::gather_rows(ref::to_double(x), c.N, c.d, rows), 0.0));
+    }
+}
+
+TEST_P(OpTest, GatherRowsRejectsOutOfRangeRows) {
+    SCOPED_TRACE(trace());
+    const int64_t N = 7, d = 5;
+    Tensor x = up(normal(N * d), {N, d});
+    for (int32_t bad : {static_cast<int32_t>(N), -1, 1 << 30}) {
+        SCOPED_TRACE("row " + std::to_string(bad));
+        Tensor rows = up_ids({0, bad, 3}, {3});
+        Tensor out = be().alloc({3, d});
+        EXPECT_THROW(
+            {
+                be().gather_rows(x, rows, out);
+                be().synchronize();
+            },
+            std::exception);
     }
 }
 
@@ -352,11 +339,11 @@ TEST_P(OpTest, OpsHonourViews) {
             EXPECT_EQ(after[i], pool[i]) << "element " << i << " changed";
         }
 
-    // Embedding into rows [2, 4) of a larger matrix.
+    // Rows gathered into rows [2, 4) of a larger matrix.
     const int64_t V = 4, d = 6;
     auto table = normal(V * d), big = normal(6 * d);
     Tensor big_t = up(big, {6, d});
-    be().embedding(up(table, {V, d}), up_ids({3, 1}, {2}), big_t.rows(2, 4));
+    be().gather_rows(up(table, {V, d}), up_ids({3, 1}, {2}), big_t.rows(2, 4));
     auto got = down(big_t);
     for (int64_t r = 0; r < 6; ++r)
         for (int64_t c = 0; c < d; ++c) {
@@ -919,8 +906,8 @@ TEST_P(OpTest, BadShapesThrowLogicError) {
     EXPECT_THROW(be().matmul(f({3, 4}), i({4, 6}), f({3, 6})), std::logic_error);
     EXPECT_THROW(be().matmul(f({12}), f({4, 6}), f({3, 6})), std::logic_error);
 
-    EXPECT_THROW(be().embedding(f({7, 5}), f({3}), f({3, 5})), std::logic_error);  // F32 ids
-    EXPECT_THROW(be().embedding(f({7, 5}), i({3}), f({3, 4})), std::logic_error);
+    EXPECT_THROW(be().gather_rows(f({7, 5}), f({3}), f({3, 5})), std::logic_error);  // F32 rows
+    EXPECT_THROW(be().gather_rows(f({7, 5}), i({3}), f({3, 4})), std::logic_error);
 
     EXPECT_THROW(be().norm(NormType::RmsNorm, f({3, 8}), f({7}), {}, 1e-5f, f({3, 8})),
                  std::logic_error);
@@ -951,6 +938,7 @@ TEST_P(OpTest, BadShapesThrowLogicError) {
     EXPECT_THROW(be().router_topk(f({3, 4}), i({3, 2}), f({3, 3})), std::logic_error);
     EXPECT_THROW(be().moe_group(i({3, 2}), 4, i({4}), i({6}), i({6})), std::logic_error);
     EXPECT_THROW(be().gather_rows(f({3, 4}), i({5}), f({5, 3})), std::logic_error);
+    EXPECT_THROW(be().gather_rows(f({3, 4}), i({5}), i({5, 4})), std::logic_error);  // I32 out
     EXPECT_THROW(be().grouped_matmul(f({6, 4}), f({3, 5, 4}), {}, i({3}), f({6, 5})),
                  std::logic_error);
     EXPECT_THROW(be().grouped_matmul(f({6, 4}), f({3, 5, 3}), {}, i({4}), f({6, 5})),

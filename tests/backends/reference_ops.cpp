@@ -30,15 +30,6 @@ Vec to_double(const std::vector<float>& v) {
     return Vec(v.begin(), v.end());
 }
 
-Vec embedding(const Vec& table, int64_t V, int64_t d, const Ids& ids) {
-    Vec out(ids.size() * d);
-    for (size_t n = 0; n < ids.size(); ++n) {
-        if (ids[n] < 0 || ids[n] >= V) throw std::out_of_range("ref::embedding: bad id");
-        for (int64_t c = 0; c < d; ++c) out[n * d + c] = table[ids[n] * d + c];
-    }
-    return out;
-}
-
 Vec layernorm(const Vec& x, int64_t N, int64_t d, const Vec& weight, const Vec& bias, double eps) {
     Vec out(N * d);
     for (int64_t n = 0; n < N; ++n) {

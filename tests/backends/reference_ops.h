@@ -20,9 +20,6 @@ using Ids = std::vector<int32_t>;
 
 Vec to_double(const std::vector<float>& v);
 
-// out[n, :] = table[ids[n], :].  table [V, d]; ids must be in [0, V).
-Vec embedding(const Vec& table, int64_t V, int64_t d, const Ids& ids);
-
 // Layernorm (mean, biased variance) and rmsnorm over the last dimension of x [N, d].
 Vec layernorm(const Vec& x, int64_t N, int64_t d, const Vec& weight, const Vec& bias, double eps);
 Vec rmsnorm(const Vec& x, int64_t N, int64_t d, const Vec& weight, double eps);
@@ -67,7 +64,7 @@ struct Grouping {
 // Stable grouping of the N*k slots of indices [N, k] by expert.
 Grouping moe_group(const Ids& indices, int64_t N, int64_t k, int64_t n_experts);
 
-// out[s, :] = x[rows[s], :].  x [N, d].
+// out[s, :] = x[rows[s], :].  x [N, d]; rows must be in [0, N).
 Vec gather_rows(const Vec& x, int64_t N, int64_t d, const Ids& rows);
 
 // out[s, :] = x[s, :] . w[e]^T (+ bias[e]) for s in [offsets[e], offsets[e+1]).

@@ -1,16 +1,18 @@
 // Weights stored in bf16, f16 and Q8_0 on every backend besides the CPU that holds them
-// (Backend::supports_weight_format; CUDA: backends/cuda/weights.cuh, Vulkan:
-// shaders/weights.glsl): linear, grouped_matmul and embedding read them as stored, in the
-// matrix-vector paths (decoding's few rows) and the paths for larger products, and equal the CPU
-// backend run on the decoded weights. In fp32 precision at fp32's tolerances: the backends
-// multiply the exactly decoded weights in fp32, so only the summation order differs, and a
-// wrong unpacking, block stride, scale or offset gives errors of the order of the results. In
-// bf16 precision (where a backend has it) at bf16's: operands rounded to bf16 (2^-9 relative
-// each). Weights are placed at every start a model's packing gives them: a whole word, and
-// half-way into one (an f16 or bf16 tensor at an odd element, a Q8_0 tensor after an odd number
-// of 34-byte blocks). Sizes are no multiple of any tile; Q8_0 rows are whole blocks, as the
-// format requires. Then a model in each format against the CPU's f32 model on the same decoded
-// weights, through the forward pass and cached decoding.
+// (Backend::supports_weight_format; CUDA: backends/cuda/weights.cuh, Vulkan: shaders/weights.glsl):
+// linear, grouped_matmul and gather_rows (the embedding) read them as stored, in the matrix-vector
+// paths (decoding's few rows) and the paths for larger products, and equal the CPU backend run on
+// the decoded weights. In fp32 precision at fp32's tolerances: the backends multiply the exactly
+// decoded weights in fp32, so only the summation order differs, and a wrong unpacking, block
+// stride, scale or offset gives errors of the order of the results. In bf16 precision (where a
+// backend has it) at bf16's: operands rounded to bf16 (2^-9 relative each). Weights are placed at
+// every start a model's packing gives them: a whole word, and half-way into one (an f16 or bf16
+// tensor at an odd element, a Q8_0 tensor after an odd number of 34-byte blocks). Sizes are no
+// multiple of any tile; Q8_0 rows are whole blocks, as the format requires. Then a model in each
+// format against the CPU's f32 model on the same decoded weights, through the forward pass and
+// cached decoding.
+#include <optional>
+
 #include "engine/compute/weight_format.h"
 #include "engine/model/kv_cache.h"
 #include "engine/model/model.h"
@@ -32,8 +34,9 @@ class WeightFormats : public BackendPairTest {
                              << " weights";
         // f32 weights (a model's norms and router) read as they are: Vulkan's fp16 copies of
         // them, an inference shortcut, are off in training mode.
-        be().set_training_mode(true);
+        training_.emplace(be(), Backend::Mode{.training = true});
     }
+    std::optional<Backend::ModeScope> training_;  // every test; some nest a precision of their own
     // A weight of `shape` in format t on the backend under test: `lead` other values, then the
     // weight's, encoded together in one buffer; the weight is the view after the lead. Its
     // decoded values (what the format holds) go to *decoded.
@@ -75,8 +78,8 @@ TEST_P(WeightFormats, LinearReadsEachFormatAsStoredOnEveryPath) {
     // K = 45: no multiple of 4 (the matrix-vector shader's one-by-one loop).
     for (const Case c : {Case{37, 96, true}, Case{5, 160, true}, Case{19, 45, false}}) {
         for (const auto& [precision, tol] : precisions(c.K)) {
-            be().set_matmul_precision(precision);
-            cpu().set_matmul_precision(precision);
+            Backend::ModeScope mode(be(), {.precision = precision, .training = true});
+            Backend::ModeScope cpu_mode(cpu(), {.precision = precision});
             for (DType t : kFormats) {
                 if (t == DType::Q8_0 && !c.q8_0) continue;
                 for (int64_t lead : leads(t)) {
@@ -113,8 +116,8 @@ TEST_P(WeightFormats, GroupedMatmulReadsEachFormatAsStoredOnEveryPath) {
         const std::vector<int32_t> offsets = expert_offsets(counts);
         const int64_t S = offsets.back();
         for (const auto& [precision, tol] : precisions(K)) {
-            be().set_matmul_precision(precision);
-            cpu().set_matmul_precision(precision);
+            Backend::ModeScope mode(be(), {.precision = precision, .training = true});
+            Backend::ModeScope cpu_mode(cpu(), {.precision = precision});
             for (DType t : kFormats) {
                 for (int64_t lead : leads(t)) {
                     SCOPED_TRACE(std::string(to_string(t)) + " in " + to_string(precision) + " S " +
@@ -135,7 +138,8 @@ TEST_P(WeightFormats, GroupedMatmulReadsEachFormatAsStoredOnEveryPath) {
     }
 }
 
-TEST_P(WeightFormats, EmbeddingRowsAreTheDecodedRowsExactly) {
+// gather_rows from a stored table (the embedding) gives the decoded rows.
+TEST_P(WeightFormats, GatheredRowsAreTheDecodedRowsExactly) {
     SCOPED_TRACE(trace());
     const int64_t V = 23, d = 64, S = 40;
     for (DType t : kFormats) {
@@ -145,7 +149,7 @@ TEST_P(WeightFormats, EmbeddingRowsAreTheDecodedRowsExactly) {
             const Tensor tv = stored(t, {V, d}, lead, &table);
             const std::vector<int32_t> ids = ints(S, 0, static_cast<int32_t>(V));
             Tensor out = be().alloc({S, d});
-            be().embedding(tv, up_ids(be(), ids, {S}), out);
+            be().gather_rows(tv, up_ids(be(), ids, {S}), out);
             const std::vector<float> got = down(be(), out);
             for (int64_t s = 0; s < S; ++s)
                 for (int64_t c = 0; c < d; ++c)
@@ -153,19 +157,19 @@ TEST_P(WeightFormats, EmbeddingRowsAreTheDecodedRowsExactly) {
                         << "slot " << s << " col " << c;
         }
     }
-    // An id outside the vocabulary is reported for a stored table as for an fp32 one.
+    // A row outside the table is reported for a stored table as for an fp32 one.
     std::vector<float> table;
     const Tensor tv = stored(DType::Q8_0, {V, d}, kQ8_0BlockValues, &table);
     Tensor out = be().alloc({2, d});
-    be().embedding(tv, up_ids(be(), std::vector<int32_t>{1, static_cast<int32_t>(V)}, {2}), out);
+    be().gather_rows(tv, up_ids(be(), std::vector<int32_t>{1, static_cast<int32_t>(V)}, {2}), out);
     const std::string e = error_of([&] { down(be(), out); });
-    EXPECT_NE(e.find("token id 23 outside the vocabulary of 23"), std::string::npos) << e;
+    EXPECT_NE(e.find("row 23 outside [0, 23)"), std::string::npos) << e;
 }
 
 // A model holding each format against the CPU's f32 model on the decoded weights, in fp32.
 TEST_P(WeightFormats, ModelsInEachFormatMatchTheCpuOnTheDecodedWeights) {
     SCOPED_TRACE(trace());
-    be().set_matmul_precision(Precision::F32);
+    Backend::ModeScope mode(be(), {.precision = Precision::F32, .training = true});
     // test-tiny-swiglu's o_proj rows (48) are no whole Q8_0 blocks: they stay f16 in a Q8_0
     // model, so one model mixes formats.
     ModelConfig c = load_config(source_dir() + "/assets/configs/test-tiny-swiglu.json");

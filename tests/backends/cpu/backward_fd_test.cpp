@@ -187,42 +187,32 @@ const char* mode_name(bool prefill) {
     return prefill ? "accumulate onto random" : "zero-init";
 }
 
-// ---------------------------------------------------------------- embedding, gather_rows
-
-TEST_F(BackwardFiniteDiff, EmbeddingBackward) {
-    SCOPED_TRACE(trace());
-    const int64_t V = 11, d = 5, N = 7;
-    for (bool prefill : {false, true}) {
-        SCOPED_TRACE(mode_name(prefill));
-        auto table = normal(V * d);
-        Ids ids = ints(N, 0, static_cast<int32_t>(V - 1));  // row V-1 is never used: gradient 0
-        ids[1] = ids[0];
-        ids[4] = ids[0];  // one row gathered three times: contributions add up
-        ids[3] = static_cast<int32_t>(V - 2);
-        const Vec G = to_double(normal(N * d));
-        Grad d_table = grad({V, d}, prefill);
-        be().embedding_backward(up_ids(ids, {N}), up(to_float(G), {N, d}), d_table.t);
-        const Vec num = numeric_grad(
-            to_double(table), [&](const Vec& t) { return dot(G, ref::embedding(t, V, d, ids)); });
-        EXPECT_TRUE(GradClose(analytic(d_table), num));
-    }
-}
+// ---------------------------------------------------------------- gather_rows (the embedding)
 
 TEST_F(BackwardFiniteDiff, GatherRowsBackward) {
     SCOPED_TRACE(trace());
-    const int64_t N = 5, d = 4, S = 7;
-    for (bool prefill : {false, true}) {
-        SCOPED_TRACE(mode_name(prefill));
-        auto x = normal(N * d);
-        Ids rows = ints(S, 0, static_cast<int32_t>(N));
-        rows[2] = rows[0];  // a row gathered (at least) twice
-        rows[5] = static_cast<int32_t>(N - 1);
-        const Vec G = to_double(normal(S * d));
-        Grad d_x = grad({N, d}, prefill);
-        be().gather_rows_backward(up_ids(rows, {S}), up(to_float(G), {S, d}), d_x.t);
-        const Vec num = numeric_grad(
-            to_double(x), [&](const Vec& xv) { return dot(G, ref::gather_rows(xv, N, d, rows)); });
-        EXPECT_TRUE(GradClose(analytic(d_x), num));
+    struct Case {
+        int64_t N, d, S;
+    };
+    // An embedding's shape (more rows than tokens) and an expert gather's (more slots than rows).
+    for (const Case c : {Case{11, 5, 7}, Case{5, 4, 7}}) {
+        for (bool prefill : {false, true}) {
+            SCOPED_TRACE("N,d,S = " + dims({c.N, c.d, c.S}) + ", " + mode_name(prefill));
+            auto x = normal(c.N * c.d);
+            // Row N-1 is never used (gradient 0); one row is gathered three times (its
+            // contributions add up).
+            Ids rows = ints(c.S, 0, static_cast<int32_t>(c.N - 1));
+            rows[1] = rows[0];
+            rows[4] = rows[0];
+            rows[3] = static_cast<int32_t>(c.N - 2);
+            const Vec G = to_double(normal(c.S * c.d));
+            Grad d_x = grad({c.N, c.d}, prefill);
+            be().gather_rows_backward(up_ids(rows, {c.S}), up(to_float(G), {c.S, c.d}), d_x.t);
+            const Vec num = numeric_grad(to_double(x), [&](const Vec& xv) {
+                return dot(G, ref::gather_rows(xv, c.N, c.d, rows));
+            });
+            EXPECT_TRUE(GradClose(analytic(d_x), num));
+        }
     }
 }
 

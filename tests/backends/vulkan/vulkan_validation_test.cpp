@@ -44,7 +44,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
     };
     Tensor table = f({V, d}), ids = up_ids(be, ints(N, 0, V), {N});
     Tensor h = be.alloc({N, d}), a = be.alloc({N, d});
-    be.embedding(table, ids, h);
+    be.gather_rows(table, ids, h);
     be.norm(NormType::LayerNorm, h, f({d}), f({d}), 1e-5f, a);
     be.norm(NormType::RmsNorm, h, f({d}), Tensor{}, 1e-5f, a);
 
@@ -108,7 +108,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
 
     // Weights stored in 16 and 8 bits, each starting half-way into a 4-byte word (after one
     // f16 value, or one 34-byte Q8_0 block) and ending mid-word: matrix-vector, tiled and
-    // grouped matmuls and the embedding read them.
+    // grouped matmuls and gather_rows (the embedding) read them.
     for (DType t : {DType::BF16, DType::F16, DType::Q8_0}) {
         const int64_t lead = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
         const auto make = [&](Shape shape) {
@@ -124,7 +124,7 @@ TEST_P(VulkanValidation, ForwardOpsRunWithoutValidationErrors) {
         be.linear(a.rows(0, 1), w, Tensor{}, be.alloc({1, V}));
         be.grouped_matmul(xs, we, Tensor{}, off, hid);
         be.grouped_matmul(one.reshape({1, d}), we, Tensor{}, off, one_out.rows(0, 1));
-        be.embedding(w, ids, be.alloc({N, d}));
+        be.gather_rows(w, ids, be.alloc({N, d}));
     }
 
     Tensor aux = be.alloc({1}), losses = be.alloc({N}), lm = be.alloc({N, V});
@@ -155,10 +155,11 @@ TEST_P(VulkanValidation, TrainingStepsRunWithoutValidationErrors) {
         t->run([&](const TrainReport& r) { losses.push_back(r.loss); });
         ASSERT_EQ(losses.size(), 3u);
         for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+        EXPECT_FALSE(be.fp16_weights()) << "training reads f32 weights as they are";
     }
     be.synchronize();
     EXPECT_EQ(be.context().validation_errors(), 0u) << "see the messages printed above";
-    EXPECT_FALSE(be.fp16_weights()) << "training reads f32 weights as they are";
+    EXPECT_EQ(be.fp16_weights(), GetParam()) << "a trainer's mode ends with it";
 }
 
 // Recorded steps (run_recorded: a secondary command buffer) under the layer: recorded, replayed

@@ -170,7 +170,7 @@ void for_each_memory_case(Rng& rng, uint64_t seed, const std::function<void(Memo
                          std::to_string(m.B) + " T " + std::to_string(m.T) + " chunk " +
                          std::to_string(m.chunk_values / m.config.vocab_size) + " rows");
             m.be = make_backend("cpu");
-            m.be->set_matmul_precision(precision);
+            Backend::ModeScope mode(*m.be, {.precision = precision});
             m.model = std::make_unique<Model>(m.config, *m.be);
             m.model->init_random(seed);
             m.model->set_classifier_chunk_values(m.chunk_values);

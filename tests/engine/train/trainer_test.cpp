@@ -100,7 +100,7 @@ TEST_F(TrainerRun, StoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {
     first.reset();
     // Resumed on a backend that stands at bf16, as CUDA's default puts it: the fp32 run stays
     // fp32 (the bit-identical result below shows it).
-    be->set_matmul_precision(Precision::BF16);
+    Backend::ModeScope bf16(*be, {.precision = Precision::BF16});
     auto second = Trainer::resume(tmp / "parts", *be, nlohmann::json::object());
     EXPECT_EQ(be->matmul_precision(), Precision::F32);
     EXPECT_EQ(second->step(), 5);
