@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/option_flags.h"
 #include "dist/open_communicator.h"
 #include "engine/core/errors.h"
 #include "engine/core/format.h"
@@ -145,7 +146,7 @@ std::string run_backend_name(const BackendChoice& choice, const Backend& opened)
 // A resumed run trains on the backend it trained on (recorded in its checkpoints) unless
 // --backend or --device says otherwise: opens it, and sets `why` to where it came from for the
 // backend line ("" when the flags name the run's own).
-std::unique_ptr<Backend> open_resume_backend(Options& o, std::string& why) {
+OpenedBackend open_resume_backend(Options& o, std::string& why) {
     const std::string recorded = recorded_backend(o.resume).value_or("");
     if (o.backend_given || o.device_given) {
         auto backend = o.backend.open(/*announce=*/false);
@@ -162,7 +163,7 @@ std::unique_ptr<Backend> open_resume_backend(Options& o, std::string& why) {
     try {
         return o.backend.open(/*announce=*/false);
     } catch (const Error& e) {
-        const std::string said = std::string(e.what()) + " (the run trained on " + recorded +
+        const std::string said = e.message(cli::flag_of) + " (the run trained on " + recorded +
                                  "; --backend resumes it on another)";
         if (dynamic_cast<const UsageError*>(&e)) throw UsageError(said);
         throw Error(said);
@@ -396,7 +397,10 @@ void add_train_command(CLI::App& app, CommonOptions& common) {
             // message is the one to read first.
             if (comm->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
             const bool usage = dynamic_cast<const UsageError*>(&e) != nullptr;
-            comm->abort(std::string(usage ? "" : "error: ") + e.what(), usage ? 2 : 1);
+            const auto* error = dynamic_cast<const Error*>(&e);
+            comm->abort(std::string(usage ? "" : "error: ") +
+                            (error ? error->message(cli::flag_of) : std::string(e.what())),
+                        usage ? 2 : 1);
         }
     });
 }

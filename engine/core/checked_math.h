@@ -43,6 +43,14 @@ inline int64_t checked_product(std::initializer_list<int64_t> factors, const std
     for (int64_t f : factors) product = checked_mul(product, f, context);
     return product;
 }
+// The same for a product of options, named by their fields (option_text.h).
+inline int64_t checked_option_product(std::initializer_list<int64_t> factors,
+                                      const OptionText& options) {
+    int64_t product = 1;
+    for (int64_t f : factors)
+        if (__builtin_mul_overflow(product, f, &product)) throw_int64_overflow(options);
+    return product;
+}
 
 // The sum of all terms, checked at every step.
 inline int64_t checked_sum(std::initializer_list<int64_t> terms, const std::string& context) {

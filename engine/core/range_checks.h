@@ -7,22 +7,24 @@
 #include <functional>
 #include <string>
 
+#include "engine/core/option_text.h"
+
 namespace tmx {
 
 class RangeChecks {
   public:
     // report(name, problem) must throw.
-    using Report = std::function<void(const std::string& name, const std::string& problem)>;
+    using Report = std::function<void(const OptionText& name, const std::string& problem)>;
     explicit RangeChecks(Report report) : report_(std::move(report)) {}
 
-    void positive(int64_t v, const std::string& name) const;
-    void not_negative(int64_t v, const std::string& name) const;
+    void positive(int64_t v, const OptionText& name) const;
+    void not_negative(int64_t v, const OptionText& name) const;
     // A real number must be finite and in range. Finiteness is tested on its own: NaN fails every
     // comparison, so a range test written the wrong way round would let it through.
     // `expected` reads after "must be a finite number", e.g. "> 0" or "in [0, 1)".
-    void real(double v, bool in_range, const std::string& name, const std::string& expected) const;
+    void real(double v, bool in_range, const OptionText& name, const std::string& expected) const;
     // Any other rule: reports `problem` under `name` when `ok` is false.
-    void require(bool ok, const std::string& name, const std::string& problem) const;
+    void require(bool ok, const OptionText& name, const std::string& problem) const;
 
   private:
     Report report_;

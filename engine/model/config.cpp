@@ -50,8 +50,9 @@ const char* to_string(NormType n) {
 }
 
 void validate_config(const ModelConfig& c, const std::string& src) {
-    const RangeChecks check(
-        [&](const std::string& field, const std::string& problem) { fail(src, field, problem); });
+    const RangeChecks check([&](const OptionText& field, const std::string& problem) {
+        fail(src, field.spelled(), problem);
+    });
     check.positive(c.vocab_size, "vocab_size");
     check.positive(c.d_model, "d_model");
     check.positive(c.n_layers, "n_layers");

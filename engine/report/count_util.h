@@ -141,8 +141,9 @@ class FieldReader {
 
   private:
     RangeChecks checks() const {
-        return RangeChecks(
-            [this](const std::string& field, const std::string& problem) { fail(field, problem); });
+        return RangeChecks([this](const OptionText& field, const std::string& problem) {
+            fail(field.spelled(), problem);
+        });
     }
 
     const json& j_;

@@ -30,9 +30,9 @@ bool holds_more_than_a_lock(const std::string& run_dir) {
     return false;
 }
 
-std::string existing_run_refusal(const std::string& run_dir) {
-    return run_dir + ": exists and is not empty (continue a run with --resume " + run_dir +
-           ", or choose another --out)";
+OptionText existing_run_refusal(const std::string& run_dir) {
+    return run_dir + ": exists and is not empty (continue a run with " + opt("resume") + " " +
+           run_dir + ", or choose another " + opt("out") + ")";
 }
 
 // The first tensor of `layout` with a value that is not finite in the flat `values`, or "".
@@ -48,14 +48,16 @@ std::string first_nonfinite_tensor(const ParamLayout& layout, const std::vector<
 void refuse_existing_run(const std::string& run_dir) {
     if (!fs::exists(run_dir)) return;
     if (!fs::is_directory(run_dir))
-        throw Error("--out " + run_dir + ": exists and is not a directory");
+        throw Error(opt("out") + " " + run_dir + ": exists and is not a directory");
     if (holds_more_than_a_lock(run_dir)) throw Error(existing_run_refusal(run_dir));
 }
 
 std::unique_ptr<RunDirLock> create_run_dir(const std::string& run_dir) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);
-    if (ec) throw Error("--out " + run_dir + ": cannot create the run directory: " + ec.message());
+    if (ec)
+        throw Error(opt("out") + " " + run_dir +
+                    ": cannot create the run directory: " + ec.message());
     auto lock = std::make_unique<RunDirLock>(run_dir);
     // Taken since refuse_existing_run looked.
     if (holds_more_than_a_lock(run_dir)) throw Error(existing_run_refusal(run_dir));
@@ -86,7 +88,7 @@ TrainOptions resumed_options(const json& state, const std::string& state_path,
                                                 : options_json.value(key, json());
         if (value == current) continue;
         if (!resume_may_override(key))
-            throw UsageError(option_flag(key) +
+            throw UsageError(opt(key) +
                              " cannot change when resuming (it would change the run's math); "
                              "the run uses " +
                              current.dump());
@@ -105,8 +107,8 @@ ModelConfig check_resumable(const std::string& checkpoint, const TrainOptions& o
         throw UsageError((fs::path(checkpoint) / kStateFile).string() + ": the run trains in " +
                          to_string(options.precision) + " matmuls, which the " + backend.name() +
                          " backend has not (CUDA: bf16 needs compute capability 8.0 or "
-                         "newer); a run keeps its precision: resume it with --backend cpu "
-                         "or on a GPU that has them");
+                         "newer); a run keeps its precision: resume it with " +
+                         opt("backend") + " cpu or on a GPU that has them");
     ModelConfig config = load_checkpoint_config(checkpoint);
     // 8-bit weights lost what training needs; 16-bit ones widen to f32 exactly.
     if (checkpoint_weight_format(checkpoint) == DType::Q8_0)
@@ -219,7 +221,7 @@ void write_run_checkpoint(const Model& model, const std::string& dir, const RunC
         if (!tensor.empty())
             throw Error("step " + std::to_string(st.step) + ": the " + what + " of " + tensor +
                         " are no longer finite; not writing " + dir + " (" +
-                        last_checkpoint_phrase + "); lower --lr");
+                        last_checkpoint_phrase + "); lower " + opt("lr"));
     };
     refuse_nonfinite(model.params_to_host(), "weights");  // a copy freed before the write's own
     refuse_nonfinite(c.m, "optimizer moments (exp_avg)");

@@ -9,6 +9,7 @@
 #include "engine/core/errors.h"
 #include "engine/core/format.h"
 #include "engine/core/json_fields.h"
+#include "engine/core/option_text.h"
 #include "engine/core/range_checks.h"
 #include "engine/model/training_memory.h"
 
@@ -18,57 +19,64 @@ using nlohmann::json;
 
 namespace {
 
-// Options that change the run's cadence or budget but not its math: --resume may override them.
+// Options that change the run's cadence or budget but not its math: a resume may override them.
 // (skip_nonfinite changes only what happens to a step that is not finite; another backend
 // computes the same steps, to its rounding.)
 const char* const kResumeOverridable[] = {"max_steps",    "max_tokens",       "eval_every",
                                           "eval_batches", "checkpoint_every", "keep_last",
                                           "log_every",    "skip_nonfinite",   "backend"};
 
-// Token counts are products of flags; one that overflows is a usage error naming them.
-int64_t checked_flag_product(std::initializer_list<int64_t> factors, const std::string& flags) {
+// Token counts are products of options; one that overflows is a usage error naming them.
+int64_t checked_flag_product(std::initializer_list<int64_t> factors, const OptionText& options) {
     try {
-        return checked_product(factors, flags);
+        return checked_option_product(factors, options);
     } catch (const Error& e) {
-        throw UsageError(e.what());
+        throw UsageError(e.text());
     }
 }
 
 }  // namespace
 
 void validate_train_options(const TrainOptions& o, const ModelConfig& c) {
-    const RangeChecks check([](const std::string& flag, const std::string& problem) {
-        throw UsageError(flag + ": " + problem);
+    // Options are named by their fields (the front end spells them: tmx prints flags).
+    const RangeChecks check([](const OptionText& option, const std::string& problem) {
+        throw UsageError(option + ": " + problem);
     });
-    if (o.data_dir.empty()) throw UsageError("--data: a token dataset directory is required");
-    check.positive(o.batch_size, "--batch-size");
-    check.positive(o.grad_accum, "--grad-accum");
-    check.require(o.seq_len >= 0 && o.seq_len <= c.max_seq_len, "--seq-len",
+    if (o.data_dir.empty())
+        throw UsageError(opt("data_dir") + ": a token dataset directory is required");
+    check.positive(o.batch_size, opt("batch_size"));
+    check.positive(o.grad_accum, opt("grad_accum"));
+    check.require(o.seq_len >= 0 && o.seq_len <= c.max_seq_len, opt("seq_len"),
                   "must be between 1 and the model's max_seq_len (" +
                       std::to_string(c.max_seq_len) + "), got " + std::to_string(o.seq_len));
-    check.not_negative(o.max_steps, "--max-steps");
-    check.not_negative(o.max_tokens, "--max-tokens");
+    check.not_negative(o.max_steps, opt("max_steps"));
+    check.not_negative(o.max_tokens, opt("max_tokens"));
     if ((o.max_steps > 0) == (o.max_tokens > 0))
-        throw UsageError("give exactly one budget: --max-steps N or --max-tokens N");
-    check.real(o.lr, o.lr > 0, "--lr", "> 0");
-    check.real(o.min_lr, o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", "between 0 and --lr");
-    check.not_negative(o.warmup_steps, "--warmup-steps");
-    check.real(o.beta1, o.beta1 >= 0 && o.beta1 < 1, "--beta1", "in [0, 1)");
-    check.real(o.beta2, o.beta2 >= 0 && o.beta2 < 1, "--beta2", "in [0, 1)");
-    check.real(o.eps, o.eps > 0, "--eps", "> 0");
-    check.real(o.weight_decay, o.weight_decay >= 0, "--weight-decay", ">= 0");
-    check.real(o.grad_clip, o.grad_clip >= 0, "--grad-clip", ">= 0 (0 = off)");
-    check.not_negative(o.eval_every, "--eval-every");
-    check.positive(o.eval_batches, "--eval-batches");
-    check.not_negative(o.checkpoint_every, "--checkpoint-every");
-    check.positive(o.keep_last, "--keep-last");
-    check.positive(o.log_every, "--log-every");
-    check.not_negative(o.skip_nonfinite, "--skip-nonfinite");
+        throw UsageError("give exactly one budget: " + opt("max_steps") + " N or " +
+                         opt("max_tokens") + " N");
+    check.real(o.lr, o.lr > 0, opt("lr"), "> 0");
+    if (!std::isfinite(o.min_lr) || o.min_lr < 0 || o.min_lr > o.lr)
+        throw UsageError(opt("min_lr") + ": must be a finite number between 0 and " + opt("lr") +
+                         ", got " + format_real(o.min_lr));
+    check.not_negative(o.warmup_steps, opt("warmup_steps"));
+    check.real(o.beta1, o.beta1 >= 0 && o.beta1 < 1, opt("beta1"), "in [0, 1)");
+    check.real(o.beta2, o.beta2 >= 0 && o.beta2 < 1, opt("beta2"), "in [0, 1)");
+    check.real(o.eps, o.eps > 0, opt("eps"), "> 0");
+    check.real(o.weight_decay, o.weight_decay >= 0, opt("weight_decay"), ">= 0");
+    check.real(o.grad_clip, o.grad_clip >= 0, opt("grad_clip"), ">= 0 (0 = off)");
+    check.not_negative(o.eval_every, opt("eval_every"));
+    check.positive(o.eval_batches, opt("eval_batches"));
+    check.not_negative(o.checkpoint_every, opt("checkpoint_every"));
+    check.positive(o.keep_last, opt("keep_last"));
+    check.positive(o.log_every, opt("log_every"));
+    check.not_negative(o.skip_nonfinite, opt("skip_nonfinite"));
     const int64_t seq = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
-    const int64_t per_step = checked_flag_product({o.batch_size, o.grad_accum, seq},
-                                                  "--batch-size x --grad-accum x --seq-len");
-    checked_flag_product({o.max_steps, per_step}, "--max-steps x tokens per step");
-    checked_flag_product({o.eval_batches, o.batch_size}, "--eval-batches x --batch-size");
+    const int64_t per_step = checked_flag_product(
+        {o.batch_size, o.grad_accum, seq},
+        opt("batch_size") + " x " + opt("grad_accum") + " x " + opt("seq_len"));
+    checked_flag_product({o.max_steps, per_step}, opt("max_steps") + " x tokens per step");
+    checked_flag_product({o.eval_batches, o.batch_size},
+                         opt("eval_batches") + " x " + opt("batch_size"));
 }
 
 json train_options_to_json(const TrainOptions& o) {
@@ -127,15 +135,16 @@ TrainOptions train_options_from_json(const json& j, const std::string& source) {
     // Absent before bf16 existed: those runs were fp32.
     if (j.contains("precision"))
         o.precision = parse_precision(f.string("precision"), source + ": precision");
-    // Absent before it was recorded: such a run resumes where --backend (auto) says.
+    // Absent before it was recorded: such a run resumes on the backend `auto` picks.
     if (j.contains("backend")) o.backend = f.string("backend");
     return o;
 }
 
 void check_train_memory(const ModelConfig& c, const TrainOptions& o, const Backend& backend) {
-    check_training_memory(
-        c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision, backend,
-        {"--batch-size", "--seq-len", " (--grad-accum keeps the tokens per step)"});
+    check_training_memory(c, o.batch_size, o.seq_len > 0 ? o.seq_len : c.max_seq_len, o.precision,
+                          backend,
+                          {opt("batch_size"), opt("seq_len"),
+                           " (" + opt("grad_accum") + " keeps the tokens per step)"});
 }
 
 double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps) {
@@ -163,13 +172,6 @@ Backend::AdamWParams adamw_params(const TrainOptions& o, int64_t step, int64_t m
 bool resume_may_override(const std::string& key) {
     return std::find(std::begin(kResumeOverridable), std::end(kResumeOverridable), key) !=
            std::end(kResumeOverridable);
-}
-
-// "grad_accum" -> "--grad-accum".
-std::string option_flag(const std::string& key) {
-    std::string flag = "--" + key;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    return flag;
 }
 
 }  // namespace tmx

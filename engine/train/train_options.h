@@ -47,7 +47,7 @@ nlohmann::json train_options_to_json(const TrainOptions& o);
 // Throws tmx::Error naming `source` and the field for a missing or mistyped option.
 TrainOptions train_options_from_json(const nlohmann::json& j, const std::string& source);
 
-// Throws tmx::UsageError naming the flag of the first option out of range for `config`.
+// Throws tmx::UsageError naming (by field) the first option out of range for `config`.
 void validate_train_options(const TrainOptions& o, const ModelConfig& config);
 
 // The learning rate at a 0-based step: linear warmup, then cosine decay to min_lr at max_steps.
@@ -58,14 +58,12 @@ double learning_rate(const TrainOptions& o, int64_t step, int64_t max_steps);
 Backend::AdamWParams adamw_params(const TrainOptions& o, int64_t step, int64_t max_steps,
                                   double grad_norm);
 
-// Throws tmx::UsageError naming --batch-size and --seq-len when a step of the run needs more
+// Throws tmx::UsageError naming batch_size and seq_len when a step of the run needs more
 // memory than `backend` has (model/training_memory.h).
 void check_train_memory(const ModelConfig& config, const TrainOptions& o, const Backend& backend);
 
-// Whether --resume may change the option (its JSON key): those that change the run's cadence or
-// budget but not its math.
+// Whether a resume may change the option (its JSON key, which is also its field): those that
+// change the run's cadence or budget but not its math.
 bool resume_may_override(const std::string& key);
-// The flag of an option's JSON key: "grad_accum" -> "--grad-accum".
-std::string option_flag(const std::string& key);
 
 }  // namespace tmx

@@ -187,13 +187,13 @@ Trainer::StepOutcome Trainer::reject_nonfinite(const std::string& what, double l
         unsaved_ = true;
         return StepOutcome::Skipped;
     }
-    const std::string advice =
-        options_.skip_nonfinite > 0
-            ? "the run has had " + std::to_string(nonfinite_skipped_ + 1) +
-                  " non-finite steps, more than --skip-nonfinite " +
-                  std::to_string(options_.skip_nonfinite) + " allows"
-            : "lower --lr or --grad-clip, or resume with --skip-nonfinite N to skip up to N "
-              "such steps";
+    const OptionText advice = options_.skip_nonfinite > 0
+                                  ? "the run has had " + std::to_string(nonfinite_skipped_ + 1) +
+                                        " non-finite steps, more than " + opt("skip_nonfinite") +
+                                        " " + std::to_string(options_.skip_nonfinite) + " allows"
+                                  : "lower " + opt("lr") + " or " + opt("grad_clip") +
+                                        ", or resume with " + opt("skip_nonfinite") +
+                                        " N to skip up to N such steps";
     const std::string unlogged = log_before_error(line);
     throw Error("step " + std::to_string(step) + ": the " + what + " is " + format_real(value) +
                 "; the step was not applied and no checkpoint was written (" +
@@ -323,7 +323,7 @@ bool Trainer::evaluate_and_keep_best(const StopPredicate& should_stop, TrainRepo
         throw Error("step " + std::to_string(step_) + ": the validation loss is " +
                     format_real(*val) +
                     ": the weights are no longer usable; no checkpoint was written (" +
-                    last_checkpoint_phrase() + "); lower --lr" + unlogged);
+                    last_checkpoint_phrase() + "); lower " + opt("lr") + unlogged);
     }
     report.val_loss = *val;
     if (!best_val_loss_ || *val < *best_val_loss_) {
@@ -374,8 +374,9 @@ void Trainer::stop_after_metrics_failure(const Error& failure) {
                 "and its checkpoint could not be written either (" + std::string(e.what()) + ")";
         }
     }
-    throw Error(std::string(failure.what()) + "; the run stopped at step " + std::to_string(step_) +
-                " " + outcome + "; resume with --resume " + run_dir_ + " once it can be written");
+    throw Error(failure.text() + "; the run stopped at step " + std::to_string(step_) + " " +
+                outcome + "; resume with " + opt("resume") + " " + run_dir_ +
+                " once it can be written");
 }
 
 TrainReport Trainer::run(const std::function<void(const TrainReport&)>& on_report,

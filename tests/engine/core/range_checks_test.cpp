@@ -21,8 +21,8 @@ struct Reported : std::runtime_error {
 };
 
 std::string problem_of(const std::function<void(const RangeChecks&)>& rule) {
-    const RangeChecks check([](const std::string& name, const std::string& problem) {
-        throw Reported(name + " | " + problem);
+    const RangeChecks check([](const OptionText& name, const std::string& problem) {
+        throw Reported(name.spelled() + " | " + problem);
     });
     try {
         rule(check);

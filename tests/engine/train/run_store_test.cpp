@@ -127,7 +127,7 @@ TEST(RunStore, ACheckpointOfNonFiniteWeightsOrMomentsIsRefused) {
               }),
               "step 12: the optimizer moments (exp_avg_sq) of " + tensor->name +
                   " are no longer finite; not writing " + dir +
-                  " (the last checkpoint is run/step_00000010); lower --lr");
+                  " (the last checkpoint is run/step_00000010); lower lr");
     std::vector<float> weights = model.params_to_host();
     weights[at] = NAN;
     be->upload(model.params(), weights.data());
@@ -184,10 +184,10 @@ TEST(RunStore, AResumeOverridesTheCadenceBudgetAndBackendButNotTheMath) {
     EXPECT_EQ(r.lr, o.lr);
     try {
         resumed_options(state, "s.json", {{"batch_size", 8}});
-        ADD_FAILURE() << "--batch-size changed on resume";
+        ADD_FAILURE() << "batch_size changed on resume";
     } catch (const UsageError& e) {
         EXPECT_EQ(std::string(e.what()),
-                  "--batch-size cannot change when resuming (it would change the run's math); "
+                  "batch_size cannot change when resuming (it would change the run's math); "
                   "the run uses 4");
     }
     // A run from before "precision" existed trained in fp32: fp32 is no change to it.
@@ -270,14 +270,14 @@ TEST(RunStore, ANewRunTakesAnEmptyDirectoryAndRefusesOneThatHoldsARun) {
         const auto lock = create_run_dir(run);
         EXPECT_EQ(read_file(run + "/metrics.jsonl"), "");
         EXPECT_EQ(test::error_of([&] { refuse_existing_run(run); }),
-                  run + ": exists and is not empty (continue a run with --resume " + run +
-                      ", or choose another --out)");
+                  run + ": exists and is not empty (continue a run with resume " + run +
+                      ", or choose another out)");
     }
     fs::remove(run + "/metrics.jsonl");
     EXPECT_EQ(test::error_of([&] { refuse_existing_run(run); }), "");  // a lock file alone
     test::write_text(tmp / "file", "");
     EXPECT_EQ(test::error_of([&] { refuse_existing_run(tmp / "file"); }),
-              "--out " + (tmp / "file") + ": exists and is not a directory");
+              "out " + (tmp / "file") + ": exists and is not a directory");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // A run's options alone: their JSON form (what every checkpoint carries) both ways, the fields
-// older checkpoints lack, which options --resume may change, and the checks that name a flag.
+// older checkpoints lack, which options a resume may change, and the checks that name an option
+// (by its field: tmx prints its flag, apps/option_flags.h).
 #include "engine/train/train_options.h"
 
 #include <gtest/gtest.h>
@@ -114,8 +115,6 @@ TEST(TrainOptions, ResumeMayChangeTheCadenceBudgetAndBackendButNotTheMath) {
     for (const std::string& key : may) EXPECT_TRUE(resume_may_override(key)) << key;
     for (const std::string& key : may_not) EXPECT_FALSE(resume_may_override(key)) << key;
     EXPECT_FALSE(resume_may_override("no_such_option"));
-    EXPECT_EQ(option_flag("grad_accum"), "--grad-accum");
-    EXPECT_EQ(option_flag("skip_nonfinite"), "--skip-nonfinite");
 }
 
 // Each check names its flag, first in the message; options in range pass.
@@ -144,36 +143,36 @@ TEST(TrainOptions, ValidationNamesTheFlagOfTheFirstOptionOutOfRange) {
         std::function<void(TrainOptions&)> edit;
     };
     const Case cases[] = {
-        {"--data", [](TrainOptions& o) { o.data_dir.clear(); }},
-        {"--batch-size", [](TrainOptions& o) { o.batch_size = 0; }},
-        {"--grad-accum", [&](TrainOptions& o) { o.grad_accum = negative; }},
-        {"--seq-len", [&](TrainOptions& o) { o.seq_len = c.max_seq_len + 1; }},
-        {"--max-steps", [&](TrainOptions& o) { o.max_steps = negative; }},
-        {"--lr", [](TrainOptions& o) { o.lr = 0.0; }},
-        {"--min-lr", [](TrainOptions& o) { o.min_lr = 2 * o.lr; }},
-        {"--warmup-steps", [&](TrainOptions& o) { o.warmup_steps = negative; }},
-        {"--beta1", [](TrainOptions& o) { o.beta1 = 1.0; }},
-        {"--beta2", [](TrainOptions& o) { o.beta2 = std::nan(""); }},
-        {"--eps", [](TrainOptions& o) { o.eps = -1e-8; }},
-        {"--weight-decay", [](TrainOptions& o) { o.weight_decay = -0.1; }},
-        {"--grad-clip", [](TrainOptions& o) { o.grad_clip = INFINITY; }},
-        {"--eval-every", [&](TrainOptions& o) { o.eval_every = negative; }},
-        {"--eval-batches", [](TrainOptions& o) { o.eval_batches = 0; }},
-        {"--checkpoint-every", [&](TrainOptions& o) { o.checkpoint_every = negative; }},
-        {"--keep-last", [](TrainOptions& o) { o.keep_last = 0; }},
-        {"--log-every", [](TrainOptions& o) { o.log_every = 0; }},
-        {"--skip-nonfinite", [&](TrainOptions& o) { o.skip_nonfinite = negative; }},
+        {"data_dir", [](TrainOptions& o) { o.data_dir.clear(); }},
+        {"batch_size", [](TrainOptions& o) { o.batch_size = 0; }},
+        {"grad_accum", [&](TrainOptions& o) { o.grad_accum = negative; }},
+        {"seq_len", [&](TrainOptions& o) { o.seq_len = c.max_seq_len + 1; }},
+        {"max_steps", [&](TrainOptions& o) { o.max_steps = negative; }},
+        {"lr", [](TrainOptions& o) { o.lr = 0.0; }},
+        {"min_lr", [](TrainOptions& o) { o.min_lr = 2 * o.lr; }},
+        {"warmup_steps", [&](TrainOptions& o) { o.warmup_steps = negative; }},
+        {"beta1", [](TrainOptions& o) { o.beta1 = 1.0; }},
+        {"beta2", [](TrainOptions& o) { o.beta2 = std::nan(""); }},
+        {"eps", [](TrainOptions& o) { o.eps = -1e-8; }},
+        {"weight_decay", [](TrainOptions& o) { o.weight_decay = -0.1; }},
+        {"grad_clip", [](TrainOptions& o) { o.grad_clip = INFINITY; }},
+        {"eval_every", [&](TrainOptions& o) { o.eval_every = negative; }},
+        {"eval_batches", [](TrainOptions& o) { o.eval_batches = 0; }},
+        {"checkpoint_every", [&](TrainOptions& o) { o.checkpoint_every = negative; }},
+        {"keep_last", [](TrainOptions& o) { o.keep_last = 0; }},
+        {"log_every", [](TrainOptions& o) { o.log_every = 0; }},
+        {"skip_nonfinite", [&](TrainOptions& o) { o.skip_nonfinite = negative; }},
     };
     for (const Case& k : cases) {
         const std::string e = flag_of(k.edit);
         EXPECT_EQ(e.rfind(std::string(k.flag) + ":", 0), 0u) << k.flag << ": " << e;
     }
     EXPECT_EQ(flag_of([](TrainOptions& o) { o.max_tokens = 100; }),
-              "give exactly one budget: --max-steps N or --max-tokens N");
+              "give exactly one budget: max_steps N or max_tokens N");
     EXPECT_NE(flag_of([](TrainOptions& o) {
                   o.batch_size = int64_t{1} << 40;
                   o.grad_accum = int64_t{1} << 40;
-              }).find("--batch-size x --grad-accum x --seq-len"),
+              }).find("batch_size x grad_accum x seq_len"),
               std::string::npos);
 }
 

@@ -254,7 +254,7 @@ TEST_F(TrainerRun, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
         Trainer::resume(tmp / "parts", *fresh, nlohmann::json{{"precision", "fp32"}});
         ADD_FAILURE() << "a resume in fp32 of a bf16 run was accepted";
     } catch (const UsageError& e) {
-        EXPECT_NE(std::string(e.what()).find("--precision cannot change"), std::string::npos)
+        EXPECT_NE(std::string(e.what()).find("precision cannot change"), std::string::npos)
             << e.what();
         EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
     }
@@ -275,7 +275,7 @@ TEST_F(TrainerRun, Bf16MatmulsLearnAndResumeBitIdenticallyInTheRunsPrecision) {
         EXPECT_NE(what.find("trainer_state.json"), std::string::npos) << what;
         EXPECT_NE(what.find("bf16 matmuls, which the no-bf16 backend has not"), std::string::npos)
             << what;
-        EXPECT_NE(what.find("--backend cpu"), std::string::npos) << what;
+        EXPECT_NE(what.find("backend cpu"), std::string::npos) << what;
     }
     EXPECT_EQ(read_file(tmp / "parts/metrics.jsonl"), metrics);
     EXPECT_EQ(no_bf16.memory_stats().peak_bytes, 0u);  // refused before allocating
@@ -295,16 +295,16 @@ TEST_F(TrainerRun, BadOptionsAndMismatchedDataGiveClearErrors) {
     TrainOptions o = small_options(tmp / "data");
     TrainOptions bad = o;
     bad.batch_size = 0;
-    EXPECT_NE(error_of(bad, "r1").find("--batch-size"), std::string::npos);
+    EXPECT_NE(error_of(bad, "r1").find("batch_size"), std::string::npos);
     bad = o;
     bad.max_tokens = 1000;
     EXPECT_NE(error_of(bad, "r2").find("exactly one budget"), std::string::npos);
     bad = o;
     bad.seq_len = 33;
-    EXPECT_NE(error_of(bad, "r3").find("--seq-len"), std::string::npos);
+    EXPECT_NE(error_of(bad, "r3").find("seq_len"), std::string::npos);
     bad = o;
     bad.min_lr = 1.0;
-    EXPECT_NE(error_of(bad, "r4").find("--min-lr"), std::string::npos);
+    EXPECT_NE(error_of(bad, "r4").find("min_lr"), std::string::npos);
     bad = o;
     bad.data_dir = tmp / "data300";
     std::string e = error_of(bad, "r5");
@@ -316,7 +316,7 @@ TEST_F(TrainerRun, BadOptionsAndMismatchedDataGiveClearErrors) {
     // An existing run is not overwritten by a new one.
     fs::create_directories(tmp / "r7");
     test::write_text(tmp / "r7/metrics.jsonl", "{}\n");
-    EXPECT_NE(error_of(o, "r7").find("--resume"), std::string::npos);
+    EXPECT_NE(error_of(o, "r7").find("resume"), std::string::npos);
     // Resuming may not change the math.
     auto t = Trainer::start(tiny_config(), o, tmp / "r8", 0, *be);
     std::atomic<bool> stop{true};
@@ -405,18 +405,18 @@ TEST_F(TrainerRun, NonFiniteOrOutOfRangeHyperparametersAreUsageErrorsNamingTheFl
         double TrainOptions::*field;
         double value;
     };
-    for (const Case c : {Case{"--lr", &TrainOptions::lr, inf},
-                         {"--lr", &TrainOptions::lr, nan},
-                         {"--min-lr", &TrainOptions::min_lr, nan},
-                         {"--min-lr", &TrainOptions::min_lr, -inf},
-                         {"--grad-clip", &TrainOptions::grad_clip, nan},
-                         {"--grad-clip", &TrainOptions::grad_clip, inf},
-                         {"--eps", &TrainOptions::eps, inf},
-                         {"--eps", &TrainOptions::eps, 0.0},
-                         {"--weight-decay", &TrainOptions::weight_decay, nan},
-                         {"--weight-decay", &TrainOptions::weight_decay, inf},
-                         {"--beta1", &TrainOptions::beta1, nan},
-                         {"--beta2", &TrainOptions::beta2, 1.0}}) {
+    for (const Case c : {Case{"lr", &TrainOptions::lr, inf},
+                         {"lr", &TrainOptions::lr, nan},
+                         {"min_lr", &TrainOptions::min_lr, nan},
+                         {"min_lr", &TrainOptions::min_lr, -inf},
+                         {"grad_clip", &TrainOptions::grad_clip, nan},
+                         {"grad_clip", &TrainOptions::grad_clip, inf},
+                         {"eps", &TrainOptions::eps, inf},
+                         {"eps", &TrainOptions::eps, 0.0},
+                         {"weight_decay", &TrainOptions::weight_decay, nan},
+                         {"weight_decay", &TrainOptions::weight_decay, inf},
+                         {"beta1", &TrainOptions::beta1, nan},
+                         {"beta2", &TrainOptions::beta2, 1.0}}) {
         TrainOptions o = small_options(tmp / "data");
         o.*c.field = c.value;
         SCOPED_TRACE(std::string(c.flag) + " " + std::to_string(c.value));
@@ -433,7 +433,7 @@ TEST_F(TrainerRun, NonFiniteOrOutOfRangeHyperparametersAreUsageErrorsNamingTheFl
     o.grad_accum = int64_t{1} << 40;
     EXPECT_NE(error_of([&] {
                   Trainer::start(tiny_config(), o, tmp / "run", 0, *be);
-              }).find("--batch-size x --grad-accum x --seq-len"),
+              }).find("batch_size x grad_accum x seq_len"),
               std::string::npos);
 }
 
@@ -482,7 +482,7 @@ TEST_F(TrainerRun, SkipNonfiniteSkipsUpToItsLimitWithoutTouchingTheWeights) {
     // Step 1 applies (its loss was computed before the update); steps 2 and 3 are skipped;
     // step 4 is one too many.
     EXPECT_NE(e.find("step 4:"), std::string::npos) << e;
-    EXPECT_NE(e.find("more than --skip-nonfinite 2"), std::string::npos) << e;
+    EXPECT_NE(e.find("more than skip_nonfinite 2"), std::string::npos) << e;
     EXPECT_EQ(t->step(), 3);
     EXPECT_EQ(t->model().params_to_host(), after_first_step);
     // A rejected step keeps none of its activations: what stays is the weights, gradients and
@@ -750,7 +750,7 @@ TEST_F(TrainerRun, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocat
     // 1 EiB; both fit the token-count arithmetic.
     for (const int64_t batch : {(int64_t{1} << 30) + static_cast<int64_t>(rng.below(1 << 30)),
                                 (int64_t{1} << 52) + static_cast<int64_t>(rng.below(1 << 30))}) {
-        SCOPED_TRACE("--batch-size " + std::to_string(batch));
+        SCOPED_TRACE("batch_size " + std::to_string(batch));
         ASSERT_GT(be->memory_capacity(), 0u);
         o.batch_size = batch;
         std::string e;
@@ -759,8 +759,8 @@ TEST_F(TrainerRun, ABatchBeyondTheMemoryEstimateIsRefusedBeforeAnythingIsAllocat
         } catch (const UsageError& u) {
             e = u.what();
         }
-        EXPECT_NE(e.find("--batch-size"), std::string::npos) << e;
-        EXPECT_NE(e.find("--seq-len"), std::string::npos) << e;
+        EXPECT_NE(e.find("batch_size"), std::string::npos) << e;
+        EXPECT_NE(e.find("seq_len"), std::string::npos) << e;
         EXPECT_TRUE(e.find("more than the cpu backend's") != std::string::npos ||
                     e.find("more than the limit of 1 EiB") != std::string::npos)
             << e;
