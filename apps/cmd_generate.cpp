@@ -7,6 +7,7 @@
 #include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/data/tokenizer.h"
+#include "engine/infer/chat_template.h"
 #include "engine/infer/generator.h"
 #include "engine/model/checkpoint.h"
 
@@ -38,7 +39,8 @@ double per_second(double count, double seconds) {
 
 void add_generate_command(CLI::App& app, CommonOptions& common) {
     struct Options {
-        std::string model, prompt, prompts_file, tokenizer;
+        std::string model, prompt, prompts_file, tokenizer, system, chat_template;
+        bool chat = false;
         BackendChoice backend;
         WeightsChoice weights;
         std::vector<std::string> stop;
@@ -61,6 +63,16 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                                  "as one batch; each result prints when the batch is done")
                      ->check(CLI::ExistingFile);
     prompt->excludes(file);
+    sub->add_flag("--chat", opts->chat,
+                  "Each prompt is a user's message: the model's chat template (its "
+                  "tokenizer_config.json's chat_template) makes the conversation's prompt and "
+                  "the reply prints");
+    sub->add_option("--system", opts->system, "With --chat: a system message before the user's")
+        ->needs("--chat");
+    sub->add_option("--chat-template", opts->chat_template,
+                    "With --chat: a Jinja chat template file to use instead of the model's own")
+        ->check(CLI::ExistingFile)
+        ->needs("--chat");
     sub->add_option("--max-new-tokens", g.max_new_tokens,
                     "Tokens to generate at most per prompt (generation also stops at the end "
                     "of a document: EOS, or BOS starting the next)")
@@ -128,13 +140,26 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                 ": the checkpoint has no tokenizer.model or tokenizer.json (copy one in, or pass "
                 "--tokenizer FILE)");
         const Tokenizer tokenizer = Tokenizer::load(tok_path);
+        // With --chat, each prompt as a conversation's tokens, rendered by the chat template.
+        std::vector<std::vector<int32_t>> chat_ids;
+        if (opts->chat) {
+            const ChatPrompt chat =
+                ChatPrompt::for_tokenizer(tokenizer, tok_path, opts->chat_template);
+            std::fprintf(stderr, "chat template: %s\n", chat.source().c_str());
+            for (const std::string& p : prompts) {
+                std::vector<ChatMessage> messages;
+                if (!opts->system.empty()) messages.push_back({"system", opts->system});
+                messages.push_back({"user", p});
+                chat_ids.push_back(chat.tokens(messages));
+            }
+        }
         auto backend = opts->backend.open();
         auto model = opts->weights.load(opts->model, *backend);
 
         const bool single = prompts.size() == 1;
         TextCallback stream;
         if (!opts->json && single) {
-            std::fputs(prompts[0].c_str(), stdout);
+            if (!opts->chat) std::fputs(prompts[0].c_str(), stdout);  // a chat prints the reply
             std::fflush(stdout);
             stream = [](size_t, std::string_view text) {
                 std::fwrite(text.data(), 1, text.size(), stdout);
@@ -143,7 +168,9 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
         }
         const auto t0 = std::chrono::steady_clock::now();
         const std::vector<TextGeneration> results =
-            generate_text(*model, tokenizer, prompts, opts->gen, opts->stop, stream);
+            opts->chat
+                ? generate_text(*model, tokenizer, prompts, chat_ids, opts->gen, opts->stop, stream)
+                : generate_text(*model, tokenizer, prompts, opts->gen, opts->stop, stream);
         const double wall =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -128,7 +128,8 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         ->check(in_range<int64_t>(1024, int64_t{1} << 30))
         ->capture_default_str();
     sub->add_option("--chat-template", o->chat_template,
-                    "Text file whose {{messages}} is replaced by the 'role: content' lines")
+                    "Jinja chat template file to use instead of the model's own (its "
+                    "tokenizer_config.json's chat_template)")
         ->check(CLI::ExistingFile);
     sub->add_option("--prefill-budget", o->prefill_budget,
                     "Prompt tokens prefilled between two decode steps: more gives new requests "
@@ -156,11 +157,13 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         const std::string tok_path = checkpoint_tokenizer(o->model);
         load_checkpoint_config(o->model);
         if (tok_path.empty())
-            throw Error(o->model + ": the checkpoint has no tokenizer.model, which serving needs");
+            throw Error(o->model +
+                        ": the checkpoint has no tokenizer.model or tokenizer.json, "
+                        "which serving needs");
         const Tokenizer tokenizer = Tokenizer::load(tok_path);
         if (tokenizer.bos_id() < 0) throw Error(tok_path + ": the tokenizer has no BOS token");
-        const std::string chat_template =
-            o->chat_template.empty() ? std::string() : read_file(o->chat_template);
+        ChatPrompt chat = ChatPrompt::for_tokenizer(tokenizer, tok_path, o->chat_template);
+        std::fprintf(stderr, "chat template: %s\n", chat.source().c_str());
 
         // SIGINT and SIGTERM go to a watcher thread (blocked here before any thread starts).
         sigset_t signals;
@@ -186,7 +189,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         });
         std::string model_name = std::filesystem::path(o->model).filename().string();
         if (model_name.empty()) model_name = "tmx";
-        serve::Server srv(tokenizer, loop, model_name, o->api_key, chat_template, o->limits);
+        serve::Server srv(tokenizer, loop, model_name, o->api_key, std::move(chat), o->limits);
 
         http.new_task_queue = [n = o->parallel + o->queue + 8] {
             return new HttpThreads(static_cast<size_t>(n));

@@ -359,16 +359,4 @@ std::string dump(const json& j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string render_chat(const std::vector<ChatMessage>& messages, const std::string& tmpl) {
-    std::string lines;
-    for (const auto& m : messages) lines += m.role + ": " + m.content + "\n";
-    lines += "assistant:";
-    if (tmpl.empty()) return lines;
-    std::string out = tmpl;
-    const std::string key = "{{messages}}";
-    for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at + lines.size()))
-        out.replace(at, key.size(), lines);
-    return out;
-}
-
 }  // namespace tmx::serve

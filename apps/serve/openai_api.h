@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/infer/chat_template.h"
 #include "engine/infer/completion_session.h"
 #include "engine/infer/scheduler.h"
 
@@ -33,10 +34,6 @@ struct ApiLimits {
     // Prompt tokens that echo with logprobs scores in one request, over all its choices: each
     // score is held until the answer is sent.
     int64_t max_scored_tokens = 65536;
-};
-
-struct ChatMessage {
-    std::string role, content;
 };
 
 // A completion or chat request, read and checked: what the engine completes (CompletionParams:
@@ -110,10 +107,5 @@ struct TokenizeRequest {
 TokenizeRequest parse_tokenize_request(const std::string& body);
 // POST /detokenize: {"tokens": [ids]}; the vocabulary is checked where the model is known.
 std::vector<int32_t> parse_detokenize_request(const std::string& body);
-
-// The default chat template: one line "role: content" per message, then "assistant:", for
-// models that were not chat-tuned (tmx's are not). A --chat-template file replaces it: its text
-// with {{messages}} replaced by those lines.
-std::string render_chat(const std::vector<ChatMessage>& messages, const std::string& tmpl);
 
 }  // namespace tmx::serve

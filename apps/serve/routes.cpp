@@ -125,12 +125,12 @@ void complete(Server& srv, bool chat, const httplib::Request& req, httplib::Resp
 }  // namespace
 
 Server::Server(const Tokenizer& tokenizer, ServeLoop& loop, std::string model_name,
-               std::string api_key, std::string chat_template, const ApiLimits& limits)
+               std::string api_key, ChatPrompt chat, const ApiLimits& limits)
     : tokenizer(tokenizer),
       loop(loop),
       model_name(std::move(model_name)),
       api_key(std::move(api_key)),
-      chat_template(std::move(chat_template)),
+      chat(std::move(chat)),
       limits(limits),
       session(
           tokenizer, loop,
@@ -146,10 +146,13 @@ std::shared_ptr<Completion> Server::start(const CompletionRequest& r) {
     try {
         if (!r.chat) return session.start(r);
         CompletionParams rendered = r;
-        rendered.prompts = {render_chat(r.messages, chat_template)};
+        rendered.prompts.clear();
+        rendered.prompt_tokens = {chat.tokens(r.messages)};
         return session.start(rendered);
     } catch (const CompletionError& e) {
         throw api_error(e, r);
+    } catch (const jinja::TemplateRaised& e) {
+        throw ApiError{400, e.message(), "messages", "", "invalid_request_error"};
     }
 }
 

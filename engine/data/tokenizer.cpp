@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -356,6 +357,39 @@ void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
         json_->encode(text, false, out);
     else
         encode_with(*sp_, text, out, path_);
+}
+
+std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text) const {
+    if (json_) return encode(text);
+    // The control pieces, longest first, matched leftmost.
+    std::vector<int32_t> specials;
+    for (int32_t id = 0; id < vocab_size(); ++id)
+        if (is_control(id) && !piece(id).empty()) specials.push_back(id);
+    std::sort(specials.begin(), specials.end(),
+              [&](int32_t a, int32_t b) { return piece(a).size() > piece(b).size(); });
+    std::vector<int32_t> out, part;
+    size_t start = 0;
+    const auto flush = [&](size_t end) {
+        if (end > start) {
+            encode(text.substr(start, end - start), part);
+            out.insert(out.end(), part.begin(), part.end());
+        }
+    };
+    for (size_t i = 0; i < text.size();) {
+        const auto hit = std::find_if(specials.begin(), specials.end(), [&](int32_t id) {
+            return text.substr(i).starts_with(piece(id));
+        });
+        if (hit == specials.end()) {
+            ++i;
+            continue;
+        }
+        flush(i);
+        out.push_back(*hit);
+        i += piece(*hit).size();
+        start = i;
+    }
+    flush(text.size());
+    return out;
 }
 
 void Tokenizer::encode_continuation(std::string_view text, std::vector<int32_t>& out) const {

@@ -55,6 +55,11 @@ class Tokenizer {
     // Text to ids, without BOS/EOS. Thread-safe (const).
     std::vector<int32_t> encode(std::string_view text) const;
     void encode(std::string_view text, std::vector<int32_t>& out) const;  // replaces `out`
+    // Text in which the tokenizer's special tokens ("<s>", "<|im_start|>") stand for their ids,
+    // as Hugging Face's tokenizers read a rendered chat template: a tokenizer.json does so
+    // anyway; a SentencePiece model encodes the text between them, each stretch as a text of
+    // its own (its dummy prefix included, as transformers' legacy Llama tokenizer does).
+    std::vector<int32_t> encode_with_special_tokens(std::string_view text) const;
     // Text that continues an earlier piece of the same document (a DocumentPiece that is not
     // `first`): encoded without adding SentencePiece's dummy-prefix "▁" again, so that the
     // pieces' ids decode to the whole text and are the whole text's ids but where a token

@@ -2,6 +2,9 @@
 // chat fields of tokenizer_config.json.
 #include "engine/infer/chat_template.h"
 
+#include <filesystem>
+
+#include "engine/core/errors.h"
 #include "engine/core/file_io.h"
 #include "engine/core/json_fields.h"
 
@@ -88,6 +91,55 @@ TokenizerChatConfig parse_tokenizer_chat_config(std::string_view json_text,
 
 TokenizerChatConfig read_tokenizer_chat_config(const std::string& path) {
     return parse_tokenizer_chat_config(read_file(path), path);
+}
+
+ChatPrompt ChatPrompt::for_tokenizer(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                                     const std::string& template_file) {
+    ChatPrompt p(tokenizer);
+    const auto piece = [&](int32_t id) { return id >= 0 ? tokenizer.piece(id) : std::string(); };
+    p.vars_.bos_token = piece(tokenizer.bos_id());
+    p.vars_.eos_token = piece(tokenizer.eos_id());
+    const std::filesystem::path config =
+        std::filesystem::path(tokenizer_path).parent_path() / "tokenizer_config.json";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(config, ec)) {
+        const TokenizerChatConfig c = read_tokenizer_chat_config(config.string());
+        if (!c.bos_token.empty()) p.vars_.bos_token = c.bos_token;
+        if (!c.eos_token.empty()) p.vars_.eos_token = c.eos_token;
+        if (c.chat_template && template_file.empty()) {
+            p.template_ = ChatTemplate::parse(*c.chat_template, c.chat_template_source);
+            p.source_ = c.chat_template_source;
+        }
+    }
+    if (!template_file.empty()) {
+        p.template_ = ChatTemplate::parse(read_file(template_file), template_file);
+        p.source_ = template_file;
+    }
+    if (!p.template_) {
+        if (tokenizer.bos_id() < 0)
+            throw Error(tokenizer_path +
+                        ": the tokenizer has no BOS token and no chat template "
+                        "(tmx's plain chat format starts with a BOS)");
+        p.source_ =
+            "built-in (one line \"role: content\" per message, then \"assistant:\"; the "
+            "model has no chat_template)";
+    }
+    return p;
+}
+
+std::string ChatPrompt::text(const std::vector<ChatMessage>& messages) const {
+    if (template_) return template_->render(messages, true, vars_);
+    std::string lines;
+    for (const ChatMessage& m : messages) lines += m.role + ": " + m.content + "\n";
+    return lines + "assistant:";
+}
+
+std::vector<int32_t> ChatPrompt::tokens(const std::vector<ChatMessage>& messages) const {
+    if (template_) return tokenizer_->encode_with_special_tokens(text(messages));
+    std::vector<int32_t> ids{tokenizer_->bos_id()};
+    const std::vector<int32_t> body = tokenizer_->encode(text(messages));
+    ids.insert(ids.end(), body.begin(), body.end());
+    return ids;
 }
 
 }  // namespace tmx

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/data/tokenizer.h"
 #include "engine/infer/jinja.h"
 
 namespace tmx {
@@ -53,5 +54,33 @@ struct TokenizerChatConfig {
 TokenizerChatConfig parse_tokenizer_chat_config(std::string_view json_text,
                                                 const std::string& source);
 TokenizerChatConfig read_tokenizer_chat_config(const std::string& path);
+
+// How a conversation becomes a model's prompt (tmx serve's /v1/chat/completions, tmx generate
+// --chat): the model's chat template, rendered with a generation prompt and tokenized with its
+// special tokens as their ids (no BOS added: the template writes the one it wants); or, for a
+// model without one, tmx's plain format after a BOS: one line "role: content" per message, then
+// "assistant:".
+class ChatPrompt {
+  public:
+    // The template of `tokenizer_path`'s tokenizer_config.json (the file beside the tokenizer),
+    // or of `template_file` (a Jinja file) when given; the plain format when neither has one.
+    static ChatPrompt for_tokenizer(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                                    const std::string& template_file = "");
+    // Errors: jinja::TemplateRaised when the template refuses the conversation (roles out of
+    // order), with the template's message.
+    std::vector<int32_t> tokens(const std::vector<ChatMessage>& messages) const;
+    std::string text(const std::vector<ChatMessage>& messages) const;
+    // Where the format comes from, for a start-up line: "PATH: chat_template", "FILE", or
+    // "built-in (...)".
+    const std::string& source() const { return source_; }
+    bool built_in() const { return !template_; }
+
+  private:
+    ChatPrompt(const Tokenizer& tokenizer) : tokenizer_(&tokenizer) {}
+    const Tokenizer* tokenizer_;
+    std::optional<ChatTemplate> template_;
+    ChatTemplateVars vars_;
+    std::string source_;
+};
 
 }  // namespace tmx

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <stdexcept>
 
 #include "engine/core/errors.h"
 #include "engine/core/rng.h"
@@ -62,15 +63,23 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
     return results;
 }
 
+namespace {
+
+void check_vocabulary(const Model& model, const Tokenizer& tokenizer) {
+    if (tokenizer.vocab_size() != model.config().vocab_size)
+        throw Error(
+            "tokenizer " + tokenizer.path() + " has " + std::to_string(tokenizer.vocab_size()) +
+            " pieces but the model's vocab_size is " + std::to_string(model.config().vocab_size));
+}
+
+}  // namespace
+
 std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts,
                                           const GenerationOptions& options,
                                           const std::vector<std::string>& stop,
                                           const TextCallback& on_text) {
-    if (tokenizer.vocab_size() != model.config().vocab_size)
-        throw Error(
-            "tokenizer " + tokenizer.path() + " has " + std::to_string(tokenizer.vocab_size()) +
-            " pieces but the model's vocab_size is " + std::to_string(model.config().vocab_size));
+    check_vocabulary(model, tokenizer);
     if (tokenizer.bos_id() < 0)
         throw Error("tokenizer " + tokenizer.path() + " has no BOS token to start prompts with");
     std::vector<std::vector<int32_t>> prompt_ids;
@@ -80,6 +89,18 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
         ids.insert(ids.end(), body.begin(), body.end());
         prompt_ids.push_back(std::move(ids));
     }
+    return generate_text(model, tokenizer, prompts, prompt_ids, options, stop, on_text);
+}
+
+std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokenizer,
+                                          const std::vector<std::string>& prompts,
+                                          const std::vector<std::vector<int32_t>>& prompt_ids,
+                                          const GenerationOptions& options,
+                                          const std::vector<std::string>& stop,
+                                          const TextCallback& on_text) {
+    check_vocabulary(model, tokenizer);
+    if (prompt_ids.size() != prompts.size())
+        throw std::logic_error("generate_text: one list of ids per prompt");
     std::vector<TextStream> streams;
     streams.reserve(prompts.size());
     for (const auto& ids : prompt_ids) streams.emplace_back(tokenizer, ids, stop);

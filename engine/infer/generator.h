@@ -74,5 +74,13 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
                                           const GenerationOptions& options,
                                           const std::vector<std::string>& stop = {},
                                           const TextCallback& on_text = {});
+// The same from prompts already tokenized as they are to be fed (no BOS added; a chat
+// template's rendering, say); `prompts` are their texts for the results.
+std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokenizer,
+                                          const std::vector<std::string>& prompts,
+                                          const std::vector<std::vector<int32_t>>& prompt_ids,
+                                          const GenerationOptions& options,
+                                          const std::vector<std::string>& stop = {},
+                                          const TextCallback& on_text = {});
 
 }  // namespace tmx

@@ -475,6 +475,44 @@ TEST_F(ServeCli, ScoringAPromptAgreesWithTmxEval) {
     EXPECT_NEAR(sum / 29, loss, 1e-5 * loss);
 }
 
+// A chat template (--chat-template here; a checkpoint's tokenizer_config.json the same way):
+// the prompt is its rendering, tokenized with "<s>" as BOS; a conversation it refuses
+// (raise_exception) is a 400 with the template's own message; the start-up line names it.
+TEST_F(ServeCli, ChatTemplatesMakeThePromptAndTheirRefusalsAre400s) {
+    const std::string tmpl = *dir_ / "chat.jinja";
+    test::write_text(tmpl,
+                     "{{ bos_token }}{% for m in messages %}"
+                     "{% if m.role == 'system' and not loop.first %}"
+                     "{{ raise_exception('the system message must come first') }}{% endif %}"
+                     "[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}[assistant]{% endif %}");
+    ASSERT_GT(start("--chat-template " + tmpl), 0);
+    const json ok = post(
+        "/v1/chat/completions",
+        {{"messages", {{{"role", "user"}, {"content", "tell me of the fox"}}}}, {"max_tokens", 2}});
+    // BOS, then the rendered text as tmx tokenizer encode gives it ("<s>" stripped: the BOS).
+    const auto ids = test::run_tmx("tokenizer encode --tokenizer " + *dir_ / "ckpt" +
+                                   " --text '[user] tell me of the fox\n[assistant]'");
+    ASSERT_EQ(ids.exit_code, 0) << ids.err;
+    const size_t n = static_cast<size_t>(std::count(ids.out.begin(), ids.out.end(), ',')) + 1;
+    EXPECT_EQ(ok["usage"]["prompt_tokens"], n + 1) << ok.dump();
+    auto c = client();
+    const json bad = {
+        {"messages",
+         {{{"role", "user"}, {"content", "hi"}}, {{"role", "system"}, {"content", "late"}}}}};
+    auto res = c.Post("/v1/chat/completions", bad.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400);
+    const json err = json::parse(res->body)["error"];
+    EXPECT_EQ(err["message"], "the system message must come first");
+    EXPECT_EQ(err["param"], "messages");
+    EXPECT_EQ(stop(), 0);
+    std::ifstream in(log_);
+    std::stringstream log;
+    log << in.rdbuf();
+    EXPECT_NE(log.str().find("chat template: " + tmpl), std::string::npos) << log.str();
+}
+
 TEST_F(ServeCli, ChatCompletionsStreamDeltas) {
     ASSERT_GT(start(), 0);
     const json req = {{"messages",

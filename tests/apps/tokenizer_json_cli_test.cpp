@@ -118,6 +118,14 @@ TEST(TokenizerJsonCli, AByteLevelTokenizerJsonTravelsWithTheModelThroughEveryCom
                       " --prompt 'the cat' --max-new-tokens 4 --temperature 0");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out.rfind("the cat", 0), 0u) << r.out;
+    // --chat: the checkpoint's chat template makes the prompt (here the messages' contents, no
+    // BOS), and only the reply prints.
+    r = test::run_tmx("generate --model " + tmp / "ckpt" +
+                      " --chat --prompt 'the cat' --max-new-tokens 3 --temperature 0 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["prompt_ids"], json::array({257, 261})) << r.out;
+    EXPECT_NE(r.err.find("chat template: " + tmp / "ckpt/tokenizer_config.json"), std::string::npos)
+        << r.err;
 
     // export and import keep it.
     r = test::run_tmx("export --model " + tmp / "ckpt" + " --format hf --out " + tmp / "hf");
