@@ -174,8 +174,10 @@ class Regex {
         if (!md) throw Error("tokenizer.json: out of memory for a regular expression match");
         size_t pos = 0;
         while (pos <= s.size()) {
+            // The subject's UTF-8 is checked once, at the first search: PCRE2 would otherwise
+            // check the whole text again at every match (quadratic in the text's length).
             const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
-                                       0, md, nullptr);
+                                       out.empty() ? 0 : PCRE2_NO_UTF_CHECK, md, nullptr);
             if (rc == PCRE2_ERROR_NOMATCH) break;
             if (rc < 0) {
                 pcre2_match_data_free(md);
