@@ -161,7 +161,6 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                         ": the checkpoint has no tokenizer.model or tokenizer.json, "
                         "which serving needs");
         const Tokenizer tokenizer = Tokenizer::load(tok_path);
-        if (tokenizer.bos_id() < 0) throw Error(tok_path + ": the tokenizer has no BOS token");
         ChatPrompt chat = ChatPrompt::for_tokenizer(tokenizer, tok_path, o->chat_template);
         std::fprintf(stderr, "chat template: %s\n", chat.source().c_str());
 

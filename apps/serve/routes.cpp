@@ -65,7 +65,8 @@ void tokenize(const Server& srv, const httplib::Request& req, httplib::Response&
     try {
         const TokenizeRequest r = parse_tokenize_request(req.body);
         std::vector<int32_t> ids;
-        if (r.add_special_tokens) ids.push_back(srv.tokenizer.bos_id());
+        if (r.add_special_tokens && srv.tokenizer.bos_id() >= 0)
+            ids.push_back(srv.tokenizer.bos_id());
         const std::vector<int32_t> body = srv.tokenizer.encode(r.prompt);
         ids.insert(ids.end(), body.begin(), body.end());
         res.set_content(json{{"tokens", ids}, {"count", ids.size()}}.dump(), "application/json");

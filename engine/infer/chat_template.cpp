@@ -116,10 +116,6 @@ ChatPrompt ChatPrompt::for_tokenizer(const Tokenizer& tokenizer, const std::stri
         p.source_ = template_file;
     }
     if (!p.template_) {
-        if (tokenizer.bos_id() < 0)
-            throw Error(tokenizer_path +
-                        ": the tokenizer has no BOS token and no chat template "
-                        "(tmx's plain chat format starts with a BOS)");
         p.source_ =
             "built-in (one line \"role: content\" per message, then \"assistant:\"; the "
             "model has no chat_template)";
@@ -136,7 +132,8 @@ std::string ChatPrompt::text(const std::vector<ChatMessage>& messages) const {
 
 std::vector<int32_t> ChatPrompt::tokens(const std::vector<ChatMessage>& messages) const {
     if (template_) return tokenizer_->encode_with_special_tokens(text(messages));
-    std::vector<int32_t> ids{tokenizer_->bos_id()};
+    std::vector<int32_t> ids;
+    if (tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
     const std::vector<int32_t> body = tokenizer_->encode(text(messages));
     ids.insert(ids.end(), body.begin(), body.end());
     return ids;

@@ -58,8 +58,8 @@ TokenizerChatConfig read_tokenizer_chat_config(const std::string& path);
 // How a conversation becomes a model's prompt (tmx serve's /v1/chat/completions, tmx generate
 // --chat): the model's chat template, rendered with a generation prompt and tokenized with its
 // special tokens as their ids (no BOS added: the template writes the one it wants); or, for a
-// model without one, tmx's plain format after a BOS: one line "role: content" per message, then
-// "assistant:".
+// model without one, tmx's plain format after a BOS (where the tokenizer has one): one line
+// "role: content" per message, then "assistant:".
 class ChatPrompt {
   public:
     // The template of `tokenizer_path`'s tokenizer_config.json (the file beside the tokenizer),

@@ -202,11 +202,14 @@ std::vector<CompletionSession::Prompt> CompletionSession::read_prompts(
         }
         return out;
     }
+    // After a BOS where the tokenizer has one (Qwen's, say, has none: the text alone).
+    const bool bos = tokenizer_.bos_id() >= 0;
     for (const std::string& text : params.prompts) {
-        std::vector<int32_t> ids{tokenizer_.bos_id()};
+        std::vector<int32_t> ids;
+        if (bos) ids.push_back(tokenizer_.bos_id());
         const std::vector<int32_t> body = tokenizer_.encode(text);
         ids.insert(ids.end(), body.begin(), body.end());
-        out.push_back({std::move(ids), text, 1});
+        out.push_back({std::move(ids), text, bos ? size_t{1} : size_t{0}});
     }
     return out;
 }

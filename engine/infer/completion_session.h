@@ -39,7 +39,8 @@ struct TokenLogprob {
 
 // What to complete, and how.
 struct CompletionParams {
-    // The prompts: texts, each encoded after a BOS, or token ids, used as given (no BOS added).
+    // The prompts: texts, each encoded after a BOS (where the tokenizer has one), or token ids,
+    // used as given (no BOS added).
     // Either of the two.
     std::vector<std::string> prompts;
     std::vector<std::vector<int32_t>> prompt_tokens;

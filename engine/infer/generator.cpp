@@ -80,11 +80,15 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
                                           const std::vector<std::string>& stop,
                                           const TextCallback& on_text) {
     check_vocabulary(model, tokenizer);
-    if (tokenizer.bos_id() < 0)
-        throw Error("tokenizer " + tokenizer.path() + " has no BOS token to start prompts with");
     std::vector<std::vector<int32_t>> prompt_ids;
     for (const std::string& p : prompts) {
-        std::vector<int32_t> ids{tokenizer.bos_id()};
+        // After a BOS where the tokenizer has one; without, an empty prompt has nothing to
+        // start from.
+        if (tokenizer.bos_id() < 0 && p.empty())
+            throw Error("tokenizer " + tokenizer.path() +
+                        " has no BOS token to start an empty prompt with");
+        std::vector<int32_t> ids;
+        if (tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
         const std::vector<int32_t> body = tokenizer.encode(p);
         ids.insert(ids.end(), body.begin(), body.end());
         prompt_ids.push_back(std::move(ids));

@@ -63,12 +63,12 @@ struct TextGeneration {
 using TextCallback = std::function<void(size_t sequence, std::string_view text)>;
 
 // Generates continuations of text prompts (BOS + the encoded prompt; an empty prompt is BOS
-// alone), stopping at the end of the document, at any of `stop` (text level), or after
-// max_new_tokens. The end of a document is EOS, or BOS: models trained on `tmx prepare` data
-// (documents that each start with BOS, back to back) end a document by starting the next.
-// options.end_ids is replaced by those two (or by none, with options.ignore_eos; the control
-// tokens add no text either way). The tokenizer's vocabulary must match the model's
-// (Error otherwise).
+// alone; a tokenizer without BOS: the encoded prompt, which must not be empty), stopping at the end
+// of the document, at any of `stop` (text level), or after max_new_tokens. The end of a document is
+// EOS, or BOS: models trained on `tmx prepare` data (documents that each start with BOS, back to
+// back) end a document by starting the next. options.end_ids is replaced by those two (or by none,
+// with options.ignore_eos; the control tokens add no text either way). The tokenizer's vocabulary
+// must match the model's (Error otherwise).
 std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts,
                                           const GenerationOptions& options,

@@ -150,6 +150,28 @@ TEST(TokenizerJsonCli, AByteLevelTokenizerJsonTravelsWithTheModelThroughEveryCom
     EXPECT_NE(r.err.find("tokenizer.json is not exported to GGUF"), std::string::npos) << r.err;
 }
 
+// A tokenizer without BOS (as Qwen's): prompts are their text's tokens alone; an empty prompt,
+// which would have nothing to start from, is refused.
+TEST(TokenizerJsonCli, ATokenizerWithoutBosGeneratesFromTheTextAlone) {
+    test::TempDir tmp;
+    write_byte_level_tokenizer(tmp / "tok");
+    write_file_atomic(tmp / "tok/tokenizer_config.json",
+                      json{{"bos_token", nullptr}, {"eos_token", "<|eos|>"}}.dump());
+    json cfg = read_json_file(test::source_dir() + "/assets/configs/test-tiny-swiglu.json");
+    cfg["vocab_size"] = 264;
+    write_file_atomic(tmp / "cfg.json", cfg.dump());
+    auto r = test::run_tmx("init --config " + tmp / "cfg.json" + " --tokenizer " +
+                           tmp / "tok/tokenizer.json" + " --out " + tmp / "ckpt");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = test::run_tmx("generate --model " + tmp / "ckpt" +
+                      " --prompt 'the cat' --max-new-tokens 2 --temperature 0 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["prompt_ids"], json::array({257, 261})) << r.out;
+    r = test::run_tmx("generate --model " + tmp / "ckpt" + " --prompt '' --max-new-tokens 2");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("no BOS token to start an empty prompt"), std::string::npos) << r.err;
+}
+
 TEST(TokenizerJsonCli, AnUnsupportedTokenizerJsonIsRefusedByName) {
     test::TempDir tmp;
     write_file_atomic(tmp / "tokenizer.json",
