@@ -6,6 +6,7 @@
 #include <string>
 
 #include "apps/serve/openai_api.h"
+#include "engine/infer/chat_template.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -32,7 +33,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             require(r.logprobs >= -1 && r.logprobs <= 20, "logprobs in range");
             require(chat ? !r.messages.empty() : !r.prompts.empty() || !r.prompt_tokens.empty(),
                     "something to continue");
-            if (chat) (void)tmx::serve::render_chat(r.messages, "{{messages}}\n");
+            if (chat) {  // the messages through a chat template, as the server renders them
+                static const tmx::ChatTemplate plain = tmx::ChatTemplate::parse(
+                    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                    "{% if add_generation_prompt %}assistant:{% endif %}",
+                    "fuzz");
+                (void)plain.render(r.messages, true, {});
+            }
             require(r.sampling.frequency_penalty >= -2 && r.sampling.frequency_penalty <= 2 &&
                         r.sampling.presence_penalty >= -2 && r.sampling.presence_penalty <= 2,
                     "penalties in range");

@@ -567,7 +567,7 @@ TEST(ChatTemplateConfig, MalformedFieldsAreErrorsNamingFileAndField) {
     };
     for (const auto& [text, expected] : cases) {
         const std::string err =
-            test::error_of([&] { parse_tokenizer_chat_config(text, "c.json"); });
+            test::error_of([t = text] { parse_tokenizer_chat_config(t, "c.json"); });
         EXPECT_NE(err.find(expected), std::string::npos) << text << " -> " << err;
     }
 }
