@@ -224,7 +224,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
 Tokenizer Tokenizer::from_bytes(std::string_view model_bytes, const std::string& name) {
     Tokenizer t;
     t.path_ = name;
-    auto status = t.sp_->LoadFromSerializedProto(model_bytes);
+    // SentencePiece throws from inside its trie builder on some malformed models (an empty
+    // piece): that is a bad file too, not a crash.
+    sentencepiece::util::Status status;
+    try {
+        status = t.sp_->LoadFromSerializedProto(model_bytes);
+    } catch (const std::exception& e) {
+        throw Error(name + ": not a valid SentencePiece model (" + e.what() + ")");
+    }
     if (!status.ok())
         throw Error(name + ": not a valid SentencePiece model (" + status.ToString() + ")");
     const int n = t.sp_->GetPieceSize();
@@ -402,7 +409,10 @@ void Tokenizer::encode_continuation(std::string_view text, std::vector<int32_t>&
         const auto model = without_dummy_prefix(sp_->serialized_model_proto(), c.adds_dummy_prefix);
         if (!model || !c.adds_dummy_prefix) return;
         auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-        if (sp->LoadFromSerializedProto(*model).ok()) c.no_prefix = std::move(sp);
+        try {
+            if (sp->LoadFromSerializedProto(*model).ok()) c.no_prefix = std::move(sp);
+        } catch (const std::exception&) {  // as from_bytes: then continuations get the prefix
+        }
     });
     if (c.adds_dummy_prefix && !text.empty() && text.front() == ' ')
         encode(text.substr(1), out);  // the dummy prefix stands for the piece's first space

@@ -73,14 +73,16 @@ void write_tokenizer_files(const Tokenizer& tok, const std::string& tok_path, co
         if (source.is_object() && source.contains("chat_template"))
             cfg["chat_template"] = source.at("chat_template");
     }
-    write_file_atomic((dir / "tokenizer_config.json").string(), cfg.dump(2) + "\n");
+    write_file_atomic((dir / "tokenizer_config.json").string(),
+                      cfg.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
     json special;
     for (const auto& [key, id] : {std::pair<const char*, int32_t>{"bos_token", tok.bos_id()},
                                   {"eos_token", tok.eos_id()},
                                   {"unk_token", tok.unk_id()},
                                   {"pad_token", tok.pad_id()}})
         if (id >= 0) special[key] = tok.piece(id);
-    write_file_atomic((dir / "special_tokens_map.json").string(), special.dump(2) + "\n");
+    write_file_atomic((dir / "special_tokens_map.json").string(),
+                      special.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 // Refuses to replace anything but an earlier export (a directory with config.json), and that

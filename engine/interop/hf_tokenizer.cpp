@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/core/errors.h"
+#include "engine/data/corpus.h"
 
 namespace tmx::interop {
 
@@ -59,6 +60,11 @@ void check_representable(const Tokenizer& tok, const Tokenizer::ModelSpec& spec)
     if (spec.remove_extra_whitespaces) refuse("remove_extra_whitespaces is on");
     if (!spec.escape_whitespaces) refuse("escape_whitespaces is off");
     if (spec.treat_whitespace_as_suffix) refuse("treat_whitespace_as_suffix is on");
+    // tokenizer.json is JSON text: every piece must be UTF-8 (a SentencePiece model may hold
+    // any bytes).
+    for (int32_t id = 0; id < tok.vocab_size(); ++id)
+        if (!is_valid_utf8(tok.piece(id)))
+            refuse("piece " + std::to_string(id) + " is not valid UTF-8");
     // SentencePiece joins into an unused piece and splits it again at the end, which changes
     // the order of the other joins: a merge list cannot say that.
     for (int32_t id : spec.unused)

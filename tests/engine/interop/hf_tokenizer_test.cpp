@@ -80,6 +80,19 @@ TEST(HfTokenizerJson, AUnigramModelIsRefusedByName) {
     EXPECT_NE(err.find("uni.model"), std::string::npos) << err;
 }
 
+// Two models the fuzzer found (tests/fuzz/seeds/tokenizer_model): a piece that is not UTF-8,
+// which JSON cannot hold, is refused by name; an empty piece, which SentencePiece's own loader
+// throws on from inside its trie builder, is a bad file, not a crash.
+TEST(HfTokenizerJson, HostileModelsAreErrors) {
+    const std::string seeds = test::source_dir() + "/tests/fuzz/seeds/tokenizer_model/";
+    const Tokenizer tok = Tokenizer::from_bytes(read_file(seeds + "invalid-utf8-piece.model"), "m");
+    const std::string err = test::error_of([&] { (void)interop::tokenizer_json(tok, true); });
+    EXPECT_NE(err.find("is not valid UTF-8"), std::string::npos) << err;
+    const std::string bad = test::error_of(
+        [&] { (void)Tokenizer::from_bytes(read_file(seeds + "empty-piece.model"), "e.model"); });
+    EXPECT_NE(bad.find("e.model: not a valid SentencePiece model"), std::string::npos) << bad;
+}
+
 TEST(HfTokenizerJson, SpecOfOurOwnTokenizersIsWhatTheExportNeeds) {
     const Tokenizer::ModelSpec spec = Tokenizer::load(demo_tokenizer()).model_spec();
     EXPECT_EQ(spec.type, Tokenizer::ModelSpec::Type::Bpe);
