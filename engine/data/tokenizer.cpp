@@ -208,17 +208,11 @@ Tokenizer Tokenizer::load(const std::string& path) {
                     ": tokenizer not found (expected a SentencePiece .model file or a "
                     "tokenizer.json)");
     const std::string bytes = read_file(file);
-    if (!is_tokenizer_json(file, bytes)) {
-        Tokenizer t = from_bytes(bytes, file);
-        t.files_ = {file};
-        return t;
-    }
+    if (!is_tokenizer_json(file, bytes)) return from_bytes(bytes, file);
+    // The files a checkpoint carries with it (model/checkpoint.h's tokenizer_files).
     const fs::path config = fs::path(file).parent_path() / "tokenizer_config.json";
     const bool has_config = fs::is_regular_file(config, ec);
-    Tokenizer t = from_json(bytes, has_config ? read_file(config.string()) : "", file);
-    t.files_ = {file};
-    if (has_config) t.files_.push_back(config.string());
-    return t;
+    return from_json(bytes, has_config ? read_file(config.string()) : "", file);
 }
 
 Tokenizer Tokenizer::from_bytes(std::string_view model_bytes, const std::string& name) {

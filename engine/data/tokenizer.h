@@ -34,10 +34,6 @@ class Tokenizer {
     // From the text of a tokenizer.json and of its tokenizer_config.json ("" when none).
     static Tokenizer from_json(std::string_view tokenizer_json, std::string_view config_json,
                                const std::string& name);
-    // The files that make this tokenizer, as `load` read them (tokenizer.model; or
-    // tokenizer.json and, when there was one, tokenizer_config.json): what a checkpoint or a
-    // dataset copies to carry it. Empty for one made from bytes.
-    const std::vector<std::string>& files() const { return files_; }
 
     bool is_sentencepiece() const { return sp_ != nullptr; }
 
@@ -120,7 +116,6 @@ class Tokenizer {
     std::unique_ptr<Continuation> continuation_;
     std::vector<PieceInfo> info_;
     std::string path_;
-    std::vector<std::string> files_;
 };
 
 // Decodes a token stream incrementally (for printing text while generating): push() returns

@@ -17,6 +17,7 @@
 #include "engine/core/file_io.h"
 #include "engine/data/tokenizer.h"
 #include "engine/interop/hf_tokenizer.h"
+#include "engine/model/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace tmx {
@@ -214,8 +215,11 @@ TEST(TokenizerJson, BosEosAndPaddingComeFromTokenizerConfig) {
     EXPECT_EQ(tok.piece(tok.eos_id()), "<|im_end|>");
     EXPECT_EQ(tok.piece(tok.pad_id()), "<|endoftext|>");
     EXPECT_TRUE(tok.is_control(tok.eos_id()));
-    ASSERT_EQ(tok.files().size(), 2u);
-    EXPECT_EQ(fs::path(tok.files()[1]).filename(), "tokenizer_config.json");
+    // A checkpoint or dataset carries both files.
+    const auto files = tokenizer_files(dir);
+    ASSERT_EQ(files.size(), 2u);
+    EXPECT_EQ(files[0].first, "tokenizer.json");
+    EXPECT_EQ(files[1].first, "tokenizer_config.json");
 }
 
 TEST(TokenizerJson, UnsupportedPartsAreRefusedByName) {
