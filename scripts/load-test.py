@@ -11,73 +11,11 @@ answer, or when memory grew by more than --max-growth-mb.
   scripts/load-test.py --model assets/demo --clients 16 --requests 400 --max-tokens 64
 """
 import argparse
-import json
 import os
-import re
-import shlex
-import statistics
-import subprocess
 import sys
-import threading
-import time
-import urllib.request
 
-
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def cpu_seconds(pid):
-    """User + system CPU time of a process, from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def one_request(url, prompt, max_tokens, seed, temperature=None):
-    fields = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": True,
-              "ignore_eos": True}
-    if temperature is not None:
-        fields["temperature"] = temperature
-    body = json.dumps(fields).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    t0 = time.monotonic()
-    ttft = None
-    text = ""
-    done = False
-    finish = None
-    with urllib.request.urlopen(req, timeout=300) as res:
-        if res.status != 200:
-            raise RuntimeError(f"status {res.status}")
-        for raw in res:
-            line = raw.decode("utf-8").rstrip("\n")
-            if not line:
-                continue
-            if not line.startswith("data: "):
-                raise RuntimeError(f"not an SSE data line: {line!r}")
-            data = line[6:]
-            if data == "[DONE]":
-                done = True
-                continue
-            if done:
-                raise RuntimeError("an event after [DONE]")
-            event = json.loads(data)
-            if "error" in event:
-                raise RuntimeError(f"error event: {event}")
-            choice = event["choices"][0]
-            if choice["text"] and ttft is None:
-                ttft = time.monotonic() - t0
-            text += choice["text"]
-            if choice["finish_reason"] is not None:
-                finish = choice["finish_reason"]
-    if not done or finish != "length":
-        raise RuntimeError(f"incomplete answer (done {done}, finish_reason {finish})")
-    return ttft if ttft is not None else time.monotonic() - t0, time.monotonic() - t0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from serve_client import ClientRun, cpu_seconds, rss_kb, start_server  # noqa: E402
 
 
 def main():
@@ -104,56 +42,28 @@ def main():
     url = args.url
     if not url:
         parallel = args.parallel or args.clients
-        server = subprocess.Popen(
-            [args.tmx, "serve", "--model", args.model, "--backend", args.backend, "--port", "0",
-             "--parallel", str(parallel), "--queue", str(max(64, args.clients)),
-             "--max-tokens-limit", str(max(2048, args.max_tokens))]
-            + shlex.split(args.serve_args),
-            stderr=subprocess.PIPE, text=True)
-        for line in server.stderr:
-            m = re.search(r"listening on (http://[0-9.]+:\d+)", line)
-            if m:
-                url = m.group(1)
-                break
-        if not url:
-            sys.exit("load-test: the server did not start")
-        threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
+        try:
+            server, url = start_server(
+                args.tmx, args.model, args.backend,
+                ["--parallel", str(parallel), "--queue", str(max(64, args.clients)),
+                 "--max-tokens-limit", str(max(2048, args.max_tokens))], args.serve_args)
+        except RuntimeError as e:
+            sys.exit(f"load-test: {e}")
 
     rss_after = args.rss_after if args.rss_after is not None else args.requests // 10
-    lock = threading.Lock()
-    issued = [0]
-    ttfts, tokens, failures = [], [0], []
     rss = {}
 
-    def client(k):
-        while True:
-            with lock:
-                if issued[0] >= args.requests:
-                    return
-                i = issued[0]
-                issued[0] += 1
-                if server and i == rss_after:
-                    rss["early"] = rss_kb(server.pid)
-            try:
-                ttft, _ = one_request(url, f"Once upon a time {i % 7}", args.max_tokens, i,
-                                       args.temperature)
-                with lock:
-                    ttfts.append(ttft)
-                    tokens[0] += args.max_tokens
-            except Exception as e:  # noqa: BLE001 - every failure is reported
-                with lock:
-                    failures.append(f"request {i}: {e}")
+    def note_request(i):
+        if server and i == rss_after:
+            rss["early"] = rss_kb(server.pid)
 
-    t0 = time.monotonic()
     server_cpu0 = cpu_seconds(server.pid) if server else 0.0
     client_cpu0 = sum(os.times()[:2])
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - t0
+    run = ClientRun(url, args.clients, args.requests, args.max_tokens, args.temperature,
+                    note_request).run()
+    wall = run.wall
     client_cpu = sum(os.times()[:2]) - client_cpu0
+    failures = run.failures
     if server:
         server_cpu = cpu_seconds(server.pid) - server_cpu0
         rss["end"] = rss_kb(server.pid)
@@ -162,11 +72,10 @@ def main():
         if code != 0:
             failures.append(f"the server exited {code} after SIGTERM")
 
-    ttfts.sort()
-    p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else float("nan")
-    print(f"load-test: {args.clients} clients, {len(ttfts)}/{args.requests} requests complete, "
-          f"{tokens[0]} tokens in {wall:.1f} s: {tokens[0] / wall:.1f} tokens/s; "
-          f"time to first token p50 {p(0.5) * 1000:.2f} ms, p99 {p(0.99) * 1000:.2f} ms")
+    print(f"load-test: {args.clients} clients, {len(run.ttfts)}/{args.requests} requests "
+          f"complete, {run.tokens} tokens in {wall:.1f} s: {run.tokens_per_second():.1f} "
+          f"tokens/s; time to first token p50 {run.ttft_quantile(0.5) * 1000:.2f} ms, "
+          f"p99 {run.ttft_quantile(0.99) * 1000:.2f} ms")
     if server:
         print(f"load-test: CPU time over the run: server {server_cpu:.1f} s "
               f"({server_cpu / wall:.2f} cores), these clients {client_cpu:.1f} s "
