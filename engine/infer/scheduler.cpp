@@ -141,9 +141,11 @@ void Scheduler::accept(size_t slot, const float* logits, int32_t token) {
     Sequence& s = *slots_[slot];
     const int64_t vocab = model_.config().vocab_size;
     if (token == kNothingAllowed) {
+        const std::string why = s.request.constraint->failure();
         finish(slot, StopReason::Failed,
                "no token of the vocabulary continues the structured output after " +
-                   std::to_string(s.result.ids.size()) + " tokens");
+                   std::to_string(s.result.ids.size()) + " tokens" +
+                   (why.empty() ? "" : " (" + why + ")"));
         return;
     }
     if (token < 0) {  // the sequence ends, visibly

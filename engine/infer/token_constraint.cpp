@@ -97,7 +97,14 @@ const TokenMask& TokenConstraint::allowed(State state) {
     if (s >= cache.size()) cache.resize(dfa_.size());
     if (!cache[s]) {
         auto mask = std::make_unique<TokenMask>(vocabulary_->size());
-        compute_mask(state, *mask);
+        try {
+            compute_mask(state, *mask);
+        } catch (const Error& e) {
+            // The automaton outgrew its limit: no token, and the sequence fails saying why (an
+            // exception must not leave the scheduler's parallel draws).
+            failure_ = e.what();
+            return nothing_;
+        }
         cache[s] = std::move(mask);
     }
     return *cache[s];
@@ -133,13 +140,23 @@ TokenConstraint::State TokenConstraint::advance(State state, int32_t token) {
         return {JsonDfa::kDead, false};
     const std::string& text = vocabulary_->text(token, state.at_start);
     if (text.empty()) return {JsonDfa::kDead, false};
-    return {dfa_.walk(state.dfa, text), false};
+    try {
+        return {dfa_.walk(state.dfa, text), false};
+    } catch (const Error& e) {
+        failure_ = e.what();
+        return {JsonDfa::kDead, false};
+    }
 }
 
 bool TokenConstraint::finished(State state) {
     std::lock_guard<std::mutex> lock(mutex_);
     return state.dfa != JsonDfa::kDead && dfa_.accepting(state.dfa) &&
            !dfa_.can_continue(state.dfa);
+}
+
+std::string TokenConstraint::failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failure_;
 }
 
 size_t TokenConstraint::automaton_states() {

@@ -82,6 +82,10 @@ class TokenConstraint {
     // The value is complete and nothing may follow it: the generation ends here.
     bool finished(State state);
 
+    // Why no token is allowed where the automaton gave up (it outgrew JsonDfa::kMaxStates), or
+    // "".
+    std::string failure();
+
     // For benchmarks and tests: the states the automaton has so far.
     size_t automaton_states();
 
@@ -94,6 +98,7 @@ class TokenConstraint {
     JsonDfa dfa_;
     std::vector<std::unique_ptr<TokenMask>> masks_[2];  // by at_start, then DFA state
     const TokenMask nothing_;                           // a refused token's state allows none
+    std::string failure_;
 };
 
 }  // namespace tmx
