@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "backends/registry.h"
+#include "engine/core/threads.h"
 #include "engine/infer/generator.h"
 #include "engine/model/checkpoint.h"
 #include "tests/engine/infer/json_schema_cases.h"
@@ -163,6 +164,12 @@ TEST(TokenConstraint, TheDemoModelWritesValidJsonAtTemperatureOne) {
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     Rng rng(seed);
+    // One thread: OpenMP's teams stall on a machine whose cores other tests keep busy (ctest -j).
+    struct OneThread {
+        int before = num_threads();
+        OneThread() { set_num_threads(1); }
+        ~OneThread() { set_num_threads(before); }
+    } one_thread;
     auto be = make_backend("cpu");
     auto model = load_model(demo_dir(), *be);
     const Tokenizer tok = Tokenizer::load(demo_dir() + "/tokenizer.model");
