@@ -9,6 +9,7 @@
 #include "engine/data/tokenizer.h"
 #include "engine/infer/chat_template.h"
 #include "engine/infer/generator.h"
+#include "engine/infer/json_schema.h"
 #include "engine/model/checkpoint.h"
 
 namespace tmx::cli {
@@ -39,8 +40,8 @@ double per_second(double count, double seconds) {
 
 void add_generate_command(CLI::App& app, CommonOptions& common) {
     struct Options {
-        std::string model, prompt, prompts_file, tokenizer, system, chat_template;
-        bool chat = false;
+        std::string model, prompt, prompts_file, tokenizer, system, chat_template, json_schema;
+        bool chat = false, json_object = false;
         BackendChoice backend;
         WeightsChoice weights;
         std::vector<std::string> stop;
@@ -119,6 +120,14 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--tokenizer", opts->tokenizer,
                     "SentencePiece model to use instead of the checkpoint's tokenizer.model")
         ->check(CLI::ExistingFile);
+    auto* schema = sub->add_option("--json-schema", opts->json_schema,
+                                   "Structured output: each continuation is JSON valid under this "
+                                   "JSON Schema file (docs/serve.md#structured-output); it ends "
+                                   "when the value is complete")
+                       ->check(CLI::ExistingFile);
+    sub->add_flag("--json-object", opts->json_object,
+                  "Structured output: each continuation is a JSON object")
+        ->excludes(schema);
     add_backend_options(*sub, opts->backend);
     add_weights_option(*sub, opts->weights);
     sub->add_flag("--json", opts->json,
@@ -131,6 +140,20 @@ void add_generate_command(CLI::App& app, CommonOptions& common) {
                                                ? std::vector<std::string>{opts->prompt}
                                                : read_prompts_file(opts->prompts_file);
         validate(opts->gen.sampling);
+        if (opts->json_object) opts->gen.json_grammar = json_object_grammar();
+        if (!opts->json_schema.empty()) {
+            nlohmann::ordered_json schema;
+            try {
+                schema = nlohmann::ordered_json::parse(read_file(opts->json_schema));
+            } catch (const nlohmann::json::exception& e) {
+                throw Error(opts->json_schema + ": not JSON (" + e.what() + ")");
+            }
+            try {
+                opts->gen.json_grammar = compile_json_schema(schema);
+            } catch (const JsonSchemaError& e) {
+                throw Error(opts->json_schema + ": " + e.what());
+            }
+        }
         const std::string tok_path =
             opts->tokenizer.empty() ? checkpoint_tokenizer(opts->model) : opts->tokenizer;
         load_checkpoint_config(opts->model);  // a clear error for a missing directory first

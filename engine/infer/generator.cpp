@@ -21,10 +21,14 @@ uint64_t generation_stream_seed(uint64_t seed, const std::vector<int32_t>& promp
     return stream_seed(seed, name);
 }
 
-std::vector<TokenGeneration> generate_tokens(Model& model,
-                                             const std::vector<std::vector<int32_t>>& prompts,
-                                             const GenerationOptions& options,
-                                             const TokenCallback& on_token) {
+namespace {
+
+// generate_tokens, each sequence drawing under `constraint` where one is given.
+std::vector<TokenGeneration> run_batch(Model& model,
+                                       const std::vector<std::vector<int32_t>>& prompts,
+                                       const GenerationOptions& options,
+                                       const TokenCallback& on_token,
+                                       const std::shared_ptr<TokenConstraint>& constraint) {
     validate(options.sampling);
     if (options.max_new_tokens < 0) throw UsageError(opt("max_new_tokens") + " must be >= 0");
     std::vector<TokenGeneration> results(prompts.size());
@@ -45,6 +49,7 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
         r.stream_seed =
             generation_stream_seed(options.seed, prompts[b], copies_so_far[prompts[b]]++);
         r.end_ids = options.end_ids;
+        r.constraint = constraint;
         if (on_token)
             r.on_token = [&on_token, b](int32_t token, std::span<const float> logits) {
                 return on_token(b, token, logits);
@@ -61,6 +66,17 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
         if (results[b].stop_reason == StopReason::Failed)
             throw Error("prompt " + std::to_string(b + 1) + ": " + results[b].error);
     return results;
+}
+
+}  // namespace
+
+std::vector<TokenGeneration> generate_tokens(Model& model,
+                                             const std::vector<std::vector<int32_t>>& prompts,
+                                             const GenerationOptions& options,
+                                             const TokenCallback& on_token) {
+    if (options.json_grammar)
+        throw std::logic_error("generate_tokens: structured output needs generate_text");
+    return run_batch(model, prompts, options, on_token, nullptr);
 }
 
 namespace {
@@ -123,8 +139,14 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
         }
         return stopped;
     };
+    // One constraint for the batch: its per-state token masks are shared.
+    std::shared_ptr<TokenConstraint> constraint;
+    if (options.json_grammar)
+        constraint = std::make_shared<TokenConstraint>(options.json_grammar,
+                                                       std::make_shared<TokenVocabulary>(tokenizer),
+                                                       token_options.end_ids);
     std::vector<TokenGeneration> tokens =
-        generate_tokens(model, prompt_ids, token_options, on_token);
+        run_batch(model, prompt_ids, token_options, on_token, constraint);
 
     std::vector<TextGeneration> results;
     for (size_t b = 0; b < prompts.size(); ++b) {

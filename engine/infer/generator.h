@@ -11,12 +11,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/data/tokenizer.h"
+#include "engine/infer/json_schema.h"
 #include "engine/infer/sampling.h"
 #include "engine/infer/scheduler.h"
 #include "engine/model/model.h"
@@ -35,6 +37,11 @@ struct GenerationOptions {
     // generate_text only: keep generating past the end of a document (no end ids), until
     // max_new_tokens or a stop string. For benchmarks and comparisons of a fixed length.
     bool ignore_eos = false;
+    // generate_text only: structured output. Each continuation is a JSON text the grammar
+    // accepts (json_schema.h; the tokens drawn limited to those that keep it so), ending with
+    // StopReason::Stop once the value is complete, or an end of document after a complete
+    // value; cut by max_new_tokens (StopReason::Length) it is a prefix of one.
+    std::shared_ptr<const JsonGrammar> json_grammar;
 };
 
 // The random stream of a prompt generated with `seed`, the `copy`-th identical prompt (0 for the

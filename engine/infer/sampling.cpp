@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "engine/core/errors.h"
@@ -125,10 +126,28 @@ bool adjusts_logits(const SamplingOptions& o) {
 }
 
 const Truncation& truncate(const float* logits, int64_t vocab, const SamplingOptions& o,
-                           const std::vector<int32_t>& history, size_t drawn) {
+                           const std::vector<int32_t>& history, size_t drawn,
+                           const TokenMask* allowed) {
     Truncation& t = scratch();
     std::vector<double>& w = t.weight;
     w.assign(logits, logits + vocab);
+    if (allowed) {
+        // -infinity stays so through the bias, the penalties and the temperature, and weighs 0.
+        constexpr double kOut = -std::numeric_limits<double>::infinity();
+        for (size_t word = 0; word < allowed->bits.size(); ++word) {
+            uint64_t out = ~allowed->bits[word];
+            if (out == 0) continue;
+            const int64_t base = static_cast<int64_t>(word) * 64;
+            if (out == ~uint64_t{0} && base + 64 <= vocab) {
+                std::fill(w.begin() + base, w.begin() + base + 64, kOut);
+                continue;
+            }
+            for (; out; out &= out - 1) {
+                const int64_t v = base + std::countr_zero(out);
+                if (v < vocab) w[static_cast<size_t>(v)] = kOut;
+            }
+        }
+    }
     for (const auto& [id, bias] : o.logit_bias)
         if (id >= 0 && id < vocab) w[id] += bias;
     if (o.frequency_penalty != 0.0 || o.presence_penalty != 0.0) {
@@ -259,8 +278,9 @@ void validate(const SamplingOptions& o) {
 
 std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
                                           const SamplingOptions& options,
-                                          const std::vector<int32_t>& history, size_t drawn) {
-    const Truncation& t = truncate(logits, vocab, options, history, drawn);
+                                          const std::vector<int32_t>& history, size_t drawn,
+                                          const TokenMask* allowed) {
+    const Truncation& t = truncate(logits, vocab, options, history, drawn, allowed);
     double total = 0.0;
     for (int32_t id : t.kept) total += t.weight[id];
     std::vector<double> p(static_cast<size_t>(vocab), 0.0);
@@ -269,12 +289,13 @@ std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
 }
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,
-                     const std::vector<int32_t>& history, size_t drawn, Rng& rng) {
+                     const std::vector<int32_t>& history, size_t drawn, Rng& rng,
+                     const TokenMask* allowed) {
     const double u = rng.uniform();
     // Greedy on the logits as they are: the first largest, with no copy of the row.
-    if (options.temperature == 0.0 && !adjusts_logits(options))
+    if (options.temperature == 0.0 && !adjusts_logits(options) && !allowed)
         return static_cast<int32_t>(first_max(logits, vocab));
-    const Truncation& t = truncate(logits, vocab, options, history, drawn);
+    const Truncation& t = truncate(logits, vocab, options, history, drawn, allowed);
     if (t.kept.size() == 1) return t.kept[0];
     // Inverse CDF over the kept tokens in id order (any fixed order samples the same
     // distribution). Nothing truncated: every id, in order already.
@@ -292,9 +313,14 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
     }
     const double target = u * total;
     double cum = 0.0;
-    for (int32_t id : *order)
+    int32_t last = order->back();
+    for (int32_t id : *order) {
+        if (t.weight[id] > 0.0) last = id;
         if ((cum += t.weight[id]) > target) return id;
-    return order->back();  // u * total rounded up to the full sum
+    }
+    // u * total rounded up to the full sum: the last token of any weight (top-k may keep tokens
+    // of weight 0, a mask's, beyond it).
+    return last;
 }
 
 }  // namespace tmx

@@ -31,19 +31,39 @@ struct SamplingOptions {
     std::vector<std::pair<int32_t, double>> logit_bias;
 };
 
+// A set of token ids, one bit each (bit v % 64 of word v / 64): the tokens a constrained draw
+// may take (token_constraint.h). Every other token's logit counts as -infinity, before the
+// logit bias and everything after it.
+struct TokenMask {
+    std::vector<uint64_t> bits;
+    int64_t count = 0;  // tokens in the set
+
+    explicit TokenMask(int64_t vocab = 0) : bits(static_cast<size_t>((vocab + 63) / 64), 0) {}
+    bool contains(int32_t id) const { return bits[static_cast<size_t>(id) / 64] >> (id % 64) & 1; }
+    void insert(int32_t id) {
+        uint64_t& word = bits[static_cast<size_t>(id) / 64];
+        const uint64_t bit = uint64_t{1} << (id % 64);
+        count += (word & bit) == 0;
+        word |= bit;
+    }
+};
+
 // Throws tmx::UsageError naming the option (its field: temperature, ...) when one is out of range.
 void validate(const SamplingOptions& options);
 
 // The distribution the draw uses: probabilities over the vocabulary (zero for every token
 // removed), in double precision. `history` holds the sequence's tokens so far, the last `drawn`
-// of them drawn (the rest its prompt).
+// of them drawn (the rest its prompt). `allowed` (when given, with at least one token) limits
+// the draw to its tokens.
 std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
                                           const SamplingOptions& options,
-                                          const std::vector<int32_t>& history, size_t drawn);
+                                          const std::vector<int32_t>& history, size_t drawn,
+                                          const TokenMask* allowed = nullptr);
 
 // Draws the next token. Takes exactly one number from `rng` whatever the options, so a
 // sequence's random stream advances the same way under every setting.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,
-                     const std::vector<int32_t>& history, size_t drawn, Rng& rng);
+                     const std::vector<int32_t>& history, size_t drawn, Rng& rng,
+                     const TokenMask* allowed = nullptr);
 
 }  // namespace tmx

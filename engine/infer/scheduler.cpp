@@ -9,6 +9,9 @@ namespace tmx {
 
 namespace {
 
+// pick()'s answer when the sequence's constraint allows no token of the vocabulary.
+constexpr int32_t kNothingAllowed = -2;
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -70,6 +73,7 @@ Scheduler::Id Scheduler::submit(SequenceRequest request) {
     s->history = request.prompt;
     s->result.prompt_ids = request.prompt;
     s->next_position = static_cast<int64_t>(request.prompt.size());
+    if (request.constraint) s->constraint_state = request.constraint->start(request.prompt);
     s->request = std::move(request);
     const Id id = s->id;
     queue_.push_back(std::move(s));
@@ -124,12 +128,26 @@ int32_t Scheduler::pick(size_t slot, const float* logits) {
 #pragma omp simd reduction(&& : finite)
     for (int64_t v = 0; v < vocab; ++v) finite = finite && std::isfinite(logits[v]);
     if (!finite) return -1;
-    return sample_token(logits, vocab, s.request.sampling, s.history, s.result.ids.size(), s.rng);
+    const TokenMask* allowed = nullptr;
+    if (s.request.constraint) {
+        allowed = &s.request.constraint->allowed(s.constraint_state);
+        if (allowed->count == 0) return kNothingAllowed;
+    }
+    return sample_token(logits, vocab, s.request.sampling, s.history, s.result.ids.size(), s.rng,
+                        allowed);
 }
 
 void Scheduler::accept(size_t slot, const float* logits, int32_t token) {
     Sequence& s = *slots_[slot];
     const int64_t vocab = model_.config().vocab_size;
+    if (token == kNothingAllowed) {
+        const std::string why = s.request.constraint->failure();
+        finish(slot, StopReason::Failed,
+               "no token of the vocabulary continues the structured output after " +
+                   std::to_string(s.result.ids.size()) + " tokens" +
+                   (why.empty() ? "" : " (" + why + ")"));
+        return;
+    }
     if (token < 0) {  // the sequence ends, visibly
         const int64_t v =
             std::find_if(logits, logits + vocab, [](float x) { return !std::isfinite(x); }) -
@@ -147,7 +165,13 @@ void Scheduler::accept(size_t slot, const float* logits, int32_t token) {
         stop =
             s.request.on_token(token, std::span<const float>(logits, static_cast<size_t>(vocab)));
     const auto& ends = s.request.end_ids;
-    if (std::find(ends.begin(), ends.end(), token) != ends.end())
+    const bool end = std::find(ends.begin(), ends.end(), token) != ends.end();
+    if (s.request.constraint && !end) {
+        s.constraint_state = s.request.constraint->advance(s.constraint_state, token);
+        // The value is complete and nothing may follow: as a stop string would, it ends here.
+        stop = stop || s.request.constraint->finished(s.constraint_state);
+    }
+    if (end)
         finish(slot, StopReason::Eos);
     else if (stop)
         finish(slot, StopReason::Stop);

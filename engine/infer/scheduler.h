@@ -21,6 +21,7 @@
 
 #include "engine/core/rng.h"
 #include "engine/infer/sampling.h"
+#include "engine/infer/token_constraint.h"
 #include "engine/model/kv_cache.h"
 #include "engine/model/model.h"
 
@@ -48,6 +49,12 @@ struct SequenceRequest {
     SamplingOptions sampling;
     uint64_t stream_seed = 0;      // seeds this sequence's own random stream
     std::vector<int32_t> end_ids;  // drawing one ends the sequence (StopReason::Eos)
+    // Where set, each draw takes only tokens the constraint allows (structured output; may be
+    // shared by several sequences), and the sequence ends (StopReason::Stop) once its text is a
+    // complete value nothing may follow. The mask applies on the host to the logits the step
+    // downloads, whatever the backend, before the logit bias, penalties and temperature;
+    // on_token still sees the model's own logits (log-probabilities are the model's).
+    std::shared_ptr<TokenConstraint> constraint;
     // Each drawn token with the logits it was drawn from; returning true ends the sequence
     // (StopReason::Stop), e.g. when a stop string completed.
     std::function<bool(int32_t token, std::span<const float> logits)> on_token;
@@ -111,9 +118,10 @@ class Scheduler {
         SequenceRequest request;
         TokenGeneration result;
         Rng rng{0};
-        std::vector<int32_t> history;  // prompt and generated tokens
-        int64_t prefilled = 0;         // prompt tokens in the cache
-        int64_t next_position = 0;     // where the last drawn token will be fed
+        std::vector<int32_t> history;             // prompt and generated tokens
+        TokenConstraint::State constraint_state;  // with request.constraint
+        int64_t prefilled = 0;                    // prompt tokens in the cache
+        int64_t next_position = 0;                // where the last drawn token will be fed
         std::chrono::steady_clock::time_point decode_start{};
         bool decoding = false;
     };
@@ -121,7 +129,8 @@ class Scheduler {
     void admit();
     void prefill_chunk(size_t slot);
     void decode();
-    // The slot's next token drawn from its logits, or -1 when they are not all finite. Touches
+    // The slot's next token drawn from its logits, or -1 when they are not all finite (-2: its
+    // constraint allows no token). Touches
     // only the slot's own sequence (its history and random stream): decode() draws for every
     // slot at once on the backend's threads.
     int32_t pick(size_t slot, const float* logits);

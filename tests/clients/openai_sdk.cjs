@@ -1,6 +1,7 @@
 // The official OpenAI Node.js client (npm's `openai`, which scripts/test.sh installs into
 // build/npm) against a running `tmx serve`: completions and chat, streamed and not, a prompt
-// scored from token ids, and an error.
+// scored from token ids, structured output (response_format json_schema and json_object), and
+// errors.
 // Run by tests/apps/serve_cli_test.cpp with TMX_BASE_URL and TMX_OPENAI_PACKAGE set.
 const assert = require('node:assert/strict');
 const mod = require(process.env.TMX_OPENAI_PACKAGE);
@@ -53,6 +54,39 @@ async function main() {
   await assert.rejects(
     client.completions.create({ model, prompt: 'x', max_tokens: 1e9 }),
     (e) => e.status === 400 && e.param === 'max_tokens');
+
+  // Structured output: a schema whose values are few, so that any model finishes it.
+  const schema = {
+    type: 'object',
+    properties: { ok: { type: 'boolean' }, colour: { enum: ['red', 'green', null] } },
+    required: ['ok', 'colour'],
+    additionalProperties: false,
+  };
+  const structured = await client.chat.completions.create({
+    ...chatRequest, max_tokens: 64, n: 3, temperature: 1,
+    response_format: { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } },
+  });
+  for (const choice of structured.choices) {
+    assert.equal(choice.finish_reason, 'stop');
+    const value = JSON.parse(choice.message.content);
+    assert.deepEqual(Object.keys(value), ['ok', 'colour']);
+    assert.equal(typeof value.ok, 'boolean');
+    assert.ok(['red', 'green', null].includes(value.colour));
+  }
+  const object = await client.completions.create(
+    { ...request, max_tokens: 48, response_format: { type: 'json_object' } });
+  const text = object.choices[0].text;
+  if (object.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(text), 'object');
+  else assert.ok(text.startsWith('{') || text.startsWith(' {') || text.startsWith('\n{'), text);
+  await assert.rejects(
+    client.chat.completions.create({
+      ...chatRequest,
+      response_format: {
+        type: 'json_schema',
+        json_schema: { name: 'n', schema: { type: 'string', pattern: '^a' } },
+      },
+    }),
+    (e) => e.status === 400 && e.param === 'response_format.json_schema.schema.pattern');
   console.log('openai sdk: ok');
 }
 

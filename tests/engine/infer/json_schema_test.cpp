@@ -1,0 +1,244 @@
+// The JSON Schema compiler and its automaton (engine/infer/json_schema.h): hand-picked texts
+// accepted and refused, refusals naming the keyword and its path, random valid texts of random
+// schemas accepted with every prefix alive, and everything the automaton accepts (random walks
+// through it, random mutations of valid texts) parsing and validating.
+#include "engine/infer/json_schema.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/engine/infer/json_schema_cases.h"
+#include "tests/test_util.h"
+
+namespace tmx {
+namespace {
+
+using nlohmann::json;
+using test::ojson;
+
+JsonDfa dfa_of(const std::string& schema) {
+    return JsonDfa(compile_json_schema(ojson::parse(schema)));
+}
+
+// A random text the automaton accepts: random bytes it allows, favouring the ones that close
+// strings, numbers and containers so that walks end; "" when a walk runs too long.
+std::string random_walk(JsonDfa& dfa, Rng& rng, size_t max_bytes = 3000) {
+    static const std::string closing = "\"}],:0123456789truefalsn";
+    std::string text;
+    int32_t s = dfa.start();
+    while (text.size() < max_bytes) {
+        if (dfa.accepting(s) && (!dfa.can_continue(s) || rng.uniform() < 0.3)) return text;
+        std::vector<uint8_t> allowed, preferred;
+        for (int b = 0; b < 256; ++b)
+            if (dfa.next(s, static_cast<uint8_t>(b)) != JsonDfa::kDead) {
+                allowed.push_back(static_cast<uint8_t>(b));
+                if (closing.find(static_cast<char>(b)) != std::string::npos)
+                    preferred.push_back(static_cast<uint8_t>(b));
+            }
+        EXPECT_FALSE(allowed.empty()) << "a live state with no way on after: " << text;
+        if (allowed.empty()) return "";
+        const auto& from = !preferred.empty() && rng.uniform() < 0.7 ? preferred : allowed;
+        const uint8_t b = from[rng.next_u64() % from.size()];
+        text.push_back(static_cast<char>(b));
+        s = dfa.next(s, b);
+    }
+    return "";
+}
+
+// Parses and validates, with the text in the failure message.
+void expect_valid(const std::string& text, const ojson& schema) {
+    json value;
+    try {
+        value = json::parse(text);
+    } catch (const json::exception& e) {
+        ADD_FAILURE() << "not JSON: " << text << " (" << e.what() << ")\nschema " << schema.dump();
+        return;
+    }
+    EXPECT_TRUE(test::validates(value, schema)) << text << "\nschema " << schema.dump();
+}
+
+TEST(JsonSchema, HandPickedTextsAreAcceptedOrRefused) {
+    JsonDfa person = dfa_of(test::sample_schemas()[0].dump());
+    for (const char* ok :
+         {R"({"name":"Ann","age":3})", R"({"name": "Ann", "age": -0, "email": "a@b"})",
+          " {\n\"name\":\"\\u00e9\\ud83d\\ude00 漢\",\"age\":123456789012345678}",
+          R"({ "name":"\"\\\/\b\f\n\r\t","age":0 })"})
+        EXPECT_TRUE(person.accepts(ok)) << ok;
+    for (const char* bad : {
+             R"({"age":3,"name":"Ann"})",                    // properties out of the schema's order
+             R"({"name":"Ann"})",                            // a required property missing
+             R"({"name":"Ann","age":3.5})",                  // not an integer
+             R"({"name":"Ann","age":3,"x":1})",              // undeclared
+             R"({"name":"Ann","age":3} )",                   // whitespace after the value
+             R"({"name":"Ann",  "age":3})",                  // two whitespace bytes
+             R"({"name":"Ann","age":0123})",                 // a leading zero
+             R"({"name":"Ann","age":1234567890123456789})",  // 19 digits
+             "{\"name\":\"\x01\",\"age\":1}",                // a control byte unescaped
+             "{\"name\":\"\xC0\xAF\",\"age\":1}",            // overlong UTF-8
+             "{\"name\":\"\xED\xA0\x80\",\"age\":1}",        // an encoded surrogate
+             R"({"name":"\ud800","age":1})",                 // a lone surrogate escape
+             R"({"name":"\q","age":1})",                     // no such escape
+             R"({"name":"Ann","age":1)",                     // unfinished
+         })
+        EXPECT_FALSE(person.accepts(bad)) << bad;
+    const int32_t done = person.walk(person.start(), R"({"name":"Ann","age":3})");
+    EXPECT_TRUE(person.accepting(done));
+    EXPECT_FALSE(person.can_continue(done));  // the generation ends here
+
+    JsonDfa number = dfa_of(R"({"type": "number"})");
+    for (const char* ok : {"0", "-0.5", "1e5", "1E+99", "12.25e-3", " 7"})
+        EXPECT_TRUE(number.accepts(ok)) << ok;
+    for (const char* bad : {"-", "01", "1.", ".5", "1e100", "1e", "+1", "NaN", "  7"})
+        EXPECT_FALSE(number.accepts(bad)) << bad;
+    const int32_t twelve = number.walk(number.start(), "12");
+    EXPECT_TRUE(number.accepting(twelve));
+    EXPECT_TRUE(number.can_continue(twelve));  // 123 is a number too: an end of document decides
+
+    JsonDfa choice = dfa_of(R"({"enum": ["red", 1, null, {"a": [true]}], "title": "x"})");
+    for (const char* ok : {R"("red")", "1", "null", R"({"a":[true]})"})
+        EXPECT_TRUE(choice.accepts(ok)) << ok;
+    for (const char* bad : {R"("blue")", "10", R"({"a": [true]})"})
+        EXPECT_FALSE(choice.accepts(bad)) << bad;
+
+    JsonDfa list = dfa_of(R"({"type": "array", "items": {"type": "boolean"}, "minItems": 1,
+                              "maxItems": 2})");
+    for (const char* ok : {"[true]", "[ false, true ]", "[\ntrue,\nfalse\n]"})
+        EXPECT_TRUE(list.accepts(ok)) << ok;
+    for (const char* bad : {"[]", "[true,true,true]", "[1]", "[true,]"})
+        EXPECT_FALSE(list.accepts(bad)) << bad;
+
+    JsonDfa object = JsonDfa(json_object_grammar());
+    for (const char* ok : {"{}", R"({"a":[1,{"b":null}],"a":"dup"})", "{ }"})
+        EXPECT_TRUE(object.accepts(ok)) << ok;
+    for (const char* bad : {"[]", "1", R"({"a"})", R"({a:1})"})
+        EXPECT_FALSE(object.accepts(bad)) << bad;
+    // Nested up to kMaxDepth levels, not one more.
+    std::string deep = "{\"a\":", deeper;
+    for (int d = 1; d < JsonGrammar::kMaxDepth; ++d) deep += "[";
+    deeper = deep + "[]";
+    deep += "1";
+    for (int d = 1; d < JsonGrammar::kMaxDepth; ++d) deep += "]", deeper += "]";
+    deep += "}";
+    deeper += "]}";
+    EXPECT_TRUE(object.accepts(deep)) << deep;
+    EXPECT_FALSE(object.accepts(deeper)) << deeper;
+}
+
+TEST(JsonSchema, UnsupportedKeywordsAreRefusedByNameAndPath) {
+    struct Case {
+        const char* schema;
+        const char* path;
+        const char* keyword;
+    };
+    for (const Case& c : std::vector<Case>{
+             {R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})",
+              "properties.age.minimum", "minimum"},
+             {R"({"anyOf":[{"type":"string"},{"type":"string","pattern":"^a"}]})",
+              "anyOf[1].pattern", "pattern"},
+             {R"({"$ref":"#/$defs/x","$defs":{"x":{"type":"string"}}})", "$ref", "$ref"},
+             {R"({"type":"array","items":[{"type":"string"}]})", "items", "items"},
+             {R"({"type":"strin"})", "type", "type"},
+             {R"({"type":"object","properties":{"a":{}},"required":["b"]})", "required[0]",
+              "required"},
+             {R"({"type":"array","minItems":3,"maxItems":2})", "minItems", "minItems"},
+             {R"({"type":"object","additionalProperties":{"type":"string"}})",
+              "additionalProperties", "additionalProperties"},
+             {R"({"type":"string","anyOf":[{"type":"string"}]})", "type", "type"},
+             {R"({"type":"integer","enum":["a"]})", "enum", "enum"},
+             {R"({"oneOf":[{"type":"string"}]})", "oneOf", "oneOf"},
+             {R"({"type":"string","format":"date"})", "format", "format"},
+             {R"([1])", "", ""},
+             {R"({"type":"array","items":{"type":"array","items":{"type":"array","items":{"type":
+                 "array","items":{"type":"array","items":{"type":"array","items":{"type":
+                 "array"}}}}}}})",
+              "items.items.items.items.items.items.type", "type"},
+         }) {
+        SCOPED_TRACE(c.schema);
+        try {
+            compile_json_schema(ojson::parse(c.schema));
+            ADD_FAILURE() << "accepted";
+        } catch (const JsonSchemaError& e) {
+            EXPECT_EQ(e.path, c.path) << e.what();
+            EXPECT_EQ(e.keyword, c.keyword) << e.what();
+            if (*c.keyword) EXPECT_NE(std::string(e.what()).find(c.keyword), std::string::npos);
+        }
+    }
+    // Annotations are no refusal.
+    EXPECT_NO_THROW(compile_json_schema(ojson::parse(
+        R"({"$schema":"https://json-schema.org/draft/2020-12/schema","title":"t",
+            "description":"d","type":"string","default":"x","examples":["y"]})")));
+}
+
+TEST(JsonSchema, RandomValidTextsOfRandomSchemasAreAcceptedWithEveryPrefixAlive) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Rng rng(seed);
+    std::vector<ojson> schemas = test::sample_schemas();
+    for (int i = 0; i < 300; ++i) schemas.push_back(test::random_schema(rng));
+    for (const ojson& schema : schemas) {
+        JsonDfa dfa(compile_json_schema(schema));
+        for (int k = 0; k < 5; ++k) {
+            const std::string text = test::random_valid_text(schema, rng);
+            expect_valid(text, schema);  // the generator's own check
+            int32_t s = dfa.start();
+            for (size_t i = 0; i < text.size() && s != JsonDfa::kDead; ++i)
+                s = dfa.next(s, static_cast<uint8_t>(text[i]));
+            ASSERT_NE(s, JsonDfa::kDead) << text << "\nschema " << schema.dump();
+            EXPECT_TRUE(dfa.accepting(s)) << text << "\nschema " << schema.dump();
+        }
+    }
+}
+
+TEST(JsonSchema, EverythingTheAutomatonAcceptsParsesAndValidates) {
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Rng rng(seed);
+    std::vector<ojson> schemas = test::sample_schemas();
+    for (int i = 0; i < 200; ++i) schemas.push_back(test::random_schema(rng));
+    int walks = 0, mutants = 0, refused = 0;
+    static const std::string bytes = "{}[]\",:0123456789 \n-.eEtrunlfas\\\xC3\xA9";
+    for (const ojson& schema : schemas) {
+        JsonDfa dfa(compile_json_schema(schema));
+        for (int k = 0; k < 4; ++k) {
+            const std::string text = random_walk(dfa, rng);
+            if (text.empty() && !dfa.accepts("")) continue;
+            ++walks;
+            expect_valid(text, schema);
+        }
+        // Random mutations of a valid text: those the automaton still accepts are valid.
+        const std::string valid = test::random_valid_text(schema, rng);
+        for (int k = 0; k < 20; ++k) {
+            std::string m = valid;
+            const size_t at = m.empty() ? 0 : rng.next_u64() % m.size();
+            const char b = bytes[rng.next_u64() % bytes.size()];
+            switch (rng.next_u64() % 3) {
+                case 0:
+                    if (!m.empty()) m.erase(at, 1);
+                    break;
+                case 1:
+                    m.insert(m.begin() + static_cast<std::ptrdiff_t>(at), b);
+                    break;
+                default:
+                    if (!m.empty()) m[at] = b;
+            }
+            if (m == valid) continue;
+            ++mutants;
+            if (!dfa.accepts(m)) {
+                ++refused;
+                continue;
+            }
+            expect_valid(m, schema);
+        }
+    }
+    EXPECT_GT(walks, 600);
+    EXPECT_GT(refused, mutants / 2) << "of " << mutants << " mutants";
+    // json_object mode: every walk is an object.
+    JsonDfa object(json_object_grammar());
+    for (int k = 0; k < 200; ++k) {
+        const std::string text = random_walk(object, rng);
+        if (text.empty()) continue;
+        expect_valid(text, ojson{{"type", "object"}});
+    }
+}
+
+}  // namespace
+}  // namespace tmx
