@@ -9,6 +9,8 @@
 // Beast's string_view as std::string_view (only this file includes Beast).
 #define BOOST_BEAST_USE_STD_STRING_VIEW 1
 
+#include <poll.h>
+
 #include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -242,6 +244,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void wait_readable() {
         if (read_wait_pending_ || state_ == State::Closed) return;
         read_wait_pending_ = true;
+        // Asio's epoll is edge-triggered and its waits are not tried first: bytes (or the end)
+        // already there, whose edge has passed (a read that left some, a pipelined request seen
+        // while handling), would never wake the wait.
+        pollfd ready{socket_.native_handle(), POLLIN, 0};
+        if (::poll(&ready, 1, 0) > 0) {
+            asio::post(server_.io_, [self = shared_from_this()] {
+                self->read_wait_pending_ = false;
+                self->on_readable({});
+            });
+            return;
+        }
         socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
             self->read_wait_pending_ = false;
             self->on_readable(ec);

@@ -1086,7 +1086,7 @@ TEST_F(ServeCli, AChunkedRequestBodyIsReadWhole) {
 // requests sent back to back before an answer (pipelining) in order; HEAD has no body; a wrong
 // method is 405; Connection: close and HTTP/1.0 end the connection after the answer.
 TEST_F(ServeCli, OneConnectionServesRequestAfterRequest) {
-    ASSERT_GT(start(), 0);
+    ASSERT_GT(start("--request-timeout 4"), 0);
     RawConnection c(port_);
     const json completion = {{"prompt", "the fox"}, {"max_tokens", 3}, {"ignore_eos", true}};
     c.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -1104,6 +1104,22 @@ TEST_F(ServeCli, OneConnectionServesRequestAfterRequest) {
     EXPECT_EQ(res.headers["cache-control"], "no-cache");
     EXPECT_GE(res.body.size(), 14u);
     EXPECT_EQ(res.body.substr(res.body.size() - 14), "data: [DONE]\n\n") << res.body;
+    // The next request sent while this one is being answered, and a body sent whole that is
+    // larger than one read: each read as soon as the server gets to it.
+    c.send(raw_post("/v1/completions", completion.dump()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    c.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(c.read_response().status, 200);
+    const auto t0 = std::chrono::steady_clock::now();
+    res = c.read_response(false, 4);
+    EXPECT_EQ(res.status, 200) << "a request that came during the last one's answer waited";
+    EXPECT_LT(seconds_since(t0), 4.0);
+    std::string words;
+    while (words.size() < 300000) words += "the little fox ran to the tree ";
+    c.send(raw_post("/tokenize", json{{"prompt", words}}.dump()));
+    res = c.read_response();
+    EXPECT_EQ(res.status, 200) << res.body.substr(0, 200);
+    EXPECT_GT(json::parse(res.body)["count"].get<int>(), 10000);
     c.send("HEAD / HTTP/1.1\r\nHost: x\r\n\r\n");
     res = c.read_response(true);
     EXPECT_EQ(res.status, 200);
