@@ -1,13 +1,12 @@
-// tmx serve: an OpenAI-compatible HTTP server (cpp-httplib, the HTTP library llama.cpp's server
-// uses, packaged by Debian) on the engine's continuous batching (engine/infer/serve_loop.h).
-// HTTP threads parse requests and stream their text; the engine's completion session
-// (engine/infer/completion_session.h) turns them into sequences, which one engine thread runs
-// on the model. Here: the flags, the listening socket and the signals; the routes are
-// apps/serve/routes.h, the request and response bodies apps/serve/openai_api.h.
-#include <httplib.h>
+// tmx serve: an OpenAI-compatible HTTP server on the engine's continuous batching
+// (engine/infer/serve_loop.h). The HTTP server (apps/serve/http_server.h) reads every
+// connection on one event-driven I/O thread and hands whole requests to handler threads, which
+// stream their text; the engine's completion session (engine/infer/completion_session.h) turns
+// them into sequences, which one engine thread runs on the model. Here: the flags, the listening
+// socket, the connection limit and the signals; the routes are apps/serve/routes.h, the request
+// and response bodies apps/serve/openai_api.h.
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/serve/http_server.h"
 #include "apps/serve/openai_api.h"
 #include "apps/serve/routes.h"
 #include "engine/core/errors.h"
@@ -34,57 +34,52 @@ namespace tmx::cli {
 
 namespace {
 
-// httplib's worker threads, each lowered below the engine thread's priority (nice + 5) when it
-// takes its first connection: the engine thread is the server's throughput, and where the
-// cores are busy (clients on the same machine, more connections than cores) a streaming
-// thread woken for each token would otherwise take the engine's core from it mid-step.
-class HttpThreads : public httplib::ThreadPool {
-  public:
-    using httplib::ThreadPool::ThreadPool;
-    void enqueue(std::function<void()> fn) override {
-        httplib::ThreadPool::enqueue([fn = std::move(fn)] {
-            thread_local const bool lowered = [] {
-                // Relative to the thread's own niceness (a server started with nice 10 must not
-                // have threads raised to 5); best effort: one that cannot be lowered serves as
-                // it is.
-                const auto tid = static_cast<id_t>(::gettid());
-                errno = 0;
-                const int now = ::getpriority(PRIO_PROCESS, tid);
-                return errno == 0 && ::setpriority(PRIO_PROCESS, tid, now + 5) == 0;
-            }();
-            (void)lowered;
-            fn();
-        });
+// The HTTP threads (the I/O thread and the handlers) run below the engine thread's priority
+// (nice + 5): the engine thread is the server's throughput, and where the cores are busy
+// (clients on the same machine, more connections than cores) a streaming thread woken for each
+// token would otherwise take the engine's core from it mid-step. Relative to the thread's own
+// niceness (a server started with nice 10 must not have threads raised to 5); best effort: one
+// that cannot be lowered serves as it is.
+void lower_this_thread_priority() {
+    const auto tid = static_cast<id_t>(::gettid());
+    errno = 0;
+    const int now = ::getpriority(PRIO_PROCESS, tid);
+    if (errno == 0) ::setpriority(PRIO_PROCESS, tid, now + 5);
+}
+
+// File descriptors kept for everything but connections (the listening socket, the event loop's,
+// the model's files, the engine's libraries), with room to accept and refuse one more.
+constexpr rlim_t kReservedFiles = 64;
+
+// Raises the soft limit on open files to the hard one and returns the connections that fit
+// under it: `wanted`, or fewer (said on stderr).
+int64_t connections_within_file_limit(int64_t wanted) {
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) != 0) return wanted;
+    if (files.rlim_cur < files.rlim_max) {
+        rlimit raised = files;
+        raised.rlim_cur = files.rlim_max;
+        if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
     }
-};
+    if (files.rlim_cur == RLIM_INFINITY ||
+        files.rlim_cur >= static_cast<rlim_t>(wanted) + kReservedFiles)
+        return wanted;
+    const int64_t fit = std::max<int64_t>(
+        1, static_cast<int64_t>(files.rlim_cur) - static_cast<int64_t>(kReservedFiles));
+    std::fprintf(stderr,
+                 "tmx serve: --max-connections %lld lowered to %lld: the process may open %llu "
+                 "files (RLIMIT_NOFILE; raise it with ulimit -n)\n",
+                 static_cast<long long>(wanted), static_cast<long long>(fit),
+                 static_cast<unsigned long long>(files.rlim_cur));
+    return fit;
+}
 
 // Binds the server to host:port (0: any free port) and returns the port bound.
-// httplib's default socket options set SO_REUSEPORT (a second server on the same port would
-// share it silently instead of failing) and its listen backlog is 5 (a burst of clients
-// connecting at once waits out a 1 s SYN retransmission): take SO_REUSEADDR alone, and listen
-// again with a deep backlog once bound.
-int bind_listening_socket(httplib::Server& http, const std::string& host, int requested_port) {
-    // Shared with the callback, which the server keeps.
-    auto listen_fd = std::make_shared<socket_t>(-1);
-    http.set_socket_options([listen_fd](socket_t sock) {
-        int yes = 1;
-        ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-        *listen_fd = sock;  // the last socket made is the one that bound
-    });
-    int port = requested_port;
-    if (port == 0) {
-        port = http.bind_to_any_port(host);
-    } else if (!http.bind_to_port(host, port)) {
-        port = -1;
-    }
+int bind_listening_socket(serve::HttpServer& http, const std::string& host, int requested_port) {
+    const int port = http.listen(host, requested_port);
     if (port < 0)
         throw Error("--host " + host + " --port " + std::to_string(requested_port) +
                     ": cannot listen there (in use, or not an address of this machine)");
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (*listen_fd >= 0 &&
-        ::getsockopt(*listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening)
-        ::listen(*listen_fd, SOMAXCONN);
     return port;
 }
 
@@ -97,7 +92,8 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         int64_t parallel = 4, queue = 64;
         int64_t max_body = 1 << 20;
         int64_t prefill_budget = 0;
-        double shutdown_grace = 10, timeout = 30;
+        int64_t max_connections = 1024;
+        double shutdown_grace = 10, timeout = 30, request_timeout = 10;
         serve::ApiLimits limits;
         BackendChoice backend;
         WeightsChoice weights;
@@ -137,12 +133,20 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
                     "(default 0: the model's attention window)")
         ->check(in_range<int64_t>(0, int64_t{1} << 30));
     sub->add_option("--timeout", o->timeout,
-                    "Seconds a connection may wait between two pieces of its request, or take "
-                    "to accept the next piece of the response, before it is closed (a stream's "
-                    "sequence is then cancelled); an idle connection closes after 5 s (or "
-                    "--timeout rounded up, "
-                    "when shorter)")
+                    "Seconds a client may take to accept the next piece of a response before "
+                    "its connection is closed (a stream's sequence is then cancelled); an idle "
+                    "connection closes after 5 s (or --timeout rounded up, when shorter)")
         ->check(CLI::Range(0.1, 3600.0))
+        ->capture_default_str();
+    sub->add_option("--request-timeout", o->request_timeout,
+                    "Seconds from a request's first byte to its last (line, headers and body); "
+                    "a request slower than that is answered 408 and its connection closed")
+        ->check(CLI::Range(0.1, 3600.0))
+        ->capture_default_str();
+    sub->add_option("--max-connections", o->max_connections,
+                    "Connections open at once (idle ones included); one more is answered 503 "
+                    "and closed at once. Lowered to what the open-files limit allows")
+        ->check(in_range<int64_t>(1, 1000000))
         ->capture_default_str();
     sub->add_option("--shutdown-grace", o->shutdown_grace,
                     "Seconds running requests may finish after SIGINT/SIGTERM")
@@ -180,7 +184,18 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         SchedulerOptions so;
         so.slots = o->parallel;
         so.prefill_tokens_per_step = serving_prefill_budget(model->config(), o->prefill_budget);
-        httplib::Server http;
+        serve::HttpServerOptions http_options;
+        http_options.handler_threads = static_cast<size_t>(o->parallel + o->queue + 8);
+        http_options.max_connections =
+            static_cast<size_t>(connections_within_file_limit(o->max_connections));
+        http_options.max_body_bytes = static_cast<size_t>(o->max_body);
+        http_options.request_timeout_s = o->request_timeout;
+        http_options.write_timeout_s = o->timeout;
+        // An idle keep-alive connection costs little now, but a client that has gone quiet
+        // should not hold one of --max-connections for long.
+        http_options.idle_timeout_s = std::clamp(std::ceil(o->timeout), 1.0, 5.0);
+        http_options.on_thread_start = lower_this_thread_priority;
+        serve::HttpServer http(http_options);
         ServeLoop loop(*model, so, o->queue, [&http](const std::string& why) {
             std::fprintf(stderr, "tmx serve: the backend failed %d steps in a row: %s\n",
                          ServeLoop::kMaxFailedSteps, why.c_str());
@@ -190,18 +205,6 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
         if (model_name.empty()) model_name = "tmx";
         serve::Server srv(tokenizer, loop, model_name, o->api_key, std::move(chat), o->limits);
 
-        http.new_task_queue = [n = o->parallel + o->queue + 8] {
-            return new HttpThreads(static_cast<size_t>(n));
-        };
-        http.set_payload_max_length(static_cast<size_t>(o->max_body));
-        const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
-            std::chrono::duration<double>(o->timeout));
-        http.set_read_timeout(timeout);
-        http.set_write_timeout(timeout);
-        // An idle keep-alive connection holds one of the HTTP threads: close it soon.
-        http.set_keep_alive_timeout(
-            static_cast<time_t>(std::clamp(std::ceil(o->timeout), 1.0, 5.0)));
-        http.set_tcp_nodelay(true);  // SSE pieces are small: never wait for Nagle's 40 ms
         serve::add_routes(http, srv);
 
         const int port = bind_listening_socket(http, o->host, o->port);
@@ -233,7 +236,7 @@ void add_serve_command(CLI::App& app, CommonOptions& common) {
             loop.stop();  // cancels what is left: those streams end with an error event
             http.stop();
         });
-        http.listen_after_bind();
+        http.run();
         stopped = true;
         if (watcher.joinable()) {
             pthread_kill(watcher.native_handle(), SIGTERM);

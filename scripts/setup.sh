@@ -26,7 +26,7 @@ packages=(
   libgtest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
   libopenblas-dev libopenblas0-openmp
-  libsentencepiece-dev libpcre2-dev libicu-dev libcpp-httplib-dev
+  libsentencepiece-dev libpcre2-dev libicu-dev libcpp-httplib-dev libboost-dev
   libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
   libopenmpi-dev openmpi-bin
 )

@@ -10,8 +10,8 @@ namespace {
 
 using nlohmann::json;
 
-// httplib's content provider for one stream, called once: it writes events until the
-// completion has ended (then true) or the client has left (false).
+// The response's stream, called once on the handler's thread: it writes events until the
+// completion has ended (then true) or the client has left (false, the completion cancelled).
 class CompletionStream {
   public:
     CompletionStream(std::shared_ptr<Completion> completion, ResponseHeader header, bool chat,
@@ -23,7 +23,7 @@ class CompletionStream {
           usage_(usage),
           metrics_(&metrics) {}
 
-    bool operator()(size_t, httplib::DataSink& sink) const {
+    bool operator()(ResponseStream& sink) const {
         while (true) {
             const Completion::Progress progress =
                 completion_->next_updates(std::chrono::milliseconds(500));
@@ -32,22 +32,18 @@ class CompletionStream {
                 completion_->cancel();  // the client left: free its slots
                 return false;
             }
-            if (progress.all_done) {
-                finish(sink);
-                return true;
-            }
+            if (progress.all_done) return finish(sink);
         }
     }
 
   private:
-    static bool send(httplib::DataSink& sink, const json& j) {
+    static bool send(ResponseStream& sink, const json& j) {
         const std::string line = "data: " + dump(j) + "\n\n";
-        return sink.write(line.data(), line.size());
+        return sink.write(line);
     }
 
     // A chunk for each update; false when the client has left.
-    bool send_updates(httplib::DataSink& sink,
-                      const std::vector<Completion::Update>& updates) const {
+    bool send_updates(ResponseStream& sink, const std::vector<Completion::Update>& updates) const {
         for (const Completion::Update& u : updates) {
             if (u.done && u.text.empty() && !u.error.empty()) continue;  // its error event says it
             json chunk = header_.fields();
@@ -59,8 +55,8 @@ class CompletionStream {
     }
 
     // After every choice has ended: the usage chunk, or the error event of a completion that
-    // failed or was cancelled; then [DONE].
-    void finish(httplib::DataSink& sink) const {
+    // failed or was cancelled; then [DONE]. False when the client has left.
+    bool finish(ResponseStream& sink) const {
         const bool cancelled = completion_->cancelled();
         const std::optional<std::string> failure = completion_->failure();
         if (failure) {
@@ -76,9 +72,7 @@ class CompletionStream {
             }
         }
         if (cancelled && !failure) send(sink, completion_cancelled(500).body());
-        const std::string done = "data: [DONE]\n\n";
-        sink.write(done.data(), done.size());
-        sink.done();
+        return sink.write("data: [DONE]\n\n");
     }
 
     std::shared_ptr<Completion> completion_;
@@ -89,19 +83,15 @@ class CompletionStream {
 
 }  // namespace
 
-void stream_completion(httplib::Response& res, std::shared_ptr<Completion> completion,
+void stream_completion(HttpResponse& res, std::shared_ptr<Completion> completion,
                        const ResponseHeader& header, const CompletionRequest& request,
                        Metrics& metrics) {
     res.set_header("Cache-Control", "no-cache");
     ResponseHeader chunk_header = header;
     if (request.chat) chunk_header.object += ".chunk";  // completions' chunks keep their name
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        CompletionStream(completion, chunk_header, request.chat, request.logprobs >= 0,
-                         request.stream_usage, metrics),
-        [completion](bool success) {
-            if (!success) completion->cancel();
-        });
+    res.content_type = "text/event-stream";
+    res.stream = CompletionStream(completion, chunk_header, request.chat, request.logprobs >= 0,
+                                  request.stream_usage, metrics);
 }
 
 }  // namespace tmx::serve

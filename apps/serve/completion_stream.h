@@ -4,10 +4,9 @@
 // still running.
 #pragma once
 
-#include <httplib.h>
-
 #include <memory>
 
+#include "apps/serve/http_server.h"
 #include "apps/serve/metrics.h"
 #include "apps/serve/openai_api.h"
 #include "engine/infer/completion_session.h"
@@ -15,7 +14,7 @@
 namespace tmx::serve {
 
 // The response streams the completion; each request's outcome is counted in `metrics`.
-void stream_completion(httplib::Response& res, std::shared_ptr<Completion> completion,
+void stream_completion(HttpResponse& res, std::shared_ptr<Completion> completion,
                        const ResponseHeader& header, const CompletionRequest& request,
                        Metrics& metrics);
 

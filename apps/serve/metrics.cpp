@@ -39,7 +39,8 @@ void Metrics::count_request(const std::string& outcome) {
     ++requests[outcome];
 }
 
-std::string Metrics::render(int64_t running, int64_t waiting, int64_t slots) {
+std::string Metrics::render(int64_t running, int64_t waiting, int64_t slots,
+                            const ConnectionCounts& connections) {
     std::string out;
     out += "# HELP tmx_requests_total Completion and chat requests, by outcome.\n";
     out += "# TYPE tmx_requests_total counter\n";
@@ -61,6 +62,11 @@ std::string Metrics::render(int64_t running, int64_t waiting, int64_t slots) {
     line("tmx_active_slots", "gauge", "Sequences in a KV-cache slot.",
          static_cast<double>(running));
     line("tmx_slots", "gauge", "KV-cache slots (--parallel).", static_cast<double>(slots));
+    line("tmx_open_connections", "gauge", "HTTP connections open.",
+         static_cast<double>(connections.open));
+    line("tmx_connections_refused_total", "counter",
+         "HTTP connections closed at once: --max-connections were open.",
+         static_cast<double>(connections.refused));
     out += time_to_first_token.render("tmx_time_to_first_token_seconds",
                                       "From a request's arrival to its first generated token.");
     out += time_per_token.render("tmx_time_per_token_seconds",

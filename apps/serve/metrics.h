@@ -26,6 +26,12 @@ class Histogram {
     double sum_ = 0;
 };
 
+// The HTTP server's connections at one moment.
+struct ConnectionCounts {
+    int64_t open = 0;
+    uint64_t refused = 0;  // since start: over --max-connections
+};
+
 struct Metrics {
     std::mutex mutex;
     std::map<std::string, uint64_t> requests;  // by outcome: ok, client_error, queue_full, ...
@@ -34,7 +40,8 @@ struct Metrics {
 
     void count_request(const std::string& outcome);
     // The whole page; `running`, `waiting` and `slots` are the scheduler's at this moment.
-    std::string render(int64_t running, int64_t waiting, int64_t slots);
+    std::string render(int64_t running, int64_t waiting, int64_t slots,
+                       const ConnectionCounts& connections);
 };
 
 }  // namespace tmx::serve

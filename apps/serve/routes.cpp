@@ -20,7 +20,7 @@ int64_t unix_time() {
         .count();
 }
 
-void send_error(httplib::Response& res, const ApiError& e, Metrics* metrics = nullptr) {
+void send_error(HttpResponse& res, const ApiError& e, Metrics* metrics = nullptr) {
     if (metrics)
         metrics->count_request(e.status == 429   ? "queue_full"
                                : e.status >= 500 ? "server_error"
@@ -30,38 +30,54 @@ void send_error(httplib::Response& res, const ApiError& e, Metrics* metrics = nu
     res.set_content(dump(e.body()), "application/json");
 }
 
-// The API key, then the drain: a request to the API that either refuses is answered here.
-httplib::Server::HandlerResponse check_access(const Server& srv, const httplib::Request& req,
-                                              httplib::Response& res) {
+// The API key, then the drain: a request to the API that either refuses is answered here (true).
+bool check_access(const Server& srv, const HttpRequest& req, HttpResponse& res) {
     const bool api =
         req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
-    if (api && !srv.api_key.empty() &&
-        req.get_header_value("Authorization") != "Bearer " + srv.api_key) {
+    if (api && !srv.api_key.empty() && req.header("Authorization") != "Bearer " + srv.api_key) {
         send_error(res, {401, "a valid API key is required (Authorization: Bearer KEY)", "",
                          "invalid_api_key", "invalid_request_error"});
-        return httplib::Server::HandlerResponse::Handled;
+        return true;
     }
     if (srv.draining && api) {
         send_error(res, {503, "the server is shutting down", "", "shutting_down", "server_error"});
-        return httplib::Server::HandlerResponse::Handled;
+        return true;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return false;
 }
 
-// httplib's own errors (no route, a body too large) as OpenAI's error object.
-void explain_http_error(const httplib::Request& req, httplib::Response& res) {
+// The HTTP server's own errors (no route, a request too large, too slow or malformed, too
+// many connections) as OpenAI's error object.
+std::string http_error_message(const HttpRequest& req, int status) {
+    switch (status) {
+        case 400:
+            return "the request is not well-formed HTTP";
+        case 404:
+            return "unknown endpoint " + req.method + " " + req.path;
+        case 405:
+            return "method " + req.method + " not allowed on " + req.path;
+        case 408:
+            return "the request did not arrive whole within --request-timeout";
+        case 413:
+            return "the request body is larger than the server takes (--max-body)";
+        case 431:
+            return "the request line and headers are larger than the server takes";
+        case 503:
+            return "too many open connections (--max-connections): retry shortly";
+        default:
+            return "HTTP error " + std::to_string(status);
+    }
+}
+
+void explain_http_error(const HttpRequest& req, HttpResponse& res) {
     if (!res.body.empty()) return;
     const int s = res.status;
-    ApiError e{s,
-               s == 404   ? "unknown endpoint " + req.method + " " + req.path
-               : s == 413 ? "the request body is larger than the server takes (--max-body)"
-               : s == 405 ? "method not allowed"
-                          : "HTTP error " + std::to_string(s),
-               "", "", "invalid_request_error"};
+    ApiError e{s, http_error_message(req, s), "", "",
+               s >= 500 ? "server_error" : "invalid_request_error"};
     res.set_content(e.body().dump(), "application/json");
 }
 
-void tokenize(const Server& srv, const httplib::Request& req, httplib::Response& res) {
+void tokenize(const Server& srv, const HttpRequest& req, HttpResponse& res) {
     try {
         const TokenizeRequest r = parse_tokenize_request(req.body);
         std::vector<int32_t> ids;
@@ -75,7 +91,7 @@ void tokenize(const Server& srv, const httplib::Request& req, httplib::Response&
     }
 }
 
-void detokenize(const Server& srv, const httplib::Request& req, httplib::Response& res) {
+void detokenize(const Server& srv, const HttpRequest& req, HttpResponse& res) {
     try {
         const std::vector<int32_t> ids = parse_detokenize_request(req.body);
         try {
@@ -92,7 +108,7 @@ void detokenize(const Server& srv, const httplib::Request& req, httplib::Respons
 
 // POST /v1/completions (chat false) and /v1/chat/completions: the whole answer once every choice
 // has ended, or a stream.
-void complete(Server& srv, bool chat, const httplib::Request& req, httplib::Response& res) {
+void complete(Server& srv, bool chat, const HttpRequest& req, HttpResponse& res) {
     CompletionRequest r;
     std::shared_ptr<Completion> completion;
     try {
@@ -157,42 +173,40 @@ std::shared_ptr<Completion> Server::start(const CompletionRequest& r) {
     }
 }
 
-void add_routes(httplib::Server& http, Server& srv) {
-    http.set_pre_routing_handler([&srv](const httplib::Request& req, httplib::Response& res) {
-        return check_access(srv, req, res);
-    });
+void add_routes(HttpServer& http, Server& srv) {
+    http.set_pre_routing(
+        [&srv](const HttpRequest& req, HttpResponse& res) { return check_access(srv, req, res); });
     http.set_error_handler(explain_http_error);
-    http.Get("/health", [&srv](const httplib::Request&, httplib::Response& res) {
+    http.route("GET", "/health", [&srv](const HttpRequest&, HttpResponse& res) {
         const std::string failure = srv.loop.failure();
         res.status = failure.empty() ? 200 : 503;
         res.set_content(json{{"status", failure.empty() ? "ok" : "error"}}.dump(),
                         "application/json");
     });
-    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    http.route("GET", "/", [](const HttpRequest&, HttpResponse& res) {
         res.set_content(kPlaygroundHtml, "text/html; charset=utf-8");
     });
-    http.Get("/metrics", [&srv](const httplib::Request&, httplib::Response& res) {
+    http.route("GET", "/metrics", [&srv, &http](const HttpRequest&, HttpResponse& res) {
         const ServeLoop::Stats st = srv.loop.stats();
-        res.set_content(srv.metrics.render(st.running, st.waiting, st.slots),
+        res.set_content(srv.metrics.render(st.running, st.waiting, st.slots,
+                                           {http.open_connections(), http.refused_connections()}),
                         "text/plain; version=0.0.4");
     });
-    http.Post("/tokenize", [&srv](const httplib::Request& req, httplib::Response& res) {
-        tokenize(srv, req, res);
-    });
-    http.Post("/detokenize", [&srv](const httplib::Request& req, httplib::Response& res) {
-        detokenize(srv, req, res);
-    });
-    http.Get("/v1/models", [&srv](const httplib::Request&, httplib::Response& res) {
+    http.route("POST", "/tokenize",
+               [&srv](const HttpRequest& req, HttpResponse& res) { tokenize(srv, req, res); });
+    http.route("POST", "/detokenize",
+               [&srv](const HttpRequest& req, HttpResponse& res) { detokenize(srv, req, res); });
+    http.route("GET", "/v1/models", [&srv](const HttpRequest&, HttpResponse& res) {
         json m = {{"id", srv.model_name},
                   {"object", "model"},
                   {"created", unix_time()},
                   {"owned_by", "tmx"}};
         res.set_content(json{{"object", "list"}, {"data", {m}}}.dump(), "application/json");
     });
-    http.Post("/v1/completions", [&srv](const httplib::Request& req, httplib::Response& res) {
+    http.route("POST", "/v1/completions", [&srv](const HttpRequest& req, HttpResponse& res) {
         complete(srv, false, req, res);
     });
-    http.Post("/v1/chat/completions", [&srv](const httplib::Request& req, httplib::Response& res) {
+    http.route("POST", "/v1/chat/completions", [&srv](const HttpRequest& req, HttpResponse& res) {
         complete(srv, true, req, res);
     });
 }

@@ -4,13 +4,12 @@
 // completions themselves run on the engine's session (engine/infer/completion_session.h).
 #pragma once
 
-#include <httplib.h>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "apps/serve/http_server.h"
 #include "apps/serve/metrics.h"
 #include "apps/serve/openai_api.h"
 #include "engine/data/tokenizer.h"
@@ -41,6 +40,6 @@ struct Server {
     std::shared_ptr<Completion> start(const CompletionRequest& r);
 };
 
-void add_routes(httplib::Server& http, Server& srv);
+void add_routes(HttpServer& http, Server& srv);
 
 }  // namespace tmx::serve
