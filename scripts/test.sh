@@ -51,3 +51,10 @@ ctest --output-on-failure --parallel "$(nproc)"
 # formed, the server's memory flat.
 python3 "$root/scripts/load-test.py" --tmx "$root/build/tmx" --model "$root/assets/demo" \
   --clients 4 --requests 40 --max-tokens 16
+# tmx serve under hostile traffic at small settings (scripts/hostile-traffic.py): stalled
+# connections, a slow-drip body and a flood beside real clients; every answer arrives, no
+# connection hangs, the server lives and exits 0 on SIGTERM.
+python3 "$root/scripts/hostile-traffic.py" --check --tmx "$root/build/tmx" \
+  --model "$root/assets/demo" --clients 4 --requests 8 --max-tokens 16 --stalled 100 \
+  --flood 300 --hang-seconds 10 --drip-seconds 20 --answer-timeout 60 \
+  --serve-args "--request-timeout 3 --max-connections 256"

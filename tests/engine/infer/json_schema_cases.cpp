@@ -236,7 +236,11 @@ ojson random_schema(Rng& rng, int depth) {
         case 4: {
             ojson values = ojson::array();
             const size_t n = 1 + pick(rng, 4);
-            for (size_t i = 0; i < n; ++i) values.push_back(random_scalar(rng));
+            // JSON Schema wants an enum's items unique (ajv refuses the schema otherwise).
+            for (size_t i = 0; i < n; ++i)
+                if (ojson v = random_scalar(rng);
+                    std::find(values.begin(), values.end(), v) == values.end())
+                    values.push_back(std::move(v));
             s["enum"] = values;
             break;
         }
