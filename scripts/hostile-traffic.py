@@ -7,6 +7,7 @@ Starts the server on a free port (or uses --url) and runs, in order:
   2. stalled: --stalled connections that each send a partial request line and stall (one the
      server closes is opened again at once, so that as many stay open); the same completion and
      client run beside them; the server's resident memory and threads before and with them;
+     with --rounds N, N client runs without and with them, alternating, and each ratio;
   3. slow drip: a request whose head is whole but whose body comes one byte every half second:
      when the server closes it (or --drip-seconds pass);
   4. flood: --flood connections opened as fast as they go (about a second for 2,000 here), each
@@ -218,6 +219,8 @@ def main():
                     help="how long the slow drip may stay open before it counts as never closed")
     ap.add_argument("--answer-timeout", type=float, default=120,
                     help="how long a completion may take before it counts as failed")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="client runs without and with the stalled connections, alternating")
     ap.add_argument("--serve-args", default="", help="more flags for the server")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 on a failed completion, a hung connection, a drip that is never "
@@ -283,11 +286,21 @@ def main():
     if alone is not None and with_stalled is not None:
         say(f"stalled: the completion took {with_stalled - alone:+.3f} s more than alone")
     stalled_tps = client_run("with stalled")
-    if alone_tps > 0:
-        say(f"stalled: throughput {stalled_tps / alone_tps:.2f}x of the run without them")
     say(f"stalled: {stalled.closed_by_server} stalled connections were closed by the server "
         f"(and opened again); {stalled.open_count()} open at the end")
     stalled.close()
+    ratios = [stalled_tps / alone_tps if alone_tps > 0 else 0.0]
+    # More rounds, alternating, so that a busy machine's drift does not read as a cost.
+    for r in range(1, args.rounds):
+        alone_tps = client_run(f"round {r + 1}, alone")
+        stalled = StalledConnections(host, port, args.stalled).start()
+        stalled_tps = client_run(f"round {r + 1}, with stalled")
+        stalled.close()
+        ratios.append(stalled_tps / alone_tps if alone_tps > 0 else 0.0)
+    say("stalled: throughput with them / without them: "
+        + ", ".join(f"{x:.2f}" for x in ratios)
+        + (f" (median {statistics.median(ratios):.2f} of {len(ratios)} rounds)"
+           if len(ratios) > 1 else ""))
 
     # 3. slow drip
     closed_after, answer = slow_drip(host, port, args.drip_seconds)
