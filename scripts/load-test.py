@@ -31,6 +31,9 @@ def main():
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature of every request (default: the API's, 1); 0 is "
                          "greedy, as tmx bench's batched decode")
+    ap.add_argument("--json-object", action="store_true",
+                    help="every request asks for response_format json_object (structured "
+                         "output): an answer ends when its object is complete, and must parse")
     ap.add_argument("--max-growth-mb", type=float, default=64)
     ap.add_argument("--rss-after", type=int, default=None,
                     help="requests after which the server's first RSS is read (default: a tenth)")
@@ -60,7 +63,8 @@ def main():
     server_cpu0 = cpu_seconds(server.pid) if server else 0.0
     client_cpu0 = sum(os.times()[:2])
     run = ClientRun(url, args.clients, args.requests, args.max_tokens, args.temperature,
-                    note_request).run()
+                    note_request,
+                    {"type": "json_object"} if args.json_object else None).run()
     wall = run.wall
     client_cpu = sum(os.times()[:2]) - client_cpu0
     failures = run.failures

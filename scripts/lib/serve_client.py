@@ -57,13 +57,18 @@ def start_server(tmx, model, backend="cpu", flags=(), extra=""):
     return server, url
 
 
-def one_request(url, prompt, max_tokens, seed, temperature=None, timeout=300):
-    """One streaming completion of exactly max_tokens tokens (ignore_eos), every event checked;
-    returns (time to first token, whole time) in seconds."""
+def one_request(url, prompt, max_tokens, seed, temperature=None, timeout=300,
+                response_format=None):
+    """One streaming completion, every event checked: of exactly max_tokens tokens
+    (ignore_eos), or with a response_format ({"type": "json_object"}, ...) until its value is
+    complete (then its text must parse as JSON) or max_tokens. Returns (time to first token,
+    whole time, tokens generated)."""
     fields = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": True,
-              "ignore_eos": True}
+              "ignore_eos": True, "stream_options": {"include_usage": True}}
     if temperature is not None:
         fields["temperature"] = temperature
+    if response_format is not None:
+        fields["response_format"] = response_format
     body = json.dumps(fields).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
@@ -71,6 +76,8 @@ def one_request(url, prompt, max_tokens, seed, temperature=None, timeout=300):
     ttft = None
     done = False
     finish = None
+    text = ""
+    tokens = None
     with urllib.request.urlopen(req, timeout=timeout) as res:
         if res.status != 200:
             raise RuntimeError(f"status {res.status}")
@@ -89,23 +96,35 @@ def one_request(url, prompt, max_tokens, seed, temperature=None, timeout=300):
             event = json.loads(data)
             if "error" in event:
                 raise RuntimeError(f"error event: {event}")
+            if not event["choices"]:  # the usage chunk
+                tokens = event["usage"]["completion_tokens"]
+                continue
             choice = event["choices"][0]
             if choice["text"] and ttft is None:
                 ttft = time.monotonic() - t0
+            text += choice["text"]
             if choice["finish_reason"] is not None:
                 finish = choice["finish_reason"]
-    if not done or finish != "length":
-        raise RuntimeError(f"incomplete answer (done {done}, finish_reason {finish})")
-    return ttft if ttft is not None else time.monotonic() - t0, time.monotonic() - t0
+    finishes = ("length",) if response_format is None else ("length", "stop")
+    if not done or finish not in finishes or tokens is None:
+        raise RuntimeError(f"incomplete answer (done {done}, finish_reason {finish}, "
+                           f"usage {tokens})")
+    if response_format is not None and finish == "stop":
+        json.loads(text)  # a complete value must parse
+    elif tokens != max_tokens:
+        raise RuntimeError(f"{tokens} tokens, not max_tokens {max_tokens}")
+    return ttft if ttft is not None else time.monotonic() - t0, time.monotonic() - t0, tokens
 
 
 class ClientRun:
     """`clients` threads issuing `requests` streaming completions in all; on_request(i) is called
     (under the lock) before request i is issued. After run(): ttfts, tokens, failures, wall."""
 
-    def __init__(self, url, clients, requests, max_tokens, temperature=None, on_request=None):
+    def __init__(self, url, clients, requests, max_tokens, temperature=None, on_request=None,
+                 response_format=None):
         self.url, self.clients, self.requests = url, clients, requests
         self.max_tokens, self.temperature, self.on_request = max_tokens, temperature, on_request
+        self.response_format = response_format
         self.ttfts, self.tokens, self.failures, self.wall = [], 0, [], 0.0
 
     def run(self):
@@ -122,11 +141,12 @@ class ClientRun:
                     if self.on_request:
                         self.on_request(i)
                 try:
-                    ttft, _ = one_request(self.url, f"Once upon a time {i % 7}", self.max_tokens,
-                                          i, self.temperature)
+                    ttft, _, tokens = one_request(self.url, f"Once upon a time {i % 7}",
+                                                  self.max_tokens, i, self.temperature,
+                                                  response_format=self.response_format)
                     with lock:
                         self.ttfts.append(ttft)
-                        self.tokens += self.max_tokens
+                        self.tokens += tokens
                 except Exception as e:  # noqa: BLE001 - every failure is reported
                     with lock:
                         self.failures.append(f"request {i}: {e}")
