@@ -11,6 +11,7 @@ answer, or when memory grew by more than --max-growth-mb.
   scripts/load-test.py --model assets/demo --clients 16 --requests 400 --max-tokens 64
 """
 import argparse
+import json
 import os
 import sys
 
@@ -31,9 +32,14 @@ def main():
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature of every request (default: the API's, 1); 0 is "
                          "greedy, as tmx bench's batched decode")
-    ap.add_argument("--json-object", action="store_true",
-                    help="every request asks for response_format json_object (structured "
-                         "output): an answer ends when its object is complete, and must parse")
+    structured = ap.add_mutually_exclusive_group()
+    structured.add_argument("--json-object", action="store_true",
+                            help="every request asks for response_format json_object (structured "
+                                 "output): an answer ends when its object is complete, and must "
+                                 "parse")
+    structured.add_argument("--json-schema", metavar="FILE",
+                            help="every request asks for response_format json_schema with this "
+                                 "schema")
     ap.add_argument("--max-growth-mb", type=float, default=64)
     ap.add_argument("--rss-after", type=int, default=None,
                     help="requests after which the server's first RSS is read (default: a tenth)")
@@ -62,9 +68,15 @@ def main():
 
     server_cpu0 = cpu_seconds(server.pid) if server else 0.0
     client_cpu0 = sum(os.times()[:2])
+    response_format = None
+    if args.json_object:
+        response_format = {"type": "json_object"}
+    elif args.json_schema:
+        with open(args.json_schema) as f:
+            response_format = {"type": "json_schema",
+                               "json_schema": {"name": "load_test", "schema": json.load(f)}}
     run = ClientRun(url, args.clients, args.requests, args.max_tokens, args.temperature,
-                    note_request,
-                    {"type": "json_object"} if args.json_object else None).run()
+                    note_request, response_format).run()
     wall = run.wall
     client_cpu = sum(os.times()[:2]) - client_cpu0
     failures = run.failures
