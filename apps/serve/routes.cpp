@@ -125,7 +125,16 @@ void complete(Server& srv, bool chat, const HttpRequest& req, HttpResponse& res)
         stream_completion(res, completion, header, r, srv.metrics);
         return;
     }
-    completion->wait();
+    // Waits in slices, watching the connection: a client that has left cancels its completion
+    // (freeing its slots), as a stream's does, and is not answered.
+    while (!completion->wait_for(std::chrono::milliseconds(100))) {
+        if (req.client_left()) {
+            completion->cancel();
+            completion->wait();
+            srv.metrics.count_request("cancelled");
+            return;
+        }
+    }
     if (const std::optional<std::string> failure = completion->failure()) {
         send_error(res, generation_failed(*failure), &srv.metrics);
         return;
