@@ -126,12 +126,14 @@ void complete(Server& srv, bool chat, const HttpRequest& req, HttpResponse& res)
         return;
     }
     // Waits in slices, watching the connection: a client that has left cancels its completion
-    // (freeing its slots), as a stream's does, and is not answered.
+    // (freeing its slots), as a stream's does. What is written then reaches at most a client
+    // that closed only its sending side: 499, nginx's "client closed request".
     while (!completion->wait_for(std::chrono::milliseconds(100))) {
         if (req.client_left()) {
             completion->cancel();
-            completion->wait();
             srv.metrics.count_request("cancelled");
+            send_error(res, {499, "the client closed its connection before the answer was ready",
+                             "", "cancelled", "invalid_request_error"});
             return;
         }
     }

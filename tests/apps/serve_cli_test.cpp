@@ -64,6 +64,8 @@ class RawConnection {
     RawConnection& operator=(const RawConnection&) = delete;
 
     bool connected() const { return connected_; }
+    // Closes the sending side only (the request is all sent), still reading.
+    void shut_writes() { ::shutdown(fd_, SHUT_WR); }
     bool send(const std::string& bytes) {
         return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
                static_cast<ssize_t>(bytes.size());
@@ -900,15 +902,16 @@ TEST_F(ServeCli, ADisconnectedNonStreamedRequestFreesItsSlot) {
         }
         return false;
     };
+    const std::string body =
+        json{{"prompt", "x"}, {"max_tokens", 1000000}, {"ignore_eos", true}}.dump();
+    const std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
     {
         RawConnection raw(port_);
         ASSERT_TRUE(raw.connected());
-        const std::string body =
-            json{{"prompt", "x"}, {"max_tokens", 1000000}, {"ignore_eos", true}}.dump();
-        ASSERT_TRUE(
-            raw.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                     "Content-Type: application/json\r\nContent-Length: " +
-                     std::to_string(body.size()) + "\r\n\r\n" + body));
+        ASSERT_TRUE(raw.send(request));
         ASSERT_TRUE(eventually({"\ntmx_active_slots 1\n"}));
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }  // the client hangs up
@@ -918,6 +921,16 @@ TEST_F(ServeCli, ADisconnectedNonStreamedRequestFreesItsSlot) {
     EXPECT_EQ(r["usage"]["completion_tokens"], 4);
     EXPECT_TRUE(metrics_show({"tmx_requests_total{outcome=\"ok\"} 1\n",
                               "tmx_requests_total{outcome=\"queue_full\"} 0\n"}));
+    // A client that closes only its sending side counts as gone as well; it reads why.
+    RawConnection half(port_);
+    ASSERT_TRUE(half.send(request));
+    ASSERT_TRUE(eventually({"\ntmx_active_slots 1\n"}));
+    half.shut_writes();
+    const RawConnection::Response answer = half.read_response();
+    EXPECT_EQ(answer.status, 499);
+    EXPECT_EQ(json::parse(answer.body)["error"]["code"], "cancelled") << answer.body;
+    EXPECT_TRUE(
+        eventually({"tmx_requests_total{outcome=\"cancelled\"} 2\n", "\ntmx_active_slots 0\n"}));
     EXPECT_EQ(stop(), 0);
 }
 
