@@ -917,7 +917,8 @@ TEST_F(ServeCli, ADisconnectedNonStreamedRequestFreesItsSlot) {
     }  // the client hangs up
     EXPECT_TRUE(
         eventually({"tmx_requests_total{outcome=\"cancelled\"} 1\n", "\ntmx_active_slots 0\n"}));
-    const json r = post("/v1/completions", {{"prompt", "the fox"}, {"max_tokens", 4}});
+    const json r =
+        post("/v1/completions", {{"prompt", "the fox"}, {"max_tokens", 4}, {"ignore_eos", true}});
     EXPECT_EQ(r["usage"]["completion_tokens"], 4);
     EXPECT_TRUE(metrics_show({"tmx_requests_total{outcome=\"ok\"} 1\n",
                               "tmx_requests_total{outcome=\"queue_full\"} 0\n"}));
