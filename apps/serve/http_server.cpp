@@ -340,7 +340,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
 
     // The request is whole: to a handler. Meanwhile the socket is watched for the client
-    // leaving (a stream then stops).
+    // leaving (a stream then stops; other handlers see it through HttpRequest::client_gone).
     void dispatch() {
         clear_deadline();
         state_ = State::Handled;
@@ -355,6 +355,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
             request->headers.emplace_back(std::string(field.name_string()),
                                           std::string(field.value()));
         request->body = std::move(message.body());
+        request->client_gone = [weak = weak_from_this()] {
+            const std::shared_ptr<Connection> c = weak.lock();
+            return !c || !c->peer_open();
+        };
         if (buffer_.size() == 0) buffer_.shrink_to_fit();
         const bool http10 = message.version() == 10;
         const bool keep_alive = message.keep_alive() && !server_.stopping() &&

@@ -24,9 +24,13 @@ struct HttpRequest {
     std::string query;   // after the '?' (without it)
     std::vector<std::pair<std::string, std::string>> headers;
     std::string body;
+    // Whether the client has closed its connection since sending the request (a handler that
+    // blocks, on a completion say, may then give up); unset where nobody watches the connection.
+    std::function<bool()> client_gone;
 
     // The first header of that name (case-insensitive), or "".
     std::string header(std::string_view name) const;
+    bool client_left() const { return client_gone && client_gone(); }
 };
 
 // Where a streamed response's pieces go, from the handler's thread.

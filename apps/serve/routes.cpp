@@ -125,7 +125,18 @@ void complete(Server& srv, bool chat, const HttpRequest& req, HttpResponse& res)
         stream_completion(res, completion, header, r, srv.metrics);
         return;
     }
-    completion->wait();
+    // Waits in slices, watching the connection: a client that has left cancels its completion
+    // (freeing its slots), as a stream's does. What is written then reaches at most a client
+    // that closed only its sending side: 499, nginx's "client closed request".
+    while (!completion->wait_for(std::chrono::milliseconds(100))) {
+        if (req.client_left()) {
+            completion->cancel();
+            srv.metrics.count_request("cancelled");
+            send_error(res, {499, "the client closed its connection before the answer was ready",
+                             "", "cancelled", "invalid_request_error"});
+            return;
+        }
+    }
     if (const std::optional<std::string> failure = completion->failure()) {
         send_error(res, generation_failed(*failure), &srv.metrics);
         return;

@@ -159,6 +159,11 @@ void Completion::wait() {
     changed_.wait(lock, [&] { return all_done(); });
 }
 
+bool Completion::wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, timeout, [&] { return all_done(); });
+}
+
 bool Completion::cancelled() const {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Choice& c : choices_)

@@ -131,6 +131,8 @@ class Completion {
 
     // Waits until every choice has ended; after it, choices() may be read.
     void wait();
+    // Waits up to `timeout` for that; true when every choice has ended.
+    bool wait_for(std::chrono::milliseconds timeout);
     const std::vector<Choice>& choices() const { return choices_; }
 
     // Whether a choice was cancelled (cancel(), the loop stopping).

@@ -19,11 +19,16 @@ bool is_annotation(const std::string& key) {
     return annotations.count(key) > 0;
 }
 
+// `$defs` and `definitions` hold subschemas for `$ref` to point at: no constraint themselves.
+bool is_definitions(const std::string& key) {
+    return key == "$defs" || key == "definitions";
+}
+
 bool is_supported(const std::string& key) {
     static const std::set<std::string> supported = {
         "type",  "enum",     "const",    "properties", "required", "additionalProperties",
-        "items", "minItems", "maxItems", "anyOf"};
-    return supported.count(key) > 0;
+        "items", "minItems", "maxItems", "anyOf",      "$ref"};
+    return supported.count(key) > 0 || is_definitions(key);
 }
 
 const std::vector<std::string>& type_names() {
@@ -65,6 +70,27 @@ int nesting(const json& v) {
     return v.is_object() || v.is_array() ? inner + 1 : 0;
 }
 
+// RFC 3986's percent-decoding of a URI fragment; false for a malformed escape.
+bool percent_decode(std::string_view in, std::string& out) {
+    auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    out.clear();
+    for (size_t i = 0; i < in.size(); ++i) {
+        if (in[i] != '%') {
+            out += in[i];
+            continue;
+        }
+        if (i + 2 >= in.size() || hex(in[i + 1]) < 0 || hex(in[i + 2]) < 0) return false;
+        out += static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2]));
+        i += 2;
+    }
+    return true;
+}
+
 }  // namespace
 
 // Builds the automaton Thompson's way: each construct is a fragment with an entry and an exit
@@ -75,13 +101,26 @@ class JsonGrammarBuilder {
         int32_t in, out;
     };
 
+    // A `$ref` chain (refs followed with no object or array between) longer than this is
+    // refused: it bounds the compiler's recursion.
+    static constexpr size_t kMaxRefChain = 64;
+
+    // `root` is the document `$ref` pointers resolve against.
+    explicit JsonGrammarBuilder(const json& root) : root_(root) {}
+
     std::shared_ptr<const JsonGrammar> finish(Frag value) {
         const Frag top = seq(ws(), value);
         g_->start_ = top.in;
         g_->accept_ = top.out;
         trim();
-        if (!live_[static_cast<size_t>(g_->start_)])
+        if (!live_[static_cast<size_t>(g_->start_)]) {
+            if (!cut_ref_path_.empty())
+                refuse("the recursive '$ref' requires objects and arrays nested deeper than " +
+                           std::to_string(JsonGrammar::kMaxDepth) +
+                           " levels (no value of the schema ends)",
+                       cut_ref_path_, "$ref");
             refuse("no JSON value satisfies this schema", "", "");
+        }
         return g_;
     }
 
@@ -89,6 +128,25 @@ class JsonGrammarBuilder {
     Frag any_value(int depth);
 
   private:
+    // A schema being compiled (an ancestor of the current one in the expansion) and the depth
+    // it was compiled at.
+    struct Expanding {
+        const json* schema;
+        int depth;
+    };
+    // Where a `$ref` points: the subschema and its path in the document.
+    struct Target {
+        const json* schema;
+        std::string path;
+        bool under_id;  // below a subschema with its own `$id` (another base for its refs)
+    };
+    Target resolve(const std::string& ref, const std::string& ref_path) const;
+    Frag reference(const json& s, const std::string& path, int depth);
+    // Objects and arrays would nest deeper than kMaxDepth: refused, or, inside a recursion
+    // through `$ref`, a fragment no text gets through (trim() drops it, so the recursion ends
+    // with an empty array or an optional property left out).
+    Frag too_deep(const std::string& what, const std::string& path, const std::string& keyword);
+
     int32_t add() {
         if (g_->states_.size() >= JsonGrammar::kMaxStates)
             refuse("the schema is too large (its automaton would exceed " +
@@ -146,6 +204,12 @@ class JsonGrammarBuilder {
 
     std::shared_ptr<JsonGrammar> g_ = std::make_shared<JsonGrammar>();
     std::vector<char> live_;
+    const json& root_;
+    std::vector<Expanding> expanding_;
+    size_t ref_chain_ = 0;       // refs followed since the last object or array
+    std::string recursive_ref_;  // the innermost `$ref` that re-enters a schema ("" if none)
+    std::string cut_ref_path_;   // the first recursive `$ref` cut at the depth limit
+    bool under_id_ = false;      // the current subschema is below a nested `$id`
 };
 
 JsonGrammarBuilder::Frag JsonGrammarBuilder::string() {
@@ -397,13 +461,30 @@ JsonGrammarBuilder::Frag JsonGrammarBuilder::schema(const json& s, const std::st
         return any_value(depth);
     }
     if (!s.is_object()) refuse("a schema must be an object or a boolean", path, "");
-    for (auto it = s.begin(); it != s.end(); ++it)
+    for (auto it = s.begin(); it != s.end(); ++it) {
         if (!is_annotation(it.key()) && !is_supported(it.key()))
             refuse("the JSON Schema keyword '" + it.key() + "' is not supported",
                    child(path, it.key()), it.key());
+        if (is_definitions(it.key()) && !it.value().is_object())
+            refuse("'" + it.key() + "' must be an object of schemas", child(path, it.key()),
+                   it.key());
+    }
+    // A nested `$id` starts another resource whose refs resolve against it, not the root.
+    const bool was_under_id = under_id_;
+    if (&s != &root_ && s.contains("$id")) under_id_ = true;
+    expanding_.push_back({&s, depth});
+    struct Restore {
+        JsonGrammarBuilder& b;
+        bool under_id;
+        ~Restore() {
+            b.expanding_.pop_back();
+            b.under_id_ = under_id;
+        }
+    } restore{*this, was_under_id};
+    if (s.contains("$ref")) return reference(s, path, depth);
     if (s.contains("anyOf")) {
         for (auto it = s.begin(); it != s.end(); ++it)
-            if (it.key() != "anyOf" && !is_annotation(it.key()))
+            if (it.key() != "anyOf" && !is_annotation(it.key()) && !is_definitions(it.key()))
                 refuse("'" + it.key() + "' beside 'anyOf' is not supported (put it in each branch)",
                        child(path, it.key()), it.key());
         const json& branches = s["anyOf"];
@@ -457,11 +538,12 @@ JsonGrammarBuilder::Frag JsonGrammarBuilder::schema(const json& s, const std::st
                     return value_has_type(v, t);
                 });
             if (!typed) continue;
-            if (nesting(v) > depth)
-                refuse(std::string("a value of '") + key + "' nests deeper than " +
-                           std::to_string(JsonGrammar::kMaxDepth) + " levels",
-                       child(path, key), key);
-            options.push_back(literal(v.dump()));
+            options.push_back(nesting(v) > depth
+                                  ? too_deep(std::string("a value of '") + key +
+                                                 "' nests deeper than " +
+                                                 std::to_string(JsonGrammar::kMaxDepth) + " levels",
+                                             child(path, key), key)
+                                  : literal(v.dump()));
         }
         if (options.empty())
             refuse(std::string("no value of '") + key + "' has the schema's type", child(path, key),
@@ -485,16 +567,116 @@ JsonGrammarBuilder::Frag JsonGrammarBuilder::schema(const json& s, const std::st
             options.push_back(literal("null"));
         } else if (depth == 0) {
             if (!any_type)
-                refuse("objects and arrays nest deeper than " +
-                           std::to_string(JsonGrammar::kMaxDepth) + " levels",
-                       child(path, "type"), "type");
-        } else if (t == "object") {
-            options.push_back(object(s, path, depth - 1));
+                options.push_back(too_deep("objects and arrays nest deeper than " +
+                                               std::to_string(JsonGrammar::kMaxDepth) + " levels",
+                                           child(path, "type"), "type"));
         } else {
-            options.push_back(array(s, path, depth - 1));
+            // An object or array between: a `$ref` met below starts a new chain.
+            const size_t chain = ref_chain_;
+            ref_chain_ = 0;
+            options.push_back(t == "object" ? object(s, path, depth - 1)
+                                            : array(s, path, depth - 1));
+            ref_chain_ = chain;
         }
     }
     return alternatives(options);
+}
+
+JsonGrammarBuilder::Target JsonGrammarBuilder::resolve(const std::string& ref,
+                                                       const std::string& ref_path) const {
+    if (ref.empty() || ref[0] != '#') {
+        if (ref.find(':') != std::string::npos)
+            refuse("a remote '$ref' (" + ref + ") is not supported: only local ones, '#/...'",
+                   ref_path, "$ref");
+        refuse("a '$ref' relative to an '$id' (" + ref +
+                   ") is not supported: only local ones, '#/...'",
+               ref_path, "$ref");
+    }
+    std::string pointer;
+    if (!percent_decode(std::string_view(ref).substr(1), pointer))
+        refuse("the '$ref' " + ref + " has a malformed percent-escape", ref_path, "$ref");
+    if (!pointer.empty() && pointer[0] != '/')
+        refuse(
+            "a '$ref' to an '$anchor' (" + ref + ") is not supported: only JSON Pointers, '#/...'",
+            ref_path, "$ref");
+    Target t{&root_, "", false};
+    // RFC 6901: "/"-separated tokens, "~1" for '/' and "~0" for '~' within one.
+    for (size_t at = 0; at < pointer.size();) {
+        const size_t end = std::min(pointer.find('/', at + 1), pointer.size());
+        std::string token;
+        for (size_t i = at + 1; i < end; ++i) {
+            if (pointer[i] != '~') {
+                token += pointer[i];
+                continue;
+            }
+            if (i + 1 == end || (pointer[i + 1] != '0' && pointer[i + 1] != '1'))
+                refuse("the '$ref' " + ref + " is not a JSON Pointer ('~' must be ~0 or ~1)",
+                       ref_path, "$ref");
+            token += pointer[++i] == '0' ? '~' : '/';
+        }
+        at = end;
+        const json& node = *t.schema;
+        if (node.is_object() && node.contains(token)) {
+            t.schema = &node[token];
+            t.path = child(t.path, token);
+        } else if (node.is_array() && !token.empty() && token.size() < 10 &&
+                   std::all_of(token.begin(), token.end(),
+                               [](char c) { return c >= '0' && c <= '9'; }) &&
+                   (token == "0" || token[0] != '0') && std::stoul(token) < node.size()) {
+            t.schema = &node[std::stoul(token)];
+            t.path = index(t.path, std::stoul(token));
+        } else {
+            refuse("the '$ref' " + ref + " points to nothing in the schema", ref_path, "$ref");
+        }
+        if (t.schema->is_object() && t.schema->contains("$id")) t.under_id = true;
+    }
+    return t;
+}
+
+JsonGrammarBuilder::Frag JsonGrammarBuilder::reference(const json& s, const std::string& path,
+                                                       int depth) {
+    const std::string ref_path = child(path, "$ref");
+    for (auto it = s.begin(); it != s.end(); ++it)
+        if (it.key() != "$ref" && !is_annotation(it.key()) && !is_definitions(it.key()))
+            refuse("'" + it.key() +
+                       "' beside '$ref' is not supported (put it in the referenced schema)",
+                   child(path, it.key()), it.key());
+    if (!s["$ref"].is_string()) refuse("'$ref' must be a string", ref_path, "$ref");
+    if (under_id_)
+        refuse("a '$ref' below a subschema with its own '$id' is not supported", ref_path, "$ref");
+    const Target target = resolve(s["$ref"].get<std::string>(), ref_path);
+    // Re-entering a schema at the depth it is compiled at: a cycle through no object or array,
+    // which would expand forever.
+    bool recursive = false;
+    for (const Expanding& e : expanding_) {
+        if (e.schema != target.schema) continue;
+        if (e.depth == depth)
+            refuse("the '$ref' cycle goes through no object or array (it never ends)", ref_path,
+                   "$ref");
+        recursive = true;
+    }
+    if (ref_chain_ >= kMaxRefChain)
+        refuse("more than " + std::to_string(kMaxRefChain) +
+                   " '$ref' in a chain with no object or array between",
+               ref_path, "$ref");
+    const std::string outer_recursive_ref = recursive_ref_;
+    const bool was_under_id = under_id_;
+    if (recursive) recursive_ref_ = ref_path;
+    under_id_ = target.under_id;
+    ++ref_chain_;
+    const Frag f = schema(*target.schema, target.path, depth);
+    --ref_chain_;
+    under_id_ = was_under_id;
+    recursive_ref_ = outer_recursive_ref;
+    return f;
+}
+
+JsonGrammarBuilder::Frag JsonGrammarBuilder::too_deep(const std::string& what,
+                                                      const std::string& path,
+                                                      const std::string& keyword) {
+    if (recursive_ref_.empty()) refuse(what, path, keyword);
+    if (cut_ref_path_.empty()) cut_ref_path_ = recursive_ref_;
+    return {add(), add()};  // no move from in to out
 }
 
 void JsonGrammarBuilder::trim() {
@@ -529,15 +711,16 @@ void JsonGrammarBuilder::trim() {
 }
 
 std::shared_ptr<const JsonGrammar> compile_json_schema(const json& schema) {
-    JsonGrammarBuilder b;
+    JsonGrammarBuilder b(schema);
     return b.finish(b.schema(schema, "", JsonGrammar::kMaxDepth));
 }
 
 std::shared_ptr<const JsonGrammar> json_object_grammar() {
     // The same for every request: built once.
     static const std::shared_ptr<const JsonGrammar> grammar = [] {
-        JsonGrammarBuilder b;
-        return b.finish(b.schema(json{{"type", "object"}}, "", JsonGrammar::kMaxDepth));
+        static const json object = {{"type", "object"}};
+        JsonGrammarBuilder b(object);
+        return b.finish(b.schema(object, "", JsonGrammar::kMaxDepth));
     }();
     return grammar;
 }

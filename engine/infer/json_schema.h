@@ -7,10 +7,17 @@
 // left out), `additionalProperties` (false or true: either way only declared properties are
 // written, which is valid under both; an object schema without `properties` is any object),
 // `items`, `minItems`, `maxItems`, `anyOf` (alone, beside annotations only), nesting to
-// kMaxDepth objects and arrays. Annotations (title, description, default, examples, $schema,
-// $id, $comment, deprecated, readOnly, writeOnly) are ignored; any other keyword is refused
-// with a JsonSchemaError naming it and its path, since ignoring one (a `minimum`, a `pattern`)
-// would let the model write what the schema forbids.
+// kMaxDepth objects and arrays; `$defs` and `definitions` (at any level) hold subschemas for
+// `$ref` (beside annotations only), a local JSON Pointer ("#", "#/$defs/Name",
+// "#/properties/a/items", RFC 6901's ~0 ~1 and percent-escapes) resolved against the root. A
+// recursive `$ref` expands to kMaxDepth levels, where the recursion ends the way the schema
+// allows (an empty array, an optional property left out); one that cannot end there, or a cycle
+// of refs through no object or array, is refused; so are remote refs, refs relative to a nested
+// `$id`, and `$anchor`. Errors inside a referenced schema name its path in the document
+// ("$defs.Pet.properties.age.minimum"). Annotations (title, description, default, examples,
+// $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored; any other keyword is
+// refused with a JsonSchemaError naming it and its path, since ignoring one (a `minimum`, a
+// `pattern`) would let the model write what the schema forbids.
 //
 // How the text is written (the automaton's policy, so that a model cannot stall in whitespace or
 // digits forever): compact JSON with at most one whitespace byte (space or newline) after `{`,

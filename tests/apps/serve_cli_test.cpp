@@ -64,6 +64,8 @@ class RawConnection {
     RawConnection& operator=(const RawConnection&) = delete;
 
     bool connected() const { return connected_; }
+    // Closes the sending side only (the request is all sent), still reading.
+    void shut_writes() { ::shutdown(fd_, SHUT_WR); }
     bool send(const std::string& bytes) {
         return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
                static_cast<ssize_t>(bytes.size());
@@ -878,6 +880,59 @@ TEST_F(ServeCli, ADisconnectedStreamFreesItsSlot) {
         post("/v1/completions", {{"prompt", "the fox"}, {"max_tokens", 4}, {"ignore_eos", true}});
     EXPECT_EQ(r["usage"]["completion_tokens"], 4);
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+}
+
+// A client that leaves before its non-streamed answer is ready frees its slot too: with one slot
+// and no queue, /metrics counts it cancelled with the slot free, and the next request is served
+// instead of getting 429 until the abandoned one's million tokens are written.
+TEST_F(ServeCli, ADisconnectedNonStreamedRequestFreesItsSlot) {
+    ASSERT_GT(start("--parallel 1 --queue 0 --max-tokens-limit 1000000"), 0);
+    auto c = client();
+    auto metrics_show = [&](std::initializer_list<const char*> lines) {
+        auto m = c.Get("/metrics");
+        return m && std::all_of(lines.begin(), lines.end(), [&](const char* line) {
+                   return m->body.find(line) != std::string::npos;
+               });
+    };
+    // Polls up to 60 s (a loaded machine is slow, but the answer never comes by itself).
+    auto eventually = [&](std::initializer_list<const char*> lines) {
+        for (int i = 0; i < 1200; ++i) {
+            if (metrics_show(lines)) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        return false;
+    };
+    const std::string body =
+        json{{"prompt", "x"}, {"max_tokens", 1000000}, {"ignore_eos", true}}.dump();
+    const std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    {
+        RawConnection raw(port_);
+        ASSERT_TRUE(raw.connected());
+        ASSERT_TRUE(raw.send(request));
+        ASSERT_TRUE(eventually({"\ntmx_active_slots 1\n"}));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }  // the client hangs up
+    EXPECT_TRUE(
+        eventually({"tmx_requests_total{outcome=\"cancelled\"} 1\n", "\ntmx_active_slots 0\n"}));
+    const json r =
+        post("/v1/completions", {{"prompt", "the fox"}, {"max_tokens", 4}, {"ignore_eos", true}});
+    EXPECT_EQ(r["usage"]["completion_tokens"], 4);
+    EXPECT_TRUE(metrics_show({"tmx_requests_total{outcome=\"ok\"} 1\n",
+                              "tmx_requests_total{outcome=\"queue_full\"} 0\n"}));
+    // A client that closes only its sending side counts as gone as well; it reads why.
+    RawConnection half(port_);
+    ASSERT_TRUE(half.send(request));
+    ASSERT_TRUE(eventually({"\ntmx_active_slots 1\n"}));
+    half.shut_writes();
+    const RawConnection::Response answer = half.read_response();
+    EXPECT_EQ(answer.status, 499);
+    EXPECT_EQ(json::parse(answer.body)["error"]["code"], "cancelled") << answer.body;
+    EXPECT_TRUE(
+        eventually({"tmx_requests_total{outcome=\"cancelled\"} 2\n", "\ntmx_active_slots 0\n"}));
+    EXPECT_EQ(stop(), 0);
 }
 
 // A second server on a port in use fails with a clear message instead of sharing the port.

@@ -261,6 +261,12 @@ TEST_F(StructuredOutput, AnUnsupportedSchemaIsA400NamingTheKeywordsPath) {
         const json e = post(path, body, 400)["error"];
         EXPECT_EQ(e["param"], "response_format.json_schema.schema.properties.age.minimum");
         EXPECT_NE(e["message"].get<std::string>().find("'minimum'"), std::string::npos) << e;
+        // A `$ref` to nothing: the param is the `$ref`'s path.
+        body["response_format"]["json_schema"]["schema"] = json::parse(
+            R"({"type":"object","properties":{"pet":{"$ref":"#/$defs/Pet"}},"$defs":{}})");
+        const json r = post(path, body, 400)["error"];
+        EXPECT_EQ(r["param"], "response_format.json_schema.schema.properties.pet.$ref");
+        EXPECT_NE(r["message"].get<std::string>().find("$ref"), std::string::npos) << r;
         body["response_format"] = {{"type", "xml"}};
         EXPECT_EQ(post(path, body, 400)["error"]["param"], "response_format.type");
         body["response_format"] = {{"type", "json_schema"}};

@@ -15,17 +15,19 @@ namespace tmx::test {
 using ojson = nlohmann::ordered_json;
 
 // Schemas a program asks for: records with optional fields, enums, lists with bounds, nested
-// objects, anyOf with null, a bare type list.
+// objects, anyOf with null, a bare type list, `$defs` and `$ref` as Pydantic writes them, a
+// recursive tree.
 std::vector<ojson> sample_schemas();
 
-// A random schema of the supported subset, objects and arrays nested up to `depth` levels.
+// A random schema of the supported subset, objects and arrays nested up to `depth` levels;
+// some with subschemas moved into `$defs`/`definitions` behind `$ref`, and a recursive one.
 ojson random_schema(Rng& rng, int depth = 3);
 
 // A random text valid under `schema`, with random whitespace where the automaton allows it.
 std::string random_valid_text(const ojson& schema, Rng& rng);
 
 // Whether `value` is valid under `schema` (type, enum, const, properties, required,
-// additionalProperties, items, minItems, maxItems, anyOf).
+// additionalProperties, items, minItems, maxItems, anyOf, local $ref).
 bool validates(const nlohmann::json& value, const ojson& schema);
 
 }  // namespace tmx::test

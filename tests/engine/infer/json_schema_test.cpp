@@ -134,7 +134,7 @@ TEST(JsonSchema, UnsupportedKeywordsAreRefusedByNameAndPath) {
               "properties.age.minimum", "minimum"},
              {R"({"anyOf":[{"type":"string"},{"type":"string","pattern":"^a"}]})",
               "anyOf[1].pattern", "pattern"},
-             {R"({"$ref":"#/$defs/x","$defs":{"x":{"type":"string"}}})", "$ref", "$ref"},
+             {R"({"$ref":"#/$defs/x","type":"string","$defs":{"x":{}}})", "type", "type"},
              {R"({"type":"array","items":[{"type":"string"}]})", "items", "items"},
              {R"({"type":"strin"})", "type", "type"},
              {R"({"type":"object","properties":{"a":{}},"required":["b"]})", "required[0]",
@@ -168,12 +168,182 @@ TEST(JsonSchema, UnsupportedKeywordsAreRefusedByNameAndPath) {
             "description":"d","type":"string","default":"x","examples":["y"]})")));
 }
 
+// Every random walk through the automaton is valid; a dead end fails inside random_walk.
+void expect_walks_valid(const ojson& schema, int walks = 50) {
+    Rng rng(test::fresh_seed());
+    JsonDfa dfa(compile_json_schema(schema));
+    for (int k = 0; k < walks; ++k)
+        if (const std::string text = random_walk(dfa, rng); !text.empty())
+            expect_valid(text, schema);
+}
+
+TEST(JsonSchema, RefsPointIntoDefsDefinitionsAndAnywhereInTheSchema) {
+    // As Pydantic's model_json_schema() writes nested models and an Optional one.
+    const ojson pydantic = ojson::parse(R"({
+        "$defs": {"Kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+                  "Pet": {"properties": {"name": {"title": "Name", "type": "string"},
+                                         "kind": {"$ref": "#/$defs/Kind"}},
+                          "required": ["name", "kind"], "title": "Pet", "type": "object"}},
+        "properties": {"owner": {"title": "Owner", "type": "string"},
+                       "pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array"},
+                       "best": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}],
+                                "default": null}},
+        "required": ["owner", "pets"], "title": "Household", "type": "object"})");
+    JsonDfa household(compile_json_schema(pydantic));
+    for (const char* ok : {R"({"owner":"Ann","pets":[{"name":"Rex","kind":"dog"}],"best":null})",
+                           R"({"owner":"A","pets":[],"best":{"name":"Tom","kind":"cat"}})"})
+        EXPECT_TRUE(household.accepts(ok)) << ok;
+    for (const char* bad : {R"({"owner":"A","pets":[{"name":"Rex","kind":"cow"}]})",
+                            R"({"owner":"A"})", R"({"owner":"A","pets":[{"name":"Rex"}]})"})
+        EXPECT_FALSE(household.accepts(bad)) << bad;
+    expect_walks_valid(pydantic);
+
+    // `definitions`, RFC 6901's escapes (~1 for '/', ~0 for '~') and a percent-escape.
+    const ojson escaped = ojson::parse(R"({"definitions": {"a/b": {"type": "integer"},
+        "t~x": {"type": "boolean"}, "sp ace": {"const": "s"}}, "type": "array",
+        "items": {"anyOf": [{"$ref": "#/definitions/a~1b"}, {"$ref": "#/definitions/t~0x"},
+                            {"$ref": "#/definitions/sp%20ace", "description": "d"}]}})");
+    JsonDfa list(compile_json_schema(escaped));
+    EXPECT_TRUE(list.accepts(R"([1,true,"s"])"));
+    EXPECT_FALSE(list.accepts(R"(["x"])"));
+    expect_walks_valid(escaped);
+
+    // Pointers to properties and items, as zod-to-json-schema writes a reused schema; `$defs`
+    // below the root.
+    const ojson paths = ojson::parse(R"({"type": "object", "properties": {
+        "a": {"type": "array", "items": {"type": "integer"}},
+        "b": {"$ref": "#/properties/a/items"}, "c": {"$ref": "#/properties/a"},
+        "d": {"$defs": {"I": {"type": "null"}}, "$ref": "#/properties/d/$defs/I"}}})");
+    JsonDfa record(compile_json_schema(paths));
+    EXPECT_TRUE(record.accepts(R"({"a":[1],"b":2,"c":[3],"d":null})"));
+    EXPECT_FALSE(record.accepts(R"({"b":"x"})"));
+    EXPECT_FALSE(record.accepts(R"({"d":1})"));
+    expect_walks_valid(paths);
+}
+
+TEST(JsonSchema, RecursiveRefsExpandToTheDepthLimitAndEndThere) {
+    const ojson tree = ojson::parse(R"({"type": "object", "properties": {
+        "name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["name", "children"], "additionalProperties": false})");
+    JsonDfa dfa(compile_json_schema(tree));
+    // kMaxDepth levels: the node at level 5 ends with its children empty.
+    std::string deep = R"({"name":"c","children":[]})";
+    for (int level = 0; level < 2; ++level)
+        deep = R"({"name":"n","children":[)" + deep + "," + deep + "]}";
+    EXPECT_TRUE(dfa.accepts(deep)) << deep;
+    const std::string deeper = R"({"name":"n","children":[)" + deep + "]}";
+    EXPECT_FALSE(dfa.accepts(deeper)) << deeper;
+    // No dead end: at level 5 the only way on is the empty array.
+    const int32_t at_limit = dfa.walk(
+        dfa.start(), R"({"name":"a","children":[{"name":"b","children":[{"name":"c","children":[)");
+    ASSERT_NE(at_limit, JsonDfa::kDead);
+    EXPECT_EQ(dfa.next(at_limit, '{'), JsonDfa::kDead);
+    EXPECT_NE(dfa.next(at_limit, ']'), JsonDfa::kDead);
+    expect_walks_valid(tree);
+
+    // A linked list: the optional `next` is left out at the limit. Mutual recursion through
+    // an array and an object.
+    const ojson linked = ojson::parse(R"({"$defs": {"L": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "next": {"$ref": "#/$defs/L"}}, "required": ["v"]}},
+        "$ref": "#/$defs/L"})");
+    JsonDfa list(compile_json_schema(linked));
+    std::string six = R"({"v":6})";
+    for (int v = 5; v >= 1; --v) six = R"({"v":)" + std::to_string(v) + R"(,"next":)" + six + "}";
+    EXPECT_TRUE(list.accepts(six)) << six;
+    EXPECT_FALSE(list.accepts(R"({"v":0,"next":)" + six + "}"));
+    expect_walks_valid(linked);
+    const ojson mutual = ojson::parse(R"({"$defs": {
+        "A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}}},
+        "B": {"type": "array", "items": {"$ref": "#/$defs/A"}, "maxItems": 2}},
+        "$ref": "#/$defs/A"})");
+    EXPECT_TRUE(JsonDfa(compile_json_schema(mutual)).accepts(R"({"b":[{"b":[]},{}]})"));
+    expect_walks_valid(mutual);
+
+    // Fan-out: a node with two recursive children compiles; one with eight would pass
+    // kMaxStates and is refused as too large (not compiled forever).
+    for (int fan : {2, 8}) {
+        ojson node = {{"type", "object"}, {"properties", ojson::object()}};
+        for (int k = 0; k < fan; ++k) node["properties"]["c" + std::to_string(k)] = {{"$ref", "#"}};
+        if (fan == 2) {
+            expect_walks_valid(node, 20);
+            continue;
+        }
+        try {
+            compile_json_schema(node);
+            ADD_FAILURE() << "a " << fan << "-way tree compiled";
+        } catch (const JsonSchemaError& e) {
+            EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
+        }
+    }
+}
+
+TEST(JsonSchema, RefsThatCannotBeFollowedAreRefusedByPath) {
+    struct Case {
+        const char* schema;
+        const char* path;
+        const char* keyword;
+        const char* says;
+    };
+    for (const Case& c : std::vector<Case>{
+             {R"({"$ref":"http://example.com/s.json"})", "$ref", "$ref", "remote"},
+             {R"({"type":"object","properties":{"p":{"$ref":"other.json#/x"}}})",
+              "properties.p.$ref", "$ref", "relative"},
+             {R"({"$ref":"#node"})", "$ref", "$ref", "$anchor"},
+             {R"({"$anchor":"node","type":"string"})", "$anchor", "$anchor", "$anchor"},
+             {R"({"type":"object","properties":{"pet":{"$ref":"#/$defs/Pet"}}})",
+              "properties.pet.$ref", "$ref", "points to nothing"},
+             {R"({"$ref":"#/$defs/a~2","$defs":{"a~2":{}}})", "$ref", "$ref", "~0 or ~1"},
+             {R"({"$ref":"#/$defs/a%2","$defs":{}})", "$ref", "$ref", "percent"},
+             {R"({"$ref":"#/$defs/l/01","$defs":{"l":[{}]}})", "$ref", "$ref", "points to nothing"},
+             {R"({"$ref":7})", "$ref", "$ref", "string"},
+             {R"({"$defs":[]})", "$defs", "$defs", "object"},
+             // A required recursion never ends: refused at the recursive ref.
+             {R"({"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]})",
+              "properties.next.$ref", "$ref", "deeper than"},
+             {R"({"$ref":"#"})", "$ref", "$ref", "cycle"},
+             {R"({"$defs":{"A":{"$ref":"#/$defs/B"},"B":{"anyOf":[{"$ref":"#/$defs/A"},
+                 {"type":"null"}]}},"$ref":"#/$defs/A"})",
+              "$defs.B.anyOf[0].$ref", "$ref", "cycle"},
+             // A fault inside a referenced schema is named where the schema's text has it.
+             {R"({"$defs":{"Pet":{"type":"integer","minimum":0}},"type":"object",
+                 "properties":{"pet":{"$ref":"#/$defs/Pet"}}})",
+              "$defs.Pet.minimum", "minimum", "minimum"},
+             {R"({"type":"object","properties":{"p":{"$id":"http://x/p","$ref":"#/$defs/q"}}})",
+              "properties.p.$ref", "$ref", "$id"},
+         }) {
+        SCOPED_TRACE(c.schema);
+        try {
+            compile_json_schema(ojson::parse(c.schema));
+            ADD_FAILURE() << "accepted";
+        } catch (const JsonSchemaError& e) {
+            EXPECT_EQ(e.path, c.path) << e.what();
+            EXPECT_EQ(e.keyword, c.keyword) << e.what();
+            EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+        }
+    }
+    // A chain of refs with no structure between is bounded, cycle or not.
+    ojson chain = {{"$defs", ojson::object()}, {"$ref", "#/$defs/d0"}};
+    for (int k = 0; k < 100; ++k)
+        chain["$defs"]["d" + std::to_string(k)] = {{"$ref", "#/$defs/d" + std::to_string(k + 1)}};
+    chain["$defs"]["d100"] = {{"type", "string"}};
+    EXPECT_THROW(compile_json_schema(chain), JsonSchemaError);
+    chain["$defs"].erase("d100");
+    for (int k = 60; k < 100; ++k) chain["$defs"].erase("d" + std::to_string(k));
+    chain["$defs"]["d60"] = {{"type", "string"}};
+    EXPECT_TRUE(JsonDfa(compile_json_schema(chain)).accepts(R"("x")"));
+}
+
 TEST(JsonSchema, RandomValidTextsOfRandomSchemasAreAcceptedWithEveryPrefixAlive) {
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     Rng rng(seed);
     std::vector<ojson> schemas = test::sample_schemas();
     for (int i = 0; i < 300; ++i) schemas.push_back(test::random_schema(rng));
+    // Some of them written the way Pydantic and zod write them.
+    EXPECT_GT(
+        std::count_if(schemas.begin(), schemas.end(),
+                      [](const ojson& s) { return s.dump().find("\"$ref\"") != s.dump().npos; }),
+        40);
     for (const ojson& schema : schemas) {
         JsonDfa dfa(compile_json_schema(schema));
         for (int k = 0; k < 5; ++k) {
