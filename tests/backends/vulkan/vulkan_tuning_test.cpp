@@ -338,6 +338,12 @@ TEST_F(VulkanTuningOnDevice, TunedShapesAreUsedByTheNextStartAndComputeWhatTheDe
     const std::vector<float> lb = down(*untuned, b.forward(tokens, B, T, nullptr).logits);
     EXPECT_TRUE(Close(la, lb, 1e-4));
     EXPECT_TRUE(Close(la, down(cpu(), ref.forward(tokens, B, T, nullptr).logits), 1e-4));
+    // One token per sequence: the matrix-vector kernels (the decode shapes' tuned choices, from
+    // the nearest rows class), which the prefill above does not run.
+    const std::vector<int32_t> step(tokens.begin(), tokens.begin() + B);
+    const std::vector<float> sa = down(*tuned, a.forward(step, B, 1, nullptr).logits);
+    EXPECT_TRUE(Close(sa, down(*untuned, b.forward(step, B, 1, nullptr).logits), 1e-4));
+    EXPECT_TRUE(Close(sa, down(cpu(), ref.forward(step, B, 1, nullptr).logits), 1e-4));
 }
 
 TEST_F(VulkanTuningOnDevice, ACorruptForeignOrStaleFileIsRefusedAndTheDefaultsRun) {
