@@ -4,14 +4,28 @@
 #   tmx_embed_shaders(<out_var> SHADER_DIR <dir>)
 # sets <out_var> to the generated .cpp (add it to a target's sources).
 #
-# A shader listed in TMX_SHADER_VARIANTS as <name>:<suffix>:<MACRO> is compiled a second time
-# with -D<MACRO> into the module <name>_<suffix>: one source, several pipelines, no copies.
+# A shader listed in TMX_SHADER_VARIANTS as <name>:<suffix>:<MACRO>[+<MACRO>...] is compiled a
+# second time with -D<MACRO> (each) into the module <name>_<suffix>: one source, several
+# pipelines, no copies.
 set(TMX_SHADER_VARIANTS)
 # Weights read in 16- and 8-bit formats (shaders/weights.glsl): the matmuls' weight operand and
 # the embedding table (gather_rows).
 foreach(module matmul matmul_gemv grouped_matmul grouped_matmul_gemv gather_rows)
   list(APPEND TMX_SHADER_VARIANTS ${module}:f16w:TMX_WEIGHTS_F16 ${module}:bf16w:TMX_WEIGHTS_BF16
        ${module}:q8_0w:TMX_WEIGHTS_Q8_0)
+endforeach()
+# The matrix-vector shaders reducing through subgroup shuffles (shaders/gemv_reduce.glsl), in
+# every weight format: modules of their own, as a module using shuffles may only be created on
+# a device that has them (vulkan_tuning.cpp refuses those variants elsewhere).
+foreach(module matmul_gemv grouped_matmul_gemv)
+  list(APPEND TMX_SHADER_VARIANTS ${module}:sg:TMX_GEMV_SUBGROUP)
+  foreach(format f16w:TMX_WEIGHTS_F16 bf16w:TMX_WEIGHTS_BF16 q8_0w:TMX_WEIGHTS_Q8_0)
+    string(REPLACE ":" ";" format_parts "${format}")
+    list(GET format_parts 0 format_suffix)
+    list(GET format_parts 1 format_macro)
+    list(APPEND TMX_SHADER_VARIANTS
+         ${module}:sg_${format_suffix}:TMX_GEMV_SUBGROUP+${format_macro})
+  endforeach()
 endforeach()
 
 function(tmx_embed_shaders out_var)
@@ -26,7 +40,7 @@ function(tmx_embed_shaders out_var)
     # Each build of the source: "<module>" or "<module>:<MACRO>".
     set(builds "${name}")
     foreach(variant IN LISTS TMX_SHADER_VARIANTS)
-      if(variant MATCHES "^${name}:([a-z0-9_]+):([A-Za-z0-9_]+)$")
+      if(variant MATCHES "^${name}:([a-z0-9_]+):([A-Za-z0-9_+]+)$")
         list(APPEND builds "${name}_${CMAKE_MATCH_1}:${CMAKE_MATCH_2}")
       endif()
     endforeach()
@@ -35,8 +49,9 @@ function(tmx_embed_shaders out_var)
       list(GET parts 0 module)
       set(defines "")
       if(build MATCHES ":")
-        list(GET parts 1 macro)
-        set(defines "-D${macro}")
+        list(GET parts 1 macros)
+        string(REPLACE "+" ";" macros "${macros}")
+        list(TRANSFORM macros PREPEND "-D" OUTPUT_VARIABLE defines)
       endif()
       set(spv "${spv_dir}/${module}.spv")
       add_custom_command(

@@ -1,13 +1,17 @@
 // grouped_matmul for few slots (decoding, small batches): workgroup (x, j) computes NR outputs
 // for up to MS slots of one expert, the j-th run of MS slots when each expert's slots are cut
 // into runs of MS (a batch's slots often share experts): dot products of x[s, :] with NR rows
-// of the expert's w, read once for the run, reduced across the workgroup. Slot s's sum is the
-// same whichever run holds it: every invocation strides over k alike and the reduction tree is
-// fixed. Expert ranges are read from offsets on the device. Where K and both operands' offsets
-// are multiples of 4, invocations read 4 consecutive k at a time (as matmul_gemv.comp does).
+// of the expert's w, read once for the run, reduced across the workgroup (gemv_reduce.glsl).
+// Slot s's sum is the same whichever run holds it: every invocation strides over k alike and
+// the reduction's order is fixed. Expert ranges are read from offsets on the device. Where K
+// and both operands' offsets are multiples of 4, invocations read 4 consecutive k at a time
+// (as matmul_gemv.comp does).
 // Also built reading w in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef TMX_GEMV_SUBGROUP
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 #define WEIGHT_BINDING 1
 #include "weights.glsl"
 #include "common.glsl"
@@ -78,12 +82,11 @@ void main() {
             }
         }
     }
-    for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
-    reduce_parts(ms * NR);
+    reduce_parts(acc, ms * NR);
     if (t < ms * NR) {
         const uint s = s0 + t / NR, n = n0 + t % NR;
         if (n < pc.Nout) {
-            float r = part[t * WG];
+            float r = reduced(t);
             if (pc.has_bias != 0) r += bias[pc.off_bias + e * pc.Nout + n];
             o[pc.off_o + s * pc.Nout + n] = r;
         }

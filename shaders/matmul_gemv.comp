@@ -4,13 +4,17 @@
 // workgroup holds it.
 //   dot mode (b's k contiguous, e.g. x . W^T): a workgroup owns NR output columns; its
 //     invocations stride over k (coalesced reads of b's rows) and the partial dot products
-//     are summed across the workgroup. Where every row of a and b starts on a multiple of 4
+//     are summed across the workgroup (gemv_reduce.glsl: a shared-memory tree, or, built
+//     with TMX_GEMV_SUBGROUP, subgroup shuffles then shared memory). Where every row of a and b starts on a multiple of 4
 //     elements (K too), each invocation reads 4 consecutive k at a time: one 16-byte load
 //     (8 with 16-bit weights, 4 with Q8_0) instead of four.
 //   column mode (b's n contiguous): one invocation per output column, looping over k.
 // Also built reading b in 16- and 8-bit formats (weights.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef TMX_GEMV_SUBGROUP
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 #define WEIGHT_BINDING 1
 #include "weights.glsl"
 #include "common.glsl"
@@ -88,10 +92,9 @@ void main() {
             }
         }
     }
-    for (uint q = 0; q < PARTS; ++q) part[q * WG + t] = acc[q];
-    reduce_parts(mc * NR);
+    reduce_parts(acc, mc * NR);
     if (t < mc * NR) {
         const uint m = m0 + t / NR, n = n0 + t % NR;
-        if (n < pc.N) store(m, n, part[t * WG]);
+        if (n < pc.N) store(m, n, reduced(t));
     }
 }

@@ -3,6 +3,8 @@
 // and grouped over experts (tiled, or matrix-vector for few slots), with expert ranges read on
 // the device.
 #include <algorithm>
+#include <string_view>
+#include <vector>
 
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/core/errors.h"
@@ -23,6 +25,15 @@ constexpr uint32_t kBiasBackwardWg = 64;
 
 uint32_t ceil_div(int64_t a, int64_t b) {
     return static_cast<uint32_t>((a + b - 1) / b);
+}
+
+// A matrix-vector variant {WG, NR, SG} (vk::Variant) as run: SG 1 picks the module that sums
+// through subgroups, "<family>_sg" before the weight format's suffix; WG and NR are its
+// specialization constants.
+std::vector<uint32_t> gemv_module(const vk::Variant& v, std::string_view family,
+                                  std::string& shader) {
+    if (v.spec[2] == 1) shader.insert(family.size(), "_sg");
+    return {v.spec[0], v.spec[1]};
 }
 
 }  // namespace
@@ -113,10 +124,11 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
             uint32_t dot_mode;
         } pg{p, opts.trans_b ? 1u : 0u};
         const vk::Variant v = choose(vk::Kernel::MatmulGemv, call);
-        const uint32_t wg = v.spec[0], rows = v.spec[1];
+        const std::vector<uint32_t> spec = gemv_module(v, "matmul_gemv", shader);
+        const uint32_t wg = spec[0], rows = spec[1];
         const uint64_t groups = opts.trans_b ? ceil_div(N, rows) : ceil_div(N, wg);
         auto [gx, gy] = grid(groups, 1);
-        run(shader, v.spec, bindings, pg, gx, gy, ceil_div(M, kGemvRowsPerGroup));
+        run(shader, spec, bindings, pg, gx, gy, ceil_div(M, kGemvRowsPerGroup));
         return;
     }
     const vk::Variant t = choose(vk::Kernel::Matmul, call);
@@ -155,10 +167,11 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
                            .reduced_weights = w_read.reduced};
     if (gemv) {
         const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, call);
+        const std::vector<uint32_t> spec = gemv_module(v, "grouped_matmul_gemv", shader);
         // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at
         // most ceil(S / 4) plus one per expert (the shader's extra rows leave at once).
         const int64_t runs = std::min(S, (S + kGemvRowsPerGroup - 1) / kGemvRowsPerGroup + E);
-        run(shader, v.spec, bindings, p, ceil_div(Nout, v.spec[1]), static_cast<uint32_t>(runs));
+        run(shader, spec, bindings, p, ceil_div(Nout, spec[1]), static_cast<uint32_t>(runs));
         return;
     }
     const vk::Variant t = choose(vk::Kernel::GroupedMatmul, call);

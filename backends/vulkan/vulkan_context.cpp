@@ -184,8 +184,11 @@ DeviceInfo describe(VkPhysicalDevice dev, uint32_t index) {
     uint32_t family = 0;
     info.usable = p.apiVersion >= VK_API_VERSION_1_2 && compute_queue_family(dev, &family);
     info.subgroup_size = subgroup.subgroupSize;
-    info.subgroup_arithmetic = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                               (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+    const bool compute_subgroups = subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT;
+    info.subgroup_arithmetic =
+        compute_subgroups && (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+    info.subgroup_shuffle =
+        compute_subgroups && (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
     info.shared_memory_bytes = p.limits.maxComputeSharedMemorySize;
     info.max_workgroup_invocations = p.limits.maxComputeWorkGroupInvocations;
     info.max_storage_buffer_range = p.limits.maxStorageBufferRange;

@@ -47,6 +47,7 @@ struct DeviceInfo {
     uint64_t device_local_bytes = 0;
     uint32_t subgroup_size = 0;
     bool subgroup_arithmetic = false;  // subgroupAdd & co. in compute shaders
+    bool subgroup_shuffle = false;     // subgroupShuffleXor & co. in compute shaders
     uint32_t shared_memory_bytes = 0;
     uint32_t max_workgroup_invocations = 0;
     bool fp16 = false;                // shaderFloat16 and 16-bit storage buffers

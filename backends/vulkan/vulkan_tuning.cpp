@@ -48,10 +48,11 @@ constexpr std::array<std::array<uint32_t, 5>, 16> kTiles = {{
     {16, 64, 16, 1, 4},
     {16, 128, 16, 2, 8},
 }};
-// Matrix-vector candidates {WG, NR}: WG a power of two (the shaders' reduction tree), NR output
-// columns per workgroup.
+// Matrix-vector candidates {WG, NR, SG}: WG a power of two (the shaders' reduction tree), NR
+// output columns per workgroup, SG 1 to sum within subgroups first (vulkan_tuning.h).
 constexpr uint32_t kGemvWg[] = {32, 64, 128, 256};
 constexpr uint32_t kGemvRows[] = {1, 2, 4, 8};
+constexpr uint32_t kGemvReductions[] = {0, 1};
 constexpr uint32_t kGemvSlots = 4;  // rows of a (or slots) per workgroup: the shaders' MMAX, MS
 // Attention candidates {WG, BQ, BK}: BQ queries per tile, keys staged BK at a time, WG / BQ
 // invocations per query. The last four fit Vulkan's minimum of 16 KiB of shared memory.
@@ -132,7 +133,8 @@ std::string Variant::name(Kernel k) const {
                                       ".bk" + std::to_string(spec[2])
                                 : "?";
     if (is_gemv(k))
-        return spec.size() == 2 ? "wg" + std::to_string(spec[0]) + ".nr" + std::to_string(spec[1])
+        return spec.size() == 3 ? "wg" + std::to_string(spec[0]) + ".nr" + std::to_string(spec[1]) +
+                                      (spec[2] ? ".sg" + std::to_string(spec[2]) : "")
                                 : "?";
     if (spec.size() != 6) return "?";
     return "bm" + std::to_string(spec[1]) + ".bn" + std::to_string(spec[2]) + ".bk" +
@@ -146,6 +148,12 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
         form == Form::Gemv        ? std::vector<std::string>{"wg", "nr"}
         : form == Form::Attention ? std::vector<std::string>{"wg", "bq", "bk"}
                                   : std::vector<std::string>{"bm", "bn", "bk", "tm", "tn"};
+    // A matrix-vector name may end in ".sg1" (vulkan_tuning.h); without it SG is 0.
+    uint32_t sg = 0;
+    if (form == Form::Gemv && name.size() > 4 && name.substr(name.size() - 4) == ".sg1") {
+        name.remove_suffix(4);
+        sg = 1;
+    }
     std::vector<uint32_t> values;
     size_t at = 0;
     for (size_t i = 0; i < fields.size(); ++i) {
@@ -158,6 +166,7 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
         values.push_back(v);
         at = end + 1;
     }
+    if (form == Form::Gemv) values.push_back(sg);
     if (form != Form::Tiled) return Variant{values};
     const uint32_t bm = values[0], bn = values[1], tm = values[3], tn = values[4];
     if (bm % tm != 0 || bn % tn != 0) return std::nullopt;
@@ -177,8 +186,21 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
         // and weight rows to BK + LANES.
         shared_floats = (bq + bk) * (kAttentionTiledMaxHeadDim + 1) + 2 * bq * (bk + lanes);
     } else if (is_gemv(k)) {
-        if (v.spec.size() != 2) return "not a matrix-vector variant";
+        if (v.spec.size() != 3 || v.spec[2] > 1) return "not a matrix-vector variant";
         if (!std::has_single_bit(wg)) return "its workgroup is not a power of two";
+        if (v.spec[2] == 1) {
+            if (!d.subgroup_shuffle)
+                return "it sums through subgroup shuffles, which the device does not report for "
+                       "compute shaders";
+            // gemv_reduce.glsl takes any subgroup size (tested at lavapipe's 4, 8 and 16) as
+            // long as whole subgroups fill the workgroup: a power of two no larger than it.
+            if (!std::has_single_bit(d.subgroup_size))
+                return "it sums through subgroups, and the device reports subgroups of " +
+                       std::to_string(d.subgroup_size) + " invocations, not a power of two";
+            if (wg < d.subgroup_size)
+                return "its workgroup (" + std::to_string(wg) + ") is smaller than a subgroup (" +
+                       std::to_string(d.subgroup_size) + ")";
+        }
         shared_floats = uint64_t{kGemvSlots} * v.spec[1] * wg;
     } else {
         if (v.spec.size() != 6) return "not a tiled variant";
@@ -204,8 +226,9 @@ std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
     if (form_of(k) == Form::Attention) {
         for (const auto& t : kAttentionTiles) all.push_back({{t[0], t[1], t[2]}});
     } else if (is_gemv(k)) {
-        for (uint32_t wg : kGemvWg)
-            for (uint32_t nr : kGemvRows) all.push_back({{wg, nr}});
+        for (uint32_t sg : kGemvReductions)
+            for (uint32_t wg : kGemvWg)
+                for (uint32_t nr : kGemvRows) all.push_back({{wg, nr, sg}});
     } else {
         for (const auto& t : kTiles) all.push_back(tile(t[0], t[1], t[2], t[3], t[4]));
     }
@@ -428,7 +451,7 @@ TuningTable::TuningTable(const DeviceInfo& d) : device_(&d) {
     large_ = wide ? tile(128, 128, 16, 8, 8) : tile(128, 128, 16, 8, 16);
     small_ = wide ? tile(64, 64, 16, 4, 4) : tile(64, 64, 16, 4, 8);
     skinny_ = tile(16, 64, 16, 2, 4);
-    gemv_ = {{64, 4}};
+    gemv_ = {{64, 4, 0}};
     // 16 queries x 32 keys; on a device with less shared memory than that needs, the tile
     // that fits Vulkan's minimum.
     attention_ = {{64, 16, 32}};

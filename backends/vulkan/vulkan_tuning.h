@@ -41,19 +41,21 @@ enum class Kernel : uint8_t {
 inline constexpr int kKernelCount = 7;
 const char* kernel_name(Kernel k);
 std::optional<Kernel> kernel_from_name(std::string_view name);
-// Whether the family is a matrix-vector kernel ({wg, rows}) rather than a tiled one
+// Whether the family is a matrix-vector kernel ({wg, rows, sg}) rather than a tiled one
 // ({wg, bm, bn, bk, tm, tn}) or attention ({wg, bq, bk}).
 bool is_gemv(Kernel k);
 // attention_tiled.comp's longest head (its MAX_HEAD_DIM), which its shared memory is sized for.
 inline constexpr uint32_t kAttentionTiledMaxHeadDim = 128;
 
 // A kernel's specialization constants, in constant_id order: tiled {WG, BM, BN, BK, TM, TN}
-// (matmul_tile.glsl), matrix-vector {WG, NR} (matmul_gemv.comp), attention {WG, BQ, BK}
-// (attention_tiled.comp).
+// (matmul_tile.glsl), matrix-vector {WG, NR, SG} (matmul_gemv.comp), attention {WG, BQ, BK}
+// (attention_tiled.comp). A matrix-vector variant's SG is no constant but picks the module:
+// 0 the workgroup's sum in a shared-memory tree, 1 through subgroup shuffles first (the *_sg
+// modules, shaders/gemv_reduce.glsl), which needs a device with them (invalid_reason).
 struct Variant {
     std::vector<uint32_t> spec;
-    // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it), "wg64.nr4", or
-    // "wg64.bq16.bk32".
+    // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it), "wg64.nr4" (SG 0: the
+    // names of tuning files written before SG existed), "wg64.nr4.sg1", or "wg64.bq16.bk32".
     std::string name(Kernel k) const;
     bool operator==(const Variant&) const = default;
 };

@@ -5,6 +5,7 @@
 // computes the same logits with it as without it.
 #ifdef TMX_HAS_VULKAN
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +58,49 @@ TEST(VulkanTuning, EveryCandidateNameParsesBackAndNonsenseDoesNot) {
             EXPECT_FALSE(vk::parse_variant(k, bad)) << bad;
     }
     EXPECT_FALSE(vk::kernel_from_name("attention"));
+}
+
+// The matrix-vector variants that sum through subgroup shuffles: named ".sg1" (a name without
+// it, as tuning files wrote before, is the shared-memory tree), offered where the device reports
+// shuffles for compute shaders and its subgroups fit the workgroup, refused otherwise saying why;
+// never the default.
+TEST(VulkanTuning, SubgroupGemvVariantsNeedShufflesAndWholeSubgroups) {
+    vk::DeviceInfo with = device(1024, 64 * 1024), without = with;
+    with.subgroup_shuffle = true;
+    with.subgroup_size = 32;
+    const vk::TuningTable table(with);
+    for (Kernel k : {Kernel::MatmulGemv, Kernel::GroupedMatmulGemv}) {
+        SCOPED_TRACE(vk::kernel_name(k));
+        const std::optional<vk::Variant> tree = vk::parse_variant(k, "wg64.nr4"),
+                                         sg = vk::parse_variant(k, "wg64.nr4.sg1"),
+                                         small = vk::parse_variant(k, "wg32.nr2.sg1");
+        ASSERT_TRUE(tree && sg && small);
+        EXPECT_EQ(tree->spec, (std::vector<uint32_t>{64, 4, 0}));
+        EXPECT_EQ(sg->spec, (std::vector<uint32_t>{64, 4, 1}));
+        EXPECT_EQ(sg->name(k), "wg64.nr4.sg1");
+        for (const char* bad : {"wg64.nr4.sg2", "wg64.nr4.sg0", "wg64.nr4.sg", "wg64.sg1"})
+            EXPECT_FALSE(vk::parse_variant(k, bad)) << bad;
+        EXPECT_EQ(table.default_variant(k, 1, 4096, 4096, 2).name(k), "wg64.nr4");
+
+        const std::vector<vk::Variant> all = vk::candidates(k, with);
+        EXPECT_EQ(all.size(), 2 * vk::candidates(k, without).size());
+        EXPECT_NE(std::find(all.begin(), all.end(), *sg), all.end());
+        EXPECT_EQ(vk::invalid_reason(k, *small, with), "");
+
+        EXPECT_NE(vk::invalid_reason(k, *sg, without).find("subgroup shuffles"), std::string::npos);
+        vk::DeviceInfo wave64 = with;
+        wave64.subgroup_size = 64;
+        EXPECT_NE(vk::invalid_reason(k, *small, wave64).find("smaller than a subgroup"),
+                  std::string::npos);
+        EXPECT_EQ(vk::invalid_reason(k, *sg, wave64), "");
+        const std::vector<vk::Variant> wave64_all = vk::candidates(k, wave64);
+        EXPECT_EQ(std::count_if(wave64_all.begin(), wave64_all.end(),
+                                [](const vk::Variant& v) { return v.spec[2] == 1; }),
+                  12);  // workgroups 64, 128, 256 of 4 row counts each
+        vk::DeviceInfo odd = with;
+        odd.subgroup_size = 24;
+        EXPECT_NE(vk::invalid_reason(k, *sg, odd).find("not a power of two"), std::string::npos);
+    }
 }
 
 TEST(VulkanTuning, CandidatesAndDefaultsFitTheSmallestDeviceVulkanAllows) {
@@ -294,6 +338,12 @@ TEST_F(VulkanTuningOnDevice, TunedShapesAreUsedByTheNextStartAndComputeWhatTheDe
     const std::vector<float> lb = down(*untuned, b.forward(tokens, B, T, nullptr).logits);
     EXPECT_TRUE(Close(la, lb, 1e-4));
     EXPECT_TRUE(Close(la, down(cpu(), ref.forward(tokens, B, T, nullptr).logits), 1e-4));
+    // One token per sequence: the matrix-vector kernels (the decode shapes' tuned choices, from
+    // the nearest rows class), which the prefill above does not run.
+    const std::vector<int32_t> step(tokens.begin(), tokens.begin() + B);
+    const std::vector<float> sa = down(*tuned, a.forward(step, B, 1, nullptr).logits);
+    EXPECT_TRUE(Close(sa, down(*untuned, b.forward(step, B, 1, nullptr).logits), 1e-4));
+    EXPECT_TRUE(Close(sa, down(cpu(), ref.forward(step, B, 1, nullptr).logits), 1e-4));
 }
 
 TEST_F(VulkanTuningOnDevice, ACorruptForeignOrStaleFileIsRefusedAndTheDefaultsRun) {

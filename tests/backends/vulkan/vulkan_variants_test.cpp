@@ -3,8 +3,10 @@
 // candidate, and TMX_VULKAN_FORCE_VARIANT forces one: each must compute the same product, on
 // shapes that are no multiple of any tile (partial tiles in every dimension), in every layout,
 // with bias and accumulation, and grouped over experts with uneven counts (one with no slot).
-// CI runs this suite at lavapipe's subgroup sizes 4, 8 and 16 (tests/CMakeLists.txt), as the
-// shaders' reductions depend on it.
+// The matrix-vector kernels also read weights stored in every format (f16, bf16, Q8_0; f16 is
+// also the module the fp16 weight copies run) starting half-way into a word, and operands that
+// start off a 16-byte boundary (their one-by-one reads). CI runs this suite at lavapipe's
+// subgroup sizes 4, 8 and 16 (tests/CMakeLists.txt), as the shaders' reductions depend on it.
 #ifdef TMX_HAS_VULKAN
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 
 #include "backends/vulkan/vulkan_tuning.h"
 #include "engine/compute/kernel_tuning.h"
+#include "engine/compute/weight_format.h"
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
 namespace tmx::test {
@@ -90,6 +93,69 @@ class VulkanVariants : public VulkanTest {
             Tensor y = output(*be, {M, N});
             be->linear(up(*be, x, {M, K}), up(*be, w, {N, K}), up(*be, bias, {N}), y);
             results[i++] = down(*be, y);
+        }
+        EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+    }
+
+    // A weight of `shape` stored in format t on the Vulkan backend, `lead` values into its buffer
+    // (f16 and bf16 after 1 value, Q8_0 after one block: half-way into a 4-byte word; f32 after
+    // 1: off a 16-byte boundary), and its decoded values on the CPU backend.
+    std::array<Tensor, 2> stored(DType t, Shape shape, int64_t lead) {
+        const int64_t n = lead + shape_numel(shape);
+        const std::vector<float> all = normal(n, 0.5);
+        std::vector<uint8_t> bytes(static_cast<size_t>(dtype_bytes(t, n)));
+        encode_weights(t, all.data(), n, bytes.data());
+        std::vector<float> decoded(static_cast<size_t>(n));
+        decode_weights(t, bytes.data(), n, decoded.data());
+        Tensor flat = vk().alloc({n}, t);
+        vk().upload(flat, bytes.data());
+        return {flat.slice(lead, shape), up(cpu(), decoded, {n}).slice(lead, shape)};
+    }
+
+    // An fp32 operand of `shape` on `be`, `lead` values into its buffer.
+    static Tensor offset(Backend& be, const std::vector<float>& values, int64_t lead, Shape shape) {
+        std::vector<float> all(static_cast<size_t>(lead), 0.0f);
+        all.insert(all.end(), values.begin(), values.end());
+        return up(be, all, {static_cast<int64_t>(all.size())}).slice(lead, std::move(shape));
+    }
+
+    // linear(x [M, K], w [N, K] in format t, bias), w `w_lead` and x `x_lead` values into their
+    // buffers, against the CPU on w's decoded values.
+    void check_linear_stored(DType t, int64_t w_lead, int64_t x_lead, int64_t M, int64_t N,
+                             int64_t K) {
+        SCOPED_TRACE(std::string("linear ") + to_string(t) + " M,N,K " + dims({M, N, K}) +
+                     " w lead " + std::to_string(w_lead) + " x lead " + std::to_string(x_lead));
+        const std::array<Tensor, 2> w = stored(t, {N, K}, w_lead);
+        const auto x = normal(M * K), bias = normal(N);
+        std::vector<float> results[2];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor y = output(*be, {M, N});
+            be->linear(offset(*be, x, x_lead, {M, K}), w[i], up(*be, bias, {N}), y);
+            results[i++] = down(*be, y);
+        }
+        EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
+    }
+
+    // grouped_matmul as check_grouped, with w [E, Nout, K] in format t, `w_lead` and `x_lead`
+    // values into their buffers.
+    void check_grouped_stored(DType t, int64_t w_lead, int64_t x_lead,
+                              const std::vector<int32_t>& counts, int64_t Nout, int64_t K) {
+        const int64_t E = static_cast<int64_t>(counts.size());
+        const std::vector<int32_t> offsets = expert_offsets(counts);
+        const int64_t S = offsets[E];
+        SCOPED_TRACE(std::string("grouped_matmul ") + to_string(t) + " S,E,Nout,K " +
+                     dims({S, E, Nout, K}) + " w lead " + std::to_string(w_lead) + " x lead " +
+                     std::to_string(x_lead));
+        const std::array<Tensor, 2> w = stored(t, {E, Nout, K}, w_lead);
+        const auto x = normal(S * K), bias = normal(E * Nout);
+        std::vector<float> results[2];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor out = output(*be, {S, Nout});
+            be->grouped_matmul(offset(*be, x, x_lead, {S, K}), w[i], up(*be, bias, {E, Nout}),
+                               up_ids(*be, offsets, {E + 1}), out);
+            results[i++] = down(*be, out);
         }
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
     }
@@ -197,6 +263,62 @@ TEST_F(VulkanVariants, MatmulGemv) {
                 check_linear(M, 37, K);
             }
     });
+}
+
+// The dense matrix-vector kernel reading each weight format, at a word's start and half-way
+// into one, and x off a 16-byte boundary: K a multiple of 4 (Q8_0: of its 32-value blocks) and
+// not.
+TEST_F(VulkanVariants, MatmulGemvWeightFormats) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::MatmulGemv, [&] {
+        for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0}) {
+            const int64_t half_word = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
+            for (int64_t w_lead : {int64_t{0}, half_word}) {
+                check_linear_stored(t, w_lead, 0, 3, 37, 64);
+                check_linear_stored(t, w_lead, 1, 1, 37, 64);
+                if (t != DType::Q8_0) check_linear_stored(t, w_lead, 0, 5, 37, 45);
+            }
+        }
+    });
+}
+
+// The grouped matrix-vector kernel likewise.
+TEST_F(VulkanVariants, GroupedMatmulGemvWeightFormats) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::GroupedMatmulGemv, [&] {
+        for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0}) {
+            const int64_t half_word = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
+            for (int64_t w_lead : {int64_t{0}, half_word}) {
+                check_grouped_stored(t, w_lead, 0, {4, 0, 3}, 33, 64);
+                check_grouped_stored(t, w_lead, 1, {1, 2}, 33, 64);
+                if (t != DType::Q8_0) check_grouped_stored(t, w_lead, 0, {4, 0, 3}, 33, 45);
+            }
+        }
+    });
+}
+
+// Where the device sums through subgroup shuffles, the matrix-vector families' candidates hold
+// the variants that do (".sg1"), each workgroup at least a subgroup; the others are refused
+// saying why. At lavapipe's three widths this checks subgroups of 4, 8 and 16.
+TEST_F(VulkanVariants, SubgroupCandidatesAreTriedWhereTheDeviceHasThem) {
+    SCOPED_TRACE(trace());
+    const vk::DeviceInfo& d = vk().context().info();
+    for (vk::Kernel k : {vk::Kernel::MatmulGemv, vk::Kernel::GroupedMatmulGemv}) {
+        SCOPED_TRACE(vk::kernel_name(k));
+        const std::vector<vk::Variant> all = vk::candidates(k, d);
+        const auto subgroup = std::count_if(all.begin(), all.end(),
+                                            [](const vk::Variant& v) { return v.spec[2] == 1; });
+        if (!d.subgroup_shuffle) {
+            EXPECT_EQ(subgroup, 0);
+            EXPECT_NE(vk::invalid_reason(k, *vk::parse_variant(k, "wg64.nr4.sg1"), d)
+                          .find("subgroup shuffles"),
+                      std::string::npos);
+            continue;
+        }
+        EXPECT_GT(subgroup, 0) << "subgroups of " << d.subgroup_size;
+        for (const vk::Variant& v : all)
+            if (v.spec[2] == 1) EXPECT_GE(v.spec[0], d.subgroup_size) << v.name(k);
+    }
 }
 
 // Tiled grouped matmul (more than 32 slots): uneven experts, one without slots.
