@@ -33,7 +33,7 @@ import time
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from serve_client import ClientRun, one_request, rss_kb, start_server, thread_count  # noqa: E402
+from serve_client import ClientRun, add_server_arguments, one_request, rss_kb, start_server, thread_count  # noqa: E402
 
 PARTIAL_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Len"
 
@@ -204,10 +204,7 @@ def timed_completion(url, seed, max_tokens, timeout):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tmx", default=os.path.join(os.path.dirname(__file__), "..", "build", "tmx"))
-    ap.add_argument("--model", default="assets/demo")
-    ap.add_argument("--url", help="a running server instead of starting one")
-    ap.add_argument("--backend", default="cpu")
+    add_server_arguments(ap)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=None, help="default: 4 per client")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -221,7 +218,6 @@ def main():
                     help="how long a completion may take before it counts as failed")
     ap.add_argument("--rounds", type=int, default=1,
                     help="client runs without and with the stalled connections, alternating")
-    ap.add_argument("--serve-args", default="", help="more flags for the server")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 on a failed completion, a hung connection, a drip that is never "
                          "closed or a server that dies")

@@ -16,15 +16,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from serve_client import ClientRun, cpu_seconds, rss_kb, start_server  # noqa: E402
+from serve_client import (ClientRun, add_server_arguments, cpu_seconds, rss_kb,  # noqa: E402
+                          start_server)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tmx", default=os.path.join(os.path.dirname(__file__), "..", "build", "tmx"))
-    ap.add_argument("--model", default="assets/demo")
-    ap.add_argument("--url", help="a running server instead of starting one")
-    ap.add_argument("--backend", default="cpu")
+    add_server_arguments(ap)
     ap.add_argument("--parallel", type=int, default=None, help="server slots (default: --clients)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=40)
@@ -43,8 +41,6 @@ def main():
     ap.add_argument("--max-growth-mb", type=float, default=64)
     ap.add_argument("--rss-after", type=int, default=None,
                     help="requests after which the server's first RSS is read (default: a tenth)")
-    ap.add_argument("--serve-args", default="",
-                    help="more flags for the server, e.g. '--prefill-budget 64 --stream-interval 10'")
     args = ap.parse_args()
 
     server = None

@@ -35,6 +35,18 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def add_server_arguments(ap):
+    """The flags that say which server to load: one to start (--tmx, --model, --backend,
+    --serve-args) or a running one (--url)."""
+    ap.add_argument("--tmx", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "..", "..", "build", "tmx"))
+    ap.add_argument("--model", default="assets/demo")
+    ap.add_argument("--url", help="a running server instead of starting one")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--serve-args", default="",
+                    help="more flags for the server, e.g. '--prefill-budget 64'")
+
+
 def start_server(tmx, model, backend="cpu", flags=(), extra=""):
     """Starts `tmx serve` on a free port; returns (process, url). Its stderr is drained by a
     thread (kept in process.log) so that the server never blocks writing to it."""
