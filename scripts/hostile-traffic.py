@@ -33,7 +33,8 @@ import time
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from serve_client import ClientRun, add_server_arguments, one_request, rss_kb, start_server, thread_count  # noqa: E402
+from serve_client import (ClientRun, add_server_arguments, one_request, rss_kb,  # noqa: E402
+                          start_server, thread_count)
 
 PARTIAL_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Len"
 
