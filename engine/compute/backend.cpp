@@ -149,25 +149,39 @@ void Backend::convert_impl(const Tensor&, const Tensor&) {
     throw Error("the " + name() + " backend has no bf16 tensors");
 }
 
-void Backend::gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
-    OpCheck c{"gather_rows"};
+// The checks of the ops the fused ops are made of: each public op runs its own, and a fused op
+// those of its sequence, under its own name.
+namespace {
+
+void check_gather_rows(const OpCheck& c, const Backend& be, const Tensor& x, const Tensor& rows,
+                       const Tensor& out) {
     // BF16 rows stay BF16 where out is BF16 too; any other x is read as its format holds it.
-    const bool bf16_rows = has_bf16_tensors() && x.defined() && x.dtype() == DType::BF16 &&
+    const bool bf16_rows = be.has_bf16_tensors() && x.defined() && x.dtype() == DType::BF16 &&
                            out.defined() && out.dtype() == DType::BF16;
-    c.rank(x, "x", 2, bf16_rows ? DType::BF16 : weight_type(*this, x, false));
+    c.rank(x, "x", 2, bf16_rows ? DType::BF16 : weight_type(be, x, false));
     check_weight_rows(c, x, "x");
     c.rank(rows, "rows", 1, DType::I32);
     c.shape(out, "out", {rows.dim(0), x.dim(1)}, bf16_rows ? DType::BF16 : DType::F32);
+}
+
+void check_norm(const OpCheck& c, const Backend& be, NormType type, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, const Tensor& out) {
+    c.rank(x, "x", 2);
+    c.shape(weight, "weight", {x.dim(1)});
+    if (type == NormType::LayerNorm) c.shape(bias, "bias", {x.dim(1)});
+    c.shape(out, "out", x.shape(), OpCheck::float_type(out, be.has_bf16_tensors()));
+}
+
+}  // namespace
+
+void Backend::gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
+    check_gather_rows(OpCheck{"gather_rows"}, *this, x, rows, out);
     gather_rows_impl(x, rows, out);
 }
 
 void Backend::norm(NormType type, const Tensor& x, const Tensor& weight, const Tensor& bias,
                    float eps, const Tensor& out) {
-    OpCheck c{"norm"};
-    c.rank(x, "x", 2);
-    c.shape(weight, "weight", {x.dim(1)});
-    if (type == NormType::LayerNorm) c.shape(bias, "bias", {x.dim(1)});
-    c.shape(out, "out", x.shape(), OpCheck::float_type(out, has_bf16_tensors()));
+    check_norm(OpCheck{"norm"}, *this, type, x, weight, bias, out);
     norm_impl(type, x, weight, type == NormType::LayerNorm ? bias : Tensor{}, eps, out);
 }
 
@@ -199,15 +213,19 @@ void check_linear_operands(const OpCheck& c, const Tensor& x, const Tensor& w, b
     if (w.dim(1) != x.dim(1))
         c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
 }
+
+void check_linear(const OpCheck& c, const Backend& be, const Tensor& x, const Tensor& w,
+                  const Tensor& b, const Tensor& y) {
+    const bool bf16_operands = be.matmul_precision() == Precision::BF16;
+    check_linear_operands(c, x, w, bf16_operands, weight_type(be, w, bf16_operands));
+    c.shape(y, "y", {x.dim(0), w.dim(0)});
+    if (b.defined()) c.shape(b, "b", {w.dim(0)});
+}
 }  // namespace
 
 void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) {
-    OpCheck c{"linear"};
-    const bool bf16_operands = matmul_precision() == Precision::BF16;
-    check_linear_operands(c, x, w, bf16_operands, weight_type(*this, w, bf16_operands));
-    c.shape(y, "y", {x.dim(0), w.dim(0)});
-    if (b.defined()) c.shape(b, "b", {w.dim(0)});
+    check_linear(OpCheck{"linear"}, *this, x, w, b, y);
     linear_impl(x, w, b, y, accumulate);
 }
 
@@ -262,17 +280,23 @@ void check_kv_cache_shapes(const OpCheck& c, const Tensor& k, const Tensor& v,
     if (k_cache.dim(1) < 1) c.fail("the cache has no slots");
     c.shape(start, "start", {k.dim(0)}, DType::I32);
 }
-}  // namespace
 
-void Backend::attention_cached(const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
-                               const Tensor& out, int64_t window) {
-    OpCheck c{"attention_cached"};
+void check_attention_cached(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                            const Tensor& out, int64_t window) {
     check_attention_shapes(c, q, k, v, out, window);
     check_kv_cache_shapes(c, k, v, k_cache, v_cache, start);
     if (window > 0 && k_cache.dim(1) < window - 1)
         c.fail("a cache of " + std::to_string(k_cache.dim(1)) + " slots cannot hold a window of " +
                std::to_string(window));
+}
+}  // namespace
+
+void Backend::attention_cached(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                               const Tensor& out, int64_t window) {
+    check_attention_cached(OpCheck{"attention_cached"}, q, k, v, k_cache, v_cache, start, out,
+                           window);
     attention_cached_impl(q, k, v, k_cache, v_cache, start, out, window);
 }
 
@@ -283,39 +307,53 @@ void Backend::kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& k_c
     kv_cache_write_impl(k, v, k_cache, v_cache, start);
 }
 
-void Backend::router_topk(const Tensor& logits, const Tensor& indices, const Tensor& gates) {
-    OpCheck c{"router_topk"};
+namespace {
+void check_router_topk(const OpCheck& c, const Tensor& logits, const Tensor& indices,
+                       const Tensor& gates) {
     c.rank(logits, "logits", 2);
     c.rank(indices, "indices", 2, DType::I32);
     if (indices.dim(0) != logits.dim(0) || indices.dim(1) < 1 || indices.dim(1) > logits.dim(1))
         c.fail("indices " + shape_string(indices.shape()) + " do not fit logits " +
                shape_string(logits.shape()));
     c.shape(gates, "gates", indices.shape());
-    router_topk_impl(logits, indices, gates);
 }
 
-void Backend::moe_group(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
-                        const Tensor& slot_rows, const Tensor& slot_of) {
-    OpCheck c{"moe_group"};
+void check_moe_group(const OpCheck& c, const Tensor& indices, int64_t n_experts,
+                     const Tensor& offsets, const Tensor& slot_rows, const Tensor& slot_of) {
     c.rank(indices, "indices", 2, DType::I32);
     c.shape(offsets, "offsets", {n_experts + 1}, DType::I32);
     c.shape(slot_rows, "slot_rows", {indices.numel()}, DType::I32);
     c.shape(slot_of, "slot_of", {indices.numel()}, DType::I32);
-    moe_group_impl(indices, n_experts, offsets, slot_rows, slot_of);
 }
 
-void Backend::grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
-                             const Tensor& offsets, const Tensor& out) {
-    OpCheck c{"grouped_matmul"};
-    const bool bf16_operands = matmul_precision() == Precision::BF16;
+void check_grouped_matmul(const OpCheck& c, const Backend& be, const Tensor& x, const Tensor& w,
+                          const Tensor& bias, const Tensor& offsets, const Tensor& out) {
+    const bool bf16_operands = be.matmul_precision() == Precision::BF16;
     c.rank(x, "x", 2, OpCheck::float_type(x, bf16_operands));
-    c.rank(w, "w", 3, weight_type(*this, w, bf16_operands));
+    c.rank(w, "w", 3, weight_type(be, w, bf16_operands));
     check_weight_rows(c, w, "w");
     if (w.dim(2) != x.dim(1))
         c.fail("w " + shape_string(w.shape()) + " does not take x " + shape_string(x.shape()));
     if (bias.defined()) c.shape(bias, "bias", {w.dim(0), w.dim(1)});
     c.shape(offsets, "offsets", {w.dim(0) + 1}, DType::I32);
     c.shape(out, "out", {x.dim(0), w.dim(1)});
+}
+}  // namespace
+
+void Backend::router_topk(const Tensor& logits, const Tensor& indices, const Tensor& gates) {
+    check_router_topk(OpCheck{"router_topk"}, logits, indices, gates);
+    router_topk_impl(logits, indices, gates);
+}
+
+void Backend::moe_group(const Tensor& indices, int64_t n_experts, const Tensor& offsets,
+                        const Tensor& slot_rows, const Tensor& slot_of) {
+    check_moe_group(OpCheck{"moe_group"}, indices, n_experts, offsets, slot_rows, slot_of);
+    moe_group_impl(indices, n_experts, offsets, slot_rows, slot_of);
+}
+
+void Backend::grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Tensor& offsets, const Tensor& out) {
+    check_grouped_matmul(OpCheck{"grouped_matmul"}, *this, x, w, bias, offsets, out);
     grouped_matmul_impl(x, w, bias, offsets, out);
 }
 
@@ -330,18 +368,27 @@ void Backend::moe_combine(const Tensor& expert_out, const Tensor& slot_of, const
     moe_combine_impl(expert_out, slot_of, gates, out);
 }
 
-void Backend::activation(Activation act, const Tensor& x, const Tensor& out) {
-    OpCheck c{"activation"};
+namespace {
+void check_activation(const OpCheck& c, const Backend& be, const Tensor& x, const Tensor& out) {
     c.shape(x, "x", x.shape());
-    c.shape(out, "out", x.shape(), OpCheck::float_type(out, has_bf16_tensors()));
+    c.shape(out, "out", x.shape(), OpCheck::float_type(out, be.has_bf16_tensors()));
+}
+
+void check_swiglu(const OpCheck& c, const Backend& be, const Tensor& gate, const Tensor& up,
+                  const Tensor& out) {
+    c.shape(gate, "gate", gate.shape());
+    c.shape(up, "up", gate.shape());
+    c.shape(out, "out", gate.shape(), OpCheck::float_type(out, be.has_bf16_tensors()));
+}
+}  // namespace
+
+void Backend::activation(Activation act, const Tensor& x, const Tensor& out) {
+    check_activation(OpCheck{"activation"}, *this, x, out);
     activation_impl(act, x, out);
 }
 
 void Backend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
-    OpCheck c{"swiglu"};
-    c.shape(gate, "gate", gate.shape());
-    c.shape(up, "up", gate.shape());
-    c.shape(out, "out", gate.shape(), OpCheck::float_type(out, has_bf16_tensors()));
+    check_swiglu(OpCheck{"swiglu"}, *this, gate, up, out);
     swiglu_impl(gate, up, out);
 }
 
@@ -368,6 +415,87 @@ void Backend::router_aux_loss(const Tensor& logits, const Tensor& indices, const
     if (indices.dim(0) != logits.dim(0)) c.fail("indices and logits have different row counts");
     c.shape(out, "out", {1});
     router_aux_loss_impl(logits, indices, out);
+}
+
+// ---- fused forward ops
+
+void Backend::norm_linear(NormType type, const Tensor& x, const Tensor& norm_weight,
+                          const Tensor& norm_bias, float eps, const Tensor& normed, const Tensor& w,
+                          const Tensor& b, const Tensor& y) {
+    const OpCheck c{"norm_linear"};
+    check_norm(c, *this, type, x, norm_weight, norm_bias, normed);
+    check_linear(c, *this, normed, w, b, y);
+    norm_linear_impl(type, x, norm_weight, type == NormType::LayerNorm ? norm_bias : Tensor{}, eps,
+                     normed, w, b, y);
+}
+
+void Backend::norm_linear_impl(NormType type, const Tensor& x, const Tensor& norm_weight,
+                               const Tensor& norm_bias, float eps, const Tensor& normed,
+                               const Tensor& w, const Tensor& b, const Tensor& y) {
+    norm_impl(type, x, norm_weight, norm_bias, eps, normed);
+    linear_impl(normed, w, b, y, /*accumulate=*/false);
+}
+
+void Backend::attention_cached_store(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& start, const Tensor& out, int64_t window) {
+    check_attention_cached(OpCheck{"attention_cached_store"}, q, k, v, k_cache, v_cache, start, out,
+                           window);
+    attention_cached_store_impl(q, k, v, k_cache, v_cache, start, out, window);
+}
+
+void Backend::attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& k_cache, const Tensor& v_cache,
+                                          const Tensor& start, const Tensor& out, int64_t window) {
+    attention_cached_impl(q, k, v, k_cache, v_cache, start, out, window);
+    kv_cache_write_impl(k, v, k_cache, v_cache, start);
+}
+
+void Backend::moe_route(const Tensor& logits, const Tensor& x, const Tensor& indices,
+                        const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
+                        const Tensor& slot_of, const Tensor& xs) {
+    const OpCheck c{"moe_route"};
+    check_router_topk(c, logits, indices, gates);
+    check_moe_group(c, indices, logits.dim(1), offsets, slot_rows, slot_of);
+    check_gather_rows(c, *this, x, slot_rows, xs);
+    if (x.dim(0) != logits.dim(0)) c.fail("x and logits have different row counts");
+    moe_route_impl(logits, x, indices, gates, offsets, slot_rows, slot_of, xs);
+}
+
+void Backend::moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
+                             const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
+                             const Tensor& slot_of, const Tensor& xs) {
+    router_topk_impl(logits, indices, gates);
+    moe_group_impl(indices, logits.dim(1), offsets, slot_rows, slot_of);
+    gather_rows_impl(x, slot_rows, xs);
+}
+
+void Backend::grouped_ffn_up(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w3,
+                             const Tensor& b3, const Tensor& offsets, Activation act,
+                             const Tensor& pre, const Tensor& up, const Tensor& out) {
+    const OpCheck c{"grouped_ffn_up"};
+    check_grouped_matmul(c, *this, x, w1, b1, offsets, pre);
+    if (w3.defined()) {
+        check_grouped_matmul(c, *this, x, w3, b3, offsets, up);
+        check_swiglu(c, *this, pre, up, out);
+    } else {
+        if (b3.defined() || up.defined()) c.fail("b3 or up without w3");
+        check_activation(c, *this, pre, out);
+    }
+    grouped_ffn_up_impl(x, w1, b1, w3, b3, offsets, act, pre, up, out);
+}
+
+void Backend::grouped_ffn_up_impl(const Tensor& x, const Tensor& w1, const Tensor& b1,
+                                  const Tensor& w3, const Tensor& b3, const Tensor& offsets,
+                                  Activation act, const Tensor& pre, const Tensor& up,
+                                  const Tensor& out) {
+    grouped_matmul_impl(x, w1, b1, offsets, pre);
+    if (w3.defined()) {
+        grouped_matmul_impl(x, w3, b3, offsets, up);
+        swiglu_impl(pre, up, out);
+    } else {
+        activation_impl(act, pre, out);
+    }
 }
 
 // ---- backward ops

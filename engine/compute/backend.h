@@ -278,6 +278,40 @@ class Backend {
     // logits [N, E], indices [N, k] (I32).
     void router_aux_loss(const Tensor& logits, const Tensor& indices, const Tensor& out);
 
+    // ---- fused forward ops
+    // Each is the sequence of forward ops its comment names, on the same tensors, and equals
+    // it within those ops' tolerances: one op so that a backend may run it as fewer commands
+    // (a decode step is bound by their number, not by its arithmetic). Shapes and dtypes are
+    // those of the ops in the sequence. A backend that does not fuse one runs the sequence.
+
+    // normed = norm(x); then y = linear(normed, w, b) (no accumulation). The attention block's
+    // norm with the q (or the fused qkv) projection, the feed-forward block's with the router,
+    // the final norm with the classifier.
+    void norm_linear(NormType type, const Tensor& x, const Tensor& norm_weight,
+                     const Tensor& norm_bias, float eps, const Tensor& normed, const Tensor& w,
+                     const Tensor& b, const Tensor& y);
+
+    // attention_cached(q, k, v, k_cache, v_cache, start, out, window); then
+    // kv_cache_write(k, v, k_cache, v_cache, start).
+    void attention_cached_store(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
+                                const Tensor& out, int64_t window);
+
+    // MoE routing from the router's logits [N, E]: router_topk(logits, indices, gates);
+    // moe_group(indices, E, offsets, slot_rows, slot_of); gather_rows(x, slot_rows, xs) (x F32
+    // [N, d], or BF16 with xs BF16, as gather_rows takes them).
+    void moe_route(const Tensor& logits, const Tensor& x, const Tensor& indices,
+                   const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
+                   const Tensor& slot_of, const Tensor& xs);
+
+    // The first half of the experts' feed-forward: pre = grouped_matmul(x, w1, b1, offsets);
+    // then, without w3, out = activation(act, pre); with w3 (SwiGLU, `act` unused), up =
+    // grouped_matmul(x, w3, b3, offsets) and out = swiglu(pre, up). pre (and up) are kept for
+    // the backward.
+    void grouped_ffn_up(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w3,
+                        const Tensor& b3, const Tensor& offsets, Activation act, const Tensor& pre,
+                        const Tensor& up, const Tensor& out);
+
     // ---- backward ops
     // Gradient outputs (d_*) are *accumulated into* (+=) unless the op says otherwise, so a
     // tensor read in several places collects every contribution; callers zero them first.
@@ -375,6 +409,8 @@ class Backend {
                              bool accumulate);
     virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& d_y,
                                       const Tensor& d_x, const Tensor& d_w, const Tensor& d_b);
+    // The fused forward ops: by default each runs its sequence's *_impl functions.
+    TMX_BACKEND_FUSED_OPS(TMX_BACKEND_DECLARE_DEFAULT_IMPL)
     // The backward and optimizer ops. A backend that does not train leaves them alone: each
     // throws tmx::Error ("<op> is not available on the <name> backend ...").
     TMX_BACKEND_TRAINING_OPS(TMX_BACKEND_DECLARE_DEFAULT_IMPL)

@@ -9,6 +9,10 @@
 //  - TMX_BACKEND_FORWARD_OPS: the forward ops, pure virtual; every backend has them.
 //  - TMX_BACKEND_TRAINING_OPS: the backward and optimizer ops; by default each throws
 //    tmx::Error (the backend does not train), and a training backend overrides all of them.
+//  - TMX_BACKEND_FUSED_OPS: sequences of forward ops the model runs back to back, as one op so
+//    that a backend may run each as fewer commands (a decode step is bound by their number);
+//    by default each runs its sequence, and a backend overrides those it fuses, declaring each
+//    override explicitly.
 // The other *_impl functions have a default that only some backends override (convert_impl,
 // linear_impl, linear_backward_impl): Backend declares them explicitly, and so does a backend
 // that overrides one (but see TMX_BACKEND_TRAINING_BACKEND_OVERRIDES below).
@@ -54,6 +58,21 @@
     X(void, add, (const Tensor& a, const Tensor& b, const Tensor& out))                            \
     X(void, cross_entropy, (const Tensor& logits, const Tensor& targets, const Tensor& losses))    \
     X(void, router_aux_loss, (const Tensor& logits, const Tensor& indices, const Tensor& out))
+
+#define TMX_BACKEND_FUSED_OPS(X)                                                                   \
+    X(void, norm_linear, (NormType type, const Tensor& x, const Tensor& norm_weight,               \
+                          const Tensor& norm_bias, float eps, const Tensor& normed,                \
+                          const Tensor& w, const Tensor& b, const Tensor& y))                      \
+    X(void, attention_cached_store, (const Tensor& q, const Tensor& k, const Tensor& v,            \
+                                     const Tensor& k_cache, const Tensor& v_cache,                 \
+                                     const Tensor& start, const Tensor& out, int64_t window))      \
+    X(void, moe_route, (const Tensor& logits, const Tensor& x, const Tensor& indices,              \
+                        const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,       \
+                        const Tensor& slot_of, const Tensor& xs))                                  \
+    X(void, grouped_ffn_up, (const Tensor& x, const Tensor& w1, const Tensor& b1,                  \
+                             const Tensor& w3, const Tensor& b3, const Tensor& offsets,            \
+                             Activation act, const Tensor& pre, const Tensor& up,                  \
+                             const Tensor& out))
 
 #define TMX_BACKEND_TRAINING_OPS(X)                                                                \
     X(void, norm_backward, (NormType type, const Tensor& x, const Tensor& weight,                  \

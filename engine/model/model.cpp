@@ -501,15 +501,15 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a, const
     const bool swiglu = c.ffn_type == FfnType::SwiGlu;
 
     if (a.h_in.defined()) be.copy(h, a.h_in);
-    // Attention block.
-    be.norm(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1);
+    // Attention block: the norm goes with the first projection (norm_linear).
     if (a.qkv.defined()) {
         // One token: its q, k and v are one row, so one matmul makes them and one RoPE turns
         // q's and k's heads, which lie side by side.
-        be.linear(a.a1, m.wqkv, Tensor{}, a.qkv);
+        be.norm_linear(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1, m.wqkv, Tensor{},
+                       a.qkv);
         be.rope(a.qkv.slice(0, {1, H + Hkv, hd}), positions, c.rope_theta);
     } else {
-        be.linear(a.a1, m.wq, w.bq, a.q);
+        be.norm_linear(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1, m.wq, w.bq, a.q);
         be.linear(a.a1, m.wk, w.bk, a.k);
         be.linear(a.a1, m.wv, w.bv, a.v);
         be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
@@ -519,33 +519,28 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a, const
     const Tensor k = a.k.reshape({B, T, Hkv, hd}), v = a.v.reshape({B, T, Hkv, hd});
     if (cached) {
         const KvCache& cache = *cached->cache;
-        be.attention_cached(q, k, v, cache.keys(l), cache.values(l), cached->start, att,
-                            c.sliding_window);
-        be.kv_cache_write(k, v, cache.keys(l), cache.values(l), cached->start);
+        be.attention_cached_store(q, k, v, cache.keys(l), cache.values(l), cached->start, att,
+                                  c.sliding_window);
     } else {
         be.attention(q, k, v, att, c.sliding_window);
     }
     be.linear(a.att, m.wo, w.bo, h, /*accumulate=*/true);  // h += o Wo^T + bo
     if (a.h_mid.defined()) be.copy(h, a.h_mid);
-    // Feed-forward block.
-    be.norm(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2);
+    // Feed-forward block: the norm goes with the router (or the first projection).
     if (c.is_moe()) {
-        be.linear(a.a2, m.router, Tensor{}, a.router_logits);
-        be.router_topk(a.router_logits, a.top_idx, a.gates);
+        be.norm_linear(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2, m.router, Tensor{},
+                       a.router_logits);
+        be.moe_route(a.router_logits, a.a2, a.top_idx, a.gates, a.offsets, a.slot_rows, a.slot_of,
+                     a.xs);
         if (aux_out.defined()) be.router_aux_loss(a.router_logits, a.top_idx, aux_out);
-        be.moe_group(a.top_idx, c.n_experts, a.offsets, a.slot_rows, a.slot_of);
-        be.gather_rows(a.a2, a.slot_rows, a.xs);
-        be.grouped_matmul(a.xs, m.w1, w.b1, a.offsets, a.pre);
-        if (swiglu) be.grouped_matmul(a.xs, m.w3, w.b3, a.offsets, a.up);
-    } else {
-        be.linear(a.a2, m.w1, w.b1, a.pre);
-        if (swiglu) be.linear(a.a2, m.w3, w.b3, a.up);
-    }
-    ffn_activation(a);
-    if (c.is_moe()) {
+        be.grouped_ffn_up(a.xs, m.w1, w.b1, swiglu ? m.w3 : Tensor{}, swiglu ? w.b3 : Tensor{},
+                          a.offsets, c.activation, a.pre, swiglu ? a.up : Tensor{}, a.act);
         be.grouped_matmul(a.act, m.w2, w.b2, a.offsets, a.ys);
         be.moe_combine(a.ys, a.slot_of, a.gates, h);
     } else {
+        be.norm_linear(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2, m.w1, w.b1, a.pre);
+        if (swiglu) be.linear(a.a2, m.w3, w.b3, a.up);
+        ffn_activation(a);
         be.linear(a.act, m.w2, w.b2, h, /*accumulate=*/true);
     }
 }
@@ -566,9 +561,12 @@ Tensor Model::final_norm(const Tensor& h) const {
 }
 
 Tensor Model::logits_of(const Tensor& h) const {
-    const Tensor normed = final_norm(h);
-    Tensor logits = backend_.alloc({h.dim(0), config_.vocab_size});
-    backend_.linear(normed, lm_head_operand(), Tensor{}, logits);
+    const ModelConfig& c = config_;
+    const Tensor normed = backend_.alloc(h.shape(), bf16_storage() ? DType::BF16 : DType::F32);
+    Tensor logits = backend_.alloc({h.dim(0), c.vocab_size});
+    backend_.norm_linear(c.norm_type, h, final_norm_w_, final_norm_b_,
+                         static_cast<float>(c.norm_eps), normed, lm_head_operand(), Tensor{},
+                         logits);
     return logits;
 }
 
