@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/core/errors.h"
@@ -121,6 +122,47 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
         static_cast<uint32_t>(T), static_cast<uint32_t>(H), static_cast<uint32_t>(B));
 }
 
+namespace {
+
+// attention_backward_tiled.comp (the query side) and attention_backward_kv_tiled.comp (the key
+// side) share one shape: workgroup size, queries (or query-head pairs) and keys per tile, and the
+// head_dim bound that sizes their shared tiles (MAX_HEAD_DIM: 32, 64 or 128, so that a small
+// head_dim does not pay for 128-wide tiles). Fixed, with 8 keys per tile at bound 128 so that
+// either shader needs at most 26 KiB: within the 32 KiB of lavapipe and MoltenVK, and the 48 KiB
+// and more of NVIDIA, AMD and Intel.
+constexpr int64_t kBackwardTiledMaxHeadDim = 128;
+struct BackwardTiles {
+    uint32_t wg = 64, queries = 16, keys = 16, max_hd = 32;
+    std::vector<uint32_t> spec() const { return {wg, queries, keys, max_hd}; }
+};
+
+BackwardTiles backward_tiles(int64_t hd) {
+    BackwardTiles tiles;
+    while (tiles.max_hd < hd) tiles.max_hd *= 2;
+    if (tiles.max_hd > 64) tiles.keys = 8;
+    return tiles;
+}
+
+// Bytes of shared memory the larger of the two tiled shaders declares: the arrays at the top of
+// each.
+uint64_t backward_tiled_shared_bytes(const BackwardTiles& tiles) {
+    const uint64_t bq = tiles.queries, bk = tiles.keys, row = tiles.max_hd + 1;
+    const uint64_t query_lanes = tiles.wg / bq, key_lanes = tiles.wg / bk;
+    // q, dO, key and value tiles; dS rows; the lanes' statistics.
+    const uint64_t query_side =
+        2 * bq * row + 2 * bk * row + bq * (bk + query_lanes) + bq * query_lanes * 3;
+    // key, value, q and dO tiles; P and dS rows; the pairs' statistics.
+    const uint64_t key_side = 2 * bk * row + 2 * bq * row + 2 * bk * (bq + key_lanes) + bq * 3;
+    return std::max(query_side, key_side) * 4;
+}
+
+}  // namespace
+
+// Tiled (attention_backward_tiled.comp, attention_backward_kv_tiled.comp) where head_dim and
+// the device's shared memory allow, else one workgroup per query, then per key
+// (attention_backward.comp, attention_backward_kv.comp). Either pair writes the same statistics
+// and follows one fixed summation order, so each is bitwise reproducible; the two differ from
+// each other by rounding only.
 void VulkanBackend::attention_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& d_out, const Tensor& d_q,
                                             const Tensor& d_k, const Tensor& d_v, int64_t window) {
@@ -143,6 +185,19 @@ void VulkanBackend::attention_backward_impl(const Tensor& q, const Tensor& k, co
     // Per (b, h, i): the softmax max m, denominator l and D = sum_j P_ij dP_ij, written by pass
     // 1 and read by pass 2.
     Tensor stats = alloc({B * H * T * 3});
+    const BackwardTiles tiles = backward_tiles(hd);
+    if (hd <= kBackwardTiledMaxHeadDim &&
+        backward_tiled_shared_bytes(tiles) <= ctx_->info().shared_memory_bytes) {
+        run("attention_backward_tiled", tiles.spec(),
+            {in(q), in(k), in(v), in(d_out), inout(d_q), out(stats)}, p,
+            static_cast<uint32_t>((T + tiles.queries - 1) / tiles.queries),
+            static_cast<uint32_t>(H), static_cast<uint32_t>(B));
+        run("attention_backward_kv_tiled", tiles.spec(),
+            {in(q), in(k), in(v), in(d_out), in(stats), inout(d_k), inout(d_v)}, p,
+            static_cast<uint32_t>((T + tiles.keys - 1) / tiles.keys), static_cast<uint32_t>(Hkv),
+            static_cast<uint32_t>(B));
+        return;
+    }
     run("attention_backward", {kBackwardWg, kBackwardChunk},
         {in(q), in(k), in(v), in(d_out), inout(d_q), out(stats)}, p, static_cast<uint32_t>(T),
         static_cast<uint32_t>(H), static_cast<uint32_t>(B));

@@ -2,10 +2,13 @@
 // (backends/vulkan/attention.cpp): the split over key slices for few queries (a long wrapped
 // cache, windows shorter than the split so whole slices are empty), the tiled kernel for many
 // queries (windows, GQA, an odd head_dim, sequences at different starts), and the fallback
-// shader for head_dim 256. Cache slots the contract says are not read hold NaN.
+// shader for head_dim 256. Cache slots the contract says are not read hold NaN. Then the
+// backward's tiled passes and their fallback (VulkanAttentionBackward).
 #ifdef TMX_HAS_VULKAN
 
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
@@ -94,6 +97,78 @@ TEST_F(VulkanAttention, HeadDim256FallsBackForPrefill) {
     check({40, 4, 2, 256, 16, 16, {0, 33}}, 1);
     check({40, 4, 2, 256, 0, 0, {0, 0}}, 1);
     check({1, 4, 1, 256, 200, 300, {777}}, 2);
+}
+
+// attention_backward: the tiled passes (attention_backward_tiled.comp, then
+// attention_backward_kv_tiled.comp) up to head_dim 128, the per-query and per-key shaders
+// beyond. The shared cases (tests/backends/backward_ops_test.cpp) cover windows shorter and
+// longer than a tile, window 0, GQA groups 1, 3 and 4 and sequences that are no multiple of the
+// tiles at head_dim 8 to 64; these add the head_dims with other tile shapes (24 in 32-wide
+// tiles, 128 in 8-key tiles), sequences and windows at a tile's edge, and the fallback.
+class VulkanAttentionBackward : public VulkanTest {
+  protected:
+    struct BackwardCase {
+        int64_t B, T, H, Hkv, hd, window;
+    };
+
+    // Runs the case on both backends and twice more on Vulkan: expects the results within the
+    // reduction tolerance of the CPU's, the repeats bit-identical, and (where the device can
+    // time its commands, which names them) the two shaders `first` then `second`.
+    void check(const BackwardCase& c, const std::string& first, const std::string& second) {
+        SCOPED_TRACE("B,T,H,Hkv,hd,window " + std::to_string(c.B) + "," + std::to_string(c.T) +
+                     "," + std::to_string(c.H) + "," + std::to_string(c.Hkv) + "," +
+                     std::to_string(c.hd) + "," + std::to_string(c.window));
+        const Shape qs{c.B, c.T, c.H, c.hd}, ks{c.B, c.T, c.Hkv, c.hd};
+        const int64_t nq = shape_numel(qs), nk = shape_numel(ks);
+        const auto q = normal(nq, 1.5), k = normal(nk, 1.5), v = normal(nk), d_out = normal(nq);
+        const auto init_q = normal(nq), init_k = normal(nk), init_v = normal(nk);
+        auto run = [&](Backend& be) {
+            Tensor d_q = up(be, init_q, qs), d_k = up(be, init_k, ks), d_v = up(be, init_v, ks);
+            be.attention_backward(up(be, q, qs), up(be, k, ks), up(be, v, ks), up(be, d_out, qs),
+                                  d_q, d_k, d_v, c.window);
+            return std::vector<std::vector<float>>{down(be, d_q), down(be, d_k), down(be, d_v)};
+        };
+        const auto want = run(cpu());
+        std::vector<std::vector<float>> got;
+        if (vk().can_profile()) {
+            vk().synchronize();
+            vk().begin_profile();
+            got = run(vk());
+            const std::vector<Backend::ProfiledCommands> profile = vk().end_profile();
+            std::vector<std::string> shaders;
+            for (const Backend::ProfiledCommands& p : profile)
+                if (p.name.rfind("attention", 0) == 0) shaders.push_back(p.name);
+            EXPECT_EQ(shaders, (std::vector<std::string>{first, second})) << "the path taken";
+        } else {
+            got = run(vk());
+        }
+        const int64_t keys = c.window > 0 ? std::min(c.window, c.T) : c.T;
+        const double tol = reduction_tol(c.hd + (c.H / c.Hkv) * keys);
+        const char* names[] = {"d_q", "d_k", "d_v"};
+        for (int o = 0; o < 3; ++o) EXPECT_TRUE(Close(got[o], want[o], tol)) << names[o];
+        EXPECT_EQ(run(vk()), got) << "a repeat differs";
+    }
+};
+
+TEST_F(VulkanAttentionBackward, TilesMatchCpuAndRepeatBitwise) {
+    SCOPED_TRACE(trace());
+    for (int64_t hd : {24, 128}) {
+        check({2, 45, 8, 2, hd, 0}, "attention_backward_tiled", "attention_backward_kv_tiled");
+        check({1, 70, 4, 4, hd, 9}, "attention_backward_tiled", "attention_backward_kv_tiled");
+        check({2, 33, 8, 2, hd, 40}, "attention_backward_tiled", "attention_backward_kv_tiled");
+    }
+    // Sequences of whole tiles, windows of a tile and one key either side of it.
+    for (int64_t window : {15, 16, 17})
+        check({1, 48, 8, 2, 64, window}, "attention_backward_tiled", "attention_backward_kv_tiled");
+    check({2, 32, 4, 1, 64, 0}, "attention_backward_tiled", "attention_backward_kv_tiled");
+    check({1, 1, 4, 2, 64, 0}, "attention_backward_tiled", "attention_backward_kv_tiled");
+}
+
+// head_dim 256: beyond the tiles, one workgroup per query, then per key.
+TEST_F(VulkanAttentionBackward, HeadDim256FallsBack) {
+    SCOPED_TRACE(trace());
+    check({2, 40, 4, 2, 256, 16}, "attention_backward", "attention_backward_kv");
+    check({1, 19, 4, 4, 256, 0}, "attention_backward", "attention_backward_kv");
 }
 
 }  // namespace
