@@ -107,8 +107,11 @@ class VulkanBackend final : public Backend, public KernelTuning {
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
     // Fused forward ops, fewer dispatches at decoding's few rows (else Backend's sequence):
-    // attention_cached_store with the cache write inside the split path's merge
-    // (attention_combine.comp, attention.cpp).
+    // moe_route as one workgroup (moe_route.comp, moe.cpp); attention_cached_store with the
+    // cache write inside the split path's merge (attention_combine.comp, attention.cpp).
+    void moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
+                        const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
+                        const Tensor& slot_of, const Tensor& xs) override;
     void attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& k_cache, const Tensor& v_cache,
                                      const Tensor& start, const Tensor& out,
