@@ -1,6 +1,7 @@
 // Vulkan attention over a sequence or a chunk plus the rolling KV cache, and the cache write.
 // Three shaders share one contract (shaders/attention_common.glsl), picked by the number of
-// queries: a split over key slices plus a merge for few (decode), query x key tiles in shared
+// queries: a split over key slices plus a merge for few (decode; the merge also writes the
+// cache in attention_cached_store), query x key tiles in shared
 // memory for many (prefill), and one workgroup per query otherwise (attention.comp). The
 // backward recomputes the softmax in two passes: per query (d_q, and the softmax statistics),
 // then per key (d_k, d_v).
@@ -56,6 +57,14 @@ uint32_t split_heads(int64_t group, int64_t hd) {
     return static_cast<uint32_t>(g);
 }
 
+// Whether attention over T queries takes the split path (attention_split.comp, then
+// attention_combine.comp): few queries, and the split's arrays fit the device's shared memory.
+bool takes_split_path(const VulkanBackend::Tuning& tu, uint32_t shared_limit, int64_t T) {
+    const uint64_t split_shared =
+        (kSplitGroupDim + kSplitMaxGroup * (tu.attention_split_keys + 2)) * 4;
+    return T <= tu.attention_split_max_t && split_shared <= shared_limit;
+}
+
 }  // namespace
 
 void VulkanBackend::attention_impl(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -68,6 +77,24 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
                                           const Tensor& k_cache, const Tensor& v_cache,
                                           const Tensor& start, const Tensor& out_t,
                                           int64_t window) {
+    record_attention(q, k, v, k_cache, v_cache, start, out_t, window, /*store=*/false);
+}
+
+void VulkanBackend::attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const Tensor& k_cache, const Tensor& v_cache,
+                                                const Tensor& start, const Tensor& out_t,
+                                                int64_t window) {
+    // The split path's merge stores the chunk too (one dispatch fewer); elsewhere, the sequence.
+    if (q.numel() > 0 && takes_split_path(tuning_, ctx_->info().shared_memory_bytes, q.dim(1)))
+        record_attention(q, k, v, k_cache, v_cache, start, out_t, window, /*store=*/true);
+    else
+        Backend::attention_cached_store_impl(q, k, v, k_cache, v_cache, start, out_t, window);
+}
+
+void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& start, const Tensor& out_t, int64_t window,
+                                     bool store) {
     if (q.numel() == 0) return;
     const bool has_cache = k_cache.defined();
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), Hkv = k.dim(2), hd = q.dim(3);
@@ -76,10 +103,8 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
     const uint32_t shared_limit = ctx_->info().shared_memory_bytes;
     const Tuning& tu = tuning_;
 
-    const uint32_t heads = split_heads(H / Hkv, hd);
-    const uint64_t split_shared =
-        (kSplitGroupDim + kSplitMaxGroup * (tu.attention_split_keys + 2)) * 4;
-    if (T <= tu.attention_split_max_t && split_shared <= shared_limit) {
+    if (takes_split_path(tu, shared_limit, T)) {
+        const uint32_t heads = split_heads(H / Hkv, hd);
         // Every query sees at most this many keys; the slices cover that many.
         const int64_t keys = window > 0 ? std::min(window, S + T) : S + T;
         const int64_t n_split = (keys + tu.attention_split_keys - 1) / tu.attention_split_keys;
@@ -91,11 +116,28 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
         run("attention_split", {tu.attention_split_wg, tu.attention_split_keys},
             {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(partials)}, p, p.n_split,
             static_cast<uint32_t>(H / heads), static_cast<uint32_t>(B * T));
+        // The merge, and with `store` the cache write (B > 0 in its push constants): the
+        // split has read the cache before the merge's barrier, and an invocation per output
+        // element covers the write's B * min(T, S) * Hkv * hd elements too.
         struct {
             uint32_t rows, hd, n_split;
-        } cp{static_cast<uint32_t>(B * T * H), static_cast<uint32_t>(hd), p.n_split};
+            uint32_t B, T, S, row;
+        } cp{static_cast<uint32_t>(B * T * H),
+             static_cast<uint32_t>(hd),
+             p.n_split,
+             store ? static_cast<uint32_t>(B) : 0u,
+             static_cast<uint32_t>(T),
+             static_cast<uint32_t>(S),
+             static_cast<uint32_t>(Hkv * hd)};
+        // Without `store`, the write's bindings are the dummy, bound as read (the merge
+        // writes nothing there, and a written dummy would order later commands after it).
+        const auto read = [&](const Tensor& t) { return in(store ? t : Tensor{}); };
+        const auto written = [&](const Tensor& t) { return store ? out(t) : in(Tensor{}); };
         auto [gx, gy] = grid(static_cast<uint64_t>(B * T * H * hd), tu.elementwise_wg);
-        run("attention_combine", {tu.elementwise_wg}, {in(partials), out(out_t)}, cp, gx, gy);
+        run("attention_combine", {tu.elementwise_wg},
+            {in(partials), out(out_t), read(k), read(v), written(k_cache), written(v_cache),
+             read(start)},
+            cp, gx, gy);
         return;
     }
 

@@ -1,5 +1,6 @@
 // Vulkan mixture-of-experts ops: router top-k with gates, grouping slots by expert on the
-// device, combining expert outputs, and the load-balancing loss.
+// device (and both with the gather of the tokens' rows, as one dispatch at decoding's few
+// rows), combining expert outputs, and the load-balancing loss.
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/core/errors.h"
 
@@ -9,6 +10,10 @@ namespace {
 constexpr int64_t kMaxExperts = 1024;  // moe_group.comp, router_aux_loss.comp, router_backward
 // router_backward.comp's rows (one per invocation) per workgroup.
 constexpr uint32_t kRouterRowWg = 64;
+// moe_route.comp, one workgroup for the whole routing: a row per invocation for the top-k (so
+// at most one row per invocation of the smallest group_wg, 128: no row waits for another),
+// and its shared arrays' slots (MAX_SLOTS). Decoding's batches are far below both.
+constexpr int64_t kRouteMaxRows = 64, kRouteMaxSlots = 512;
 
 void check_experts(const char* op, int64_t E) {
     if (E > kMaxExperts)
@@ -39,6 +44,27 @@ void VulkanBackend::moe_group_impl(const Tensor& indices, int64_t n_experts, con
         static_cast<uint32_t>(n_experts)};
     run("moe_group", {tuning_.group_wg},
         {in(indices), out(offsets), out(slot_rows), out(slot_of), stream_->status_binding()}, p, 1);
+}
+
+void VulkanBackend::moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
+                                   const Tensor& gates, const Tensor& offsets,
+                                   const Tensor& slot_rows, const Tensor& slot_of,
+                                   const Tensor& xs) {
+    const int64_t N = logits.dim(0), E = logits.dim(1), k = indices.dim(1);
+    // Beyond these, the sequence: router_topk's rows in parallel, moe_group's error for too
+    // many experts, gather_rows' reading of x in other formats.
+    if (N > kRouteMaxRows || N * k > kRouteMaxSlots || E > kMaxExperts || x.dtype() != DType::F32) {
+        Backend::moe_route_impl(logits, x, indices, gates, offsets, slot_rows, slot_of, xs);
+        return;
+    }
+    struct {
+        uint32_t N, E, k, d;
+    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(E), static_cast<uint32_t>(k),
+        static_cast<uint32_t>(x.dim(1))};
+    run("moe_route", {tuning_.group_wg},
+        {in(logits), in(x), out(indices), out(gates), out(offsets), out(slot_rows), out(slot_of),
+         out(xs)},
+        p, 1);
 }
 
 void VulkanBackend::moe_combine_impl(const Tensor& expert_out, const Tensor& slot_of,

@@ -106,6 +106,16 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // weights are on).
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
+    // Fused forward ops, fewer dispatches at decoding's few rows (else Backend's sequence):
+    // moe_route as one workgroup (moe_route.comp, moe.cpp); attention_cached_store with the
+    // cache write inside the split path's merge (attention_combine.comp, attention.cpp).
+    void moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
+                        const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
+                        const Tensor& slot_of, const Tensor& xs) override;
+    void attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& start, const Tensor& out,
+                                     int64_t window) override;
     // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
     // Deterministic: no float atomics, every sum in a fixed order.
     TMX_BACKEND_TRAINING_OP_OVERRIDES
@@ -133,6 +143,11 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // matmul() and linear(): with b_is_weight, b is read through weight().
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                       const Tensor& bias, bool b_is_weight);
+    // attention_cached on the path the query count picks; with `store` (on the split path
+    // only, attention.cpp's takes_split_path) its merge also does kv_cache_write.
+    void record_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                          const Tensor& v_cache, const Tensor& start, const Tensor& out,
+                          int64_t window, bool store);
 
     // The variant a tunable call of `kernel` runs with (the tuning table's choice at the
     // kernel's shape of the call), logged while call_log_ is set.

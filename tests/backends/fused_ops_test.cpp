@@ -38,8 +38,7 @@ class FusedOps : public BackendPairTest {
             } else {
                 std::vector<uint8_t> bytes(
                     static_cast<size_t>(dtype_bytes(t, static_cast<int64_t>(values.size()))));
-                encode_weights(t, values.data(), static_cast<int64_t>(values.size()),
-                               bytes.data());
+                encode_weights(t, values.data(), static_cast<int64_t>(values.size()), bytes.data());
                 decode_weights(t, bytes.data(), static_cast<int64_t>(values.size()),
                                decoded.data());
             }
@@ -71,10 +70,10 @@ TEST_P(FusedOps, NormLinearIsTheNormThenTheLinear) {
                 if (!training && t != DType::F32) continue;
                 for (int64_t N : {1, 2, 5, 16, 40}) {
                     for (bool with_bias : {false, true}) {
-                        SCOPED_TRACE(std::string(type == NormType::LayerNorm ? "layernorm"
-                                                                             : "rmsnorm") +
-                                     (training ? " training " : " inference ") + to_string(t) +
-                                     " N " + std::to_string(N) + (with_bias ? " bias" : ""));
+                        SCOPED_TRACE(
+                            std::string(type == NormType::LayerNorm ? "layernorm" : "rmsnorm") +
+                            (training ? " training " : " inference ") + to_string(t) + " N " +
+                            std::to_string(N) + (with_bias ? " bias" : ""));
                         Backend::ModeScope mode(be(), {.training = training});
                         const auto x = normal(N * d, 2.0), g = normal(d), beta = normal(d),
                                    w = normal(out * d, 0.3), bias = normal(out);
@@ -97,25 +96,36 @@ TEST_P(FusedOps, NormLinearIsTheNormThenTheLinear) {
 
 TEST_P(FusedOps, AttentionCachedStoreAttendsThenStoresTheChunk) {
     SCOPED_TRACE(trace());
-    const int64_t B = 2, H = 4, Hkv = 2, hd = 16;
+    const int64_t B = 2, H = 4, hd = 16;
     struct Case {
-        int64_t T, S, window;
+        int64_t T, S, window, Hkv;
     };
-    // One token and a chunk; a window shorter than the cache, and none (the cache then holds
-    // every earlier position); positions before and after the cache wraps.
-    for (const Case c : {Case{1, 8, 6}, Case{3, 8, 6}, Case{1, 40, 0}, Case{4, 40, 0}}) {
+    // One token and a few (Vulkan: the split path, whose merge stores the chunk; T <= 4 by
+    // default), a chunk between the paths and a prefill's (the sequence); a window shorter
+    // than the cache, and none (the cache then holds every earlier position); positions before
+    // and after the cache wraps; chunks longer than the cache (only their last S positions
+    // stay); as many kv heads as query heads (as many cache elements to write as outputs).
+    for (const Case c : {Case{1, 8, 6, 2}, Case{3, 8, 6, 2}, Case{1, 40, 0, 2}, Case{4, 40, 0, 2},
+                         Case{4, 2, 3, 2}, Case{3, 2, 0, 2}, Case{4, 3, 4, 4}, Case{2, 40, 0, 4},
+                         Case{8, 40, 0, 2}, Case{16, 8, 6, 2}, Case{16, 40, 0, 4}}) {
+        const int64_t Hkv = c.Hkv;
         for (int rep = 0; rep < 3; ++rep) {
-            const int32_t max_start = static_cast<int32_t>(c.window > 0 ? 30 : c.S - c.T);
+            // Without a window the cache must hold every earlier position: start <= S (and
+            // start + T <= S when the chunk fits, as decoding keeps it).
+            const int32_t max_start = static_cast<int32_t>(c.window > 0 ? 30
+                                                           : c.T > c.S  ? c.S
+                                                                        : c.S - c.T);
             const std::vector<int32_t> start = ints(B, 0, max_start + 1);
             SCOPED_TRACE("T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " window " +
-                         std::to_string(c.window) + " start " + std::to_string(start[0]) + ", " +
-                         std::to_string(start[1]));
+                         std::to_string(c.window) + " Hkv " + std::to_string(Hkv) + " start " +
+                         std::to_string(start[0]) + ", " + std::to_string(start[1]));
             const auto q = normal(B * c.T * H * hd), k = normal(B * c.T * Hkv * hd),
                        v = normal(B * c.T * Hkv * hd), kc = normal(B * c.S * Hkv * hd),
                        vc = normal(B * c.S * Hkv * hd);
             const int64_t keys = c.window > 0 ? c.window : c.S + c.T;
             expect_matches_cpu([&](Backend& b) {
-                Tensor k_cache = up(b, kc, {B, c.S, Hkv, hd}), v_cache = up(b, vc, {B, c.S, Hkv, hd});
+                Tensor k_cache = up(b, kc, {B, c.S, Hkv, hd}),
+                       v_cache = up(b, vc, {B, c.S, Hkv, hd});
                 Tensor o = poisoned(b, {B, c.T, H, hd});
                 b.attention_cached_store(up(b, q, {B, c.T, H, hd}), up(b, k, {B, c.T, Hkv, hd}),
                                          up(b, v, {B, c.T, Hkv, hd}), k_cache, v_cache,
@@ -135,25 +145,36 @@ TEST_P(FusedOps, MoeRouteIsTopKThenGroupThenGather) {
     struct Case {
         int64_t N, E, k;
     };
-    for (const Case c : {Case{1, 8, 2}, Case{3, 8, 2}, Case{8, 4, 1}, Case{16, 8, 2},
-                         Case{37, 8, 2}, Case{200, 16, 4}}) {
-        SCOPED_TRACE("N " + std::to_string(c.N) + " E " + std::to_string(c.E) + " k " +
-                     std::to_string(c.k));
-        const auto logits = normal(c.N * c.E), x = normal(c.N * d);
-        expect_matches_cpu([&](Backend& b) {
-            const int64_t slots = c.N * c.k;
-            Tensor idx = poisoned_ids(b, {c.N, c.k}), gates = poisoned(b, {c.N, c.k});
-            Tensor offsets = poisoned_ids(b, {c.E + 1}), rows = poisoned_ids(b, {slots}),
-                   slot_of = poisoned_ids(b, {slots}), xs = poisoned(b, {slots, d});
-            b.moe_route(up(b, logits, {c.N, c.E}), up(b, x, {c.N, d}), idx, gates, offsets, rows,
-                        slot_of, xs);
-            return Outputs{{"indices", as_floats(down_ids(b, idx)), 0.0},
-                           {"gates", down(b, gates), kElementwiseTol},
-                           {"offsets", as_floats(down_ids(b, offsets)), 0.0},
-                           {"slot_rows", as_floats(down_ids(b, rows)), 0.0},
-                           {"slot_of", as_floats(down_ids(b, slot_of)), 0.0},
-                           {"xs", down(b, xs), 0.0}};
-        });
+    // Decoding's few rows (Vulkan: one workgroup for N <= 64 rows and N * k <= 512 slots) and
+    // a prefill's; each limit exactly and one past it; many experts; every expert chosen
+    // (k = E); one expert.
+    for (const Case c :
+         {Case{1, 8, 2}, Case{3, 8, 2}, Case{8, 4, 1}, Case{16, 8, 2}, Case{37, 8, 2},
+          Case{200, 16, 4}, Case{64, 8, 2}, Case{65, 8, 2}, Case{64, 8, 8}, Case{57, 16, 9},
+          Case{4, 1024, 8}, Case{3, 6, 6}, Case{5, 1, 1}}) {
+        // Random logits, and logits of a few values, tied within every row (ties go to the
+        // lower index; tied gates are equal).
+        for (bool tied : {false, true}) {
+            SCOPED_TRACE("N " + std::to_string(c.N) + " E " + std::to_string(c.E) + " k " +
+                         std::to_string(c.k) + (tied ? " tied" : ""));
+            std::vector<float> logits = normal(c.N * c.E);
+            if (tied) logits = as_floats(ints(c.N * c.E, -1, 2));
+            const auto x = normal(c.N * d);
+            expect_matches_cpu([&](Backend& b) {
+                const int64_t slots = c.N * c.k;
+                Tensor idx = poisoned_ids(b, {c.N, c.k}), gates = poisoned(b, {c.N, c.k});
+                Tensor offsets = poisoned_ids(b, {c.E + 1}), rows = poisoned_ids(b, {slots}),
+                       slot_of = poisoned_ids(b, {slots}), xs = poisoned(b, {slots, d});
+                b.moe_route(up(b, logits, {c.N, c.E}), up(b, x, {c.N, d}), idx, gates, offsets,
+                            rows, slot_of, xs);
+                return Outputs{{"indices", as_floats(down_ids(b, idx)), 0.0},
+                               {"gates", down(b, gates), kElementwiseTol},
+                               {"offsets", as_floats(down_ids(b, offsets)), 0.0},
+                               {"slot_rows", as_floats(down_ids(b, rows)), 0.0},
+                               {"slot_of", as_floats(down_ids(b, slot_of)), 0.0},
+                               {"xs", down(b, xs), 0.0}};
+            });
+        }
     }
 }
 
@@ -168,11 +189,10 @@ TEST_P(FusedOps, GroupedFfnUpIsTheProductsThenTheActivation) {
         const std::vector<int32_t> offsets = expert_offsets(counts);
         const int64_t S = offsets.back();
         for (bool swiglu : {false, true}) {
-            for (Activation act : swiglu ? std::vector<Activation>{Activation::Silu}
-                                         : std::vector<Activation>{Activation::Gelu,
-                                                                   Activation::Silu,
-                                                                   Activation::Relu,
-                                                                   Activation::Relu2}) {
+            for (Activation act :
+                 swiglu ? std::vector<Activation>{Activation::Silu}
+                        : std::vector<Activation>{Activation::Gelu, Activation::Silu,
+                                                  Activation::Relu, Activation::Relu2}) {
                 for (bool training : {true, false}) {
                     for (DType t : formats()) {
                         if (!training && t != DType::F32) continue;
@@ -189,12 +209,11 @@ TEST_P(FusedOps, GroupedFfnUpIsTheProductsThenTheActivation) {
                         expect_matches_cpu([&](Backend& b) {
                             Tensor pre = poisoned(b, {S, Nout}), out = poisoned(b, {S, Nout});
                             Tensor upv = swiglu ? poisoned(b, {S, Nout}) : Tensor{};
-                            b.grouped_ffn_up(
-                                up(b, x, {S, K}), weight_on(b, t, w1, {E, Nout, K}),
-                                with_bias ? up(b, b1, {E, Nout}) : Tensor{},
-                                swiglu ? weight_on(b, t, w3, {E, Nout, K}) : Tensor{},
-                                swiglu && with_bias ? up(b, b3, {E, Nout}) : Tensor{},
-                                up_ids(b, offsets, {E + 1}), act, pre, upv, out);
+                            b.grouped_ffn_up(up(b, x, {S, K}), weight_on(b, t, w1, {E, Nout, K}),
+                                             with_bias ? up(b, b1, {E, Nout}) : Tensor{},
+                                             swiglu ? weight_on(b, t, w3, {E, Nout, K}) : Tensor{},
+                                             swiglu && with_bias ? up(b, b3, {E, Nout}) : Tensor{},
+                                             up_ids(b, offsets, {E + 1}), act, pre, upv, out);
                             Outputs o{{"pre", down(b, pre), tol}};
                             if (swiglu) o.push_back({"up", down(b, upv), tol});
                             // The activation of a value within tol has a slope of at most

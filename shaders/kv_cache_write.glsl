@@ -1,0 +1,29 @@
+// The rolling cache write (Backend::kv_cache_write), shared by kv_cache_write.comp and
+// attention_combine.comp (which stores the chunk in the dispatch after the split has read the
+// cache). Position start[b] + t goes to slot (start[b] + t) mod S; only the chunk's last
+// min(T, S) positions are written, so no two invocations write one slot.
+//
+// Define KV_WRITE_BINDING (the first of five bindings: k, v, k_cache, v_cache, start) before
+// including; the push constants `pc` need off_k, off_v, off_kc, off_vc, off_start and
+// B, T, S, row (floats per position: Hkv * head_dim).
+
+layout(std430, binding = KV_WRITE_BINDING) readonly buffer K { float k[]; };
+layout(std430, binding = KV_WRITE_BINDING + 1) readonly buffer V { float v[]; };
+layout(std430, binding = KV_WRITE_BINDING + 2) writeonly buffer KC { float kc[]; };
+layout(std430, binding = KV_WRITE_BINDING + 3) writeonly buffer VC { float vc[]; };
+layout(std430, binding = KV_WRITE_BINDING + 4) readonly buffer Start { int start[]; };
+
+// Elements the write stores: one invocation each.
+uint kv_write_elements() { return pc.B * min(pc.T, pc.S) * pc.row; }
+
+// Stores element idx < kv_write_elements().
+void kv_write(uint idx) {
+    const uint written = min(pc.T, pc.S);
+    const uint e = idx % pc.row;
+    const uint bt = idx / pc.row;
+    const uint b = bt / written, t = pc.T - written + bt % written;
+    const uint slot = (uint(start[pc.off_start + b]) + t) % pc.S;
+    const uint src = (b * pc.T + t) * pc.row + e, dst = (b * pc.S + slot) * pc.row + e;
+    kc[pc.off_kc + dst] = k[pc.off_k + src];
+    vc[pc.off_vc + dst] = v[pc.off_v + src];
+}
