@@ -106,6 +106,12 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // weights are on).
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
+    // One dispatch where the linear is a matrix-vector product (decoding's few rows): the
+    // product normalizes x's rows as it reads them (matmul_gemv.comp's norm prologue); the
+    // sequence elsewhere.
+    void norm_linear_impl(NormType type, const Tensor& x, const Tensor& norm_weight,
+                          const Tensor& norm_bias, float eps, const Tensor& normed, const Tensor& w,
+                          const Tensor& b, const Tensor& y) override;
     // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
     // Deterministic: no float atomics, every sum in a fixed order.
     TMX_BACKEND_TRAINING_OP_OVERRIDES
@@ -130,9 +136,21 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // A matmul weight: its fp16 copy if it is f32 and fp16 weights are on (converted now if it
     // has none), else stored_weight(w).
     WeightBinding weight(const Tensor& w, std::string& shader);
-    // matmul() and linear(): with b_is_weight, b is read through weight().
+    // A norm the matrix-vector product applies to a's rows as it reads them, also writing
+    // them to `normed` (norm_linear; bias: layernorm's, or undefined).
+    struct NormPrologue {
+        NormType type;
+        const Tensor& weight;
+        const Tensor& bias;
+        float eps;
+        const Tensor& normed;
+    };
+    // Whether dense_matmul runs a product of M rows as matrix-vector products.
+    static bool dense_gemv(int64_t M);
+    // matmul() and linear(): with b_is_weight, b is read through weight(). A norm prologue
+    // only where dense_gemv(M) and in dot mode (opts.trans_b, !opts.trans_a).
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
-                      const Tensor& bias, bool b_is_weight);
+                      const Tensor& bias, bool b_is_weight, const NormPrologue* norm = nullptr);
 
     // The variant a tunable call of `kernel` runs with (the tuning table's choice at the
     // kernel's shape of the call), logged while call_log_ is set.
