@@ -70,11 +70,35 @@ void store(uint m, uint n, float r) {
 // The prologue's statistics of this workgroup's rows m0 + m, m < MMAX (mean 0 for RMSNorm).
 float row_mean[MMAX], row_rstd[MMAX];
 
-// Each invocation sums its strided share of each row, then reduce_parts() sums the shares (all
-// rows at once): the same order in every workgroup, so each gets the same bits.
+// Sums v[m], m < mc, over the workgroup in a fixed order with two barriers (a tree would take
+// log2(WG), each a cost where barriers are slow, as on lavapipe, and every workgroup pays it):
+// the invocations' values in runs of STAT_RUN, each run summed by one invocation into its
+// first place, then the runs' sums, which every invocation reads in the same order. part[] is
+// free again after the next barrier.
+const uint STAT_RUN = WG < 16 ? WG : 16;  // the candidates' WG 32 .. 256: 2 .. 16 runs
+void sum_rows(inout float v[MMAX], uint mc) {
+    const uint t = gl_LocalInvocationID.x, runs = WG / STAT_RUN;
+    for (uint m = 0; m < mc; ++m) part[m * WG + t] = v[m];
+    barrier();
+    for (uint j = t; j < mc * runs; j += WG) {  // one pass unless WG < 4
+        const uint first = (j / runs) * WG + (j % runs) * STAT_RUN;
+        float s = 0.0;
+        for (uint i = 0; i < STAT_RUN; ++i) s += part[first + i];
+        part[first] = s;
+    }
+    barrier();
+    for (uint m = 0; m < mc; ++m) {
+        float s = 0.0;
+        for (uint r = 0; r < runs; ++r) s += part[m * WG + r * STAT_RUN];
+        v[m] = s;
+    }
+}
+
+// Each invocation sums its strided share of each row, then sum_rows() sums the shares (all rows
+// at once): the same order in every workgroup, so each gets the same bits.
 void norm_statistics(uint m0, uint mc) {
     const uint t = gl_LocalInvocationID.x;
-    float acc[PARTS];
+    float acc[MMAX];
     for (uint m = 0; m < MMAX; ++m) row_mean[m] = 0.0;
     if (pc.norm == NORM_LAYER) {
         for (uint m = 0; m < mc; ++m) {
@@ -84,9 +108,9 @@ void norm_statistics(uint m0, uint mc) {
             for (uint k = t; k < pc.K; k += WG) s += a[row + k * pc.a_sk] - shift;
             acc[m] = s;
         }
-        reduce_parts(acc, mc);
+        sum_rows(acc, mc);
         for (uint m = 0; m < mc; ++m)
-            row_mean[m] = norm_mean(a[pc.off_a + (m0 + m) * pc.a_sm], reduced(m), pc.K);
+            row_mean[m] = norm_mean(a[pc.off_a + (m0 + m) * pc.a_sm], acc[m], pc.K);
         barrier();  // part[] is free for the next sums
     }
     for (uint m = 0; m < mc; ++m) {
@@ -98,8 +122,8 @@ void norm_statistics(uint m0, uint mc) {
         }
         acc[m] = sq;
     }
-    reduce_parts(acc, mc);
-    for (uint m = 0; m < mc; ++m) row_rstd[m] = norm_rstd(reduced(m), pc.K, pc.eps);
+    sum_rows(acc, mc);
+    for (uint m = 0; m < mc; ++m) row_rstd[m] = norm_rstd(acc[m], pc.K, pc.eps);
     barrier();
 }
 
