@@ -125,17 +125,16 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
                            .reduced_weights = b_read.reduced};
 
     if (gemv) {
-        // The norm prologue's operands follow (dummies without one; matmul_gemv.comp's NORM_*).
+        // The norm prologue's operands follow; without one, dummies, and `out` again in
+        // normed's place: the shader declares it written, and a validation layer counts a
+        // writable binding as written (a dummy there would then race with its other readers).
         const Tensor none;
+        const uint32_t norm_mode = !norm ? 0u : norm->type == NormType::RmsNorm ? 1u : 2u;
         struct {
             decltype(p) base;
-            uint32_t dot_mode, norm;
+            uint32_t dot_mode, norm;  // matmul_gemv.comp's NORM_*
             float eps;
-        } pg{p, opts.trans_b ? 1u : 0u,
-             !norm                             ? 0u
-             : norm->type == NormType::RmsNorm ? 1u
-                                               : 2u,
-             norm ? norm->eps : 0.0f};
+        } pg{p, opts.trans_b ? 1u : 0u, norm_mode, norm ? norm->eps : 0.0f};
         const vk::Variant v = choose(vk::Kernel::MatmulGemv, call);
         const std::vector<uint32_t> spec = gemv_module(v, "matmul_gemv", shader);
         const uint32_t wg = spec[0], rows = spec[1];
@@ -143,7 +142,7 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         auto [gx, gy] = grid(groups, 1);
         run(shader, spec,
             {in(a), b_read.binding, in(bias), o, in(norm ? norm->weight : none),
-             in(norm ? norm->bias : none), norm ? out(norm->normed) : in(none)},
+             in(norm ? norm->bias : none), norm ? out(norm->normed) : o},
             pg, gx, gy, ceil_div(M, kGemvRowsPerGroup));
         return;
     }
