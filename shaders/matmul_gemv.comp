@@ -10,6 +10,14 @@
 //     (8 with 16-bit weights, 4 with Q8_0) instead of four.
 //   column mode (b's n contiguous): one invocation per output column, looping over k.
 // Also built reading b in 16- and 8-bit formats (weights.glsl).
+//
+// Norm prologue (push constant `norm`, dot mode only; the host's norm_linear at decoding's few
+// rows): a is the norm's input x, and the product reads norm(x) instead. Each workgroup first
+// computes its rows' statistics (norm_stats.glsl's formulas, summed in a fixed order, so every
+// workgroup gets the same bits), then normalizes each value of a as its main loop reads it;
+// the workgroup with group index 0 of each row block also writes the normalized rows to
+// `normed` [M, K] (its main loop visits every k of its rows once). One dispatch instead of a
+// norm's and a product's, and no wait between them.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #ifdef TMX_GEMV_SUBGROUP
@@ -26,25 +34,97 @@ const uint MMAX = 4;                         // rows of a per workgroup
 const uint PARTS = MMAX * NR;
 shared float part[PARTS * WG];
 #include "gemv_reduce.glsl"
+#include "norm_stats.glsl"
 
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 0) readonly buffer A4 { vec4 a4[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) buffer Out { float o[]; };
+// The norm prologue's operands (dummies without it): the norm's weight and bias [K], normed [M, K].
+layout(std430, binding = 4) readonly buffer NormWeight { float norm_w[]; };
+layout(std430, binding = 4) readonly buffer NormWeight4 { vec4 norm_w4[]; };
+layout(std430, binding = 5) readonly buffer NormBias { float norm_b[]; };
+layout(std430, binding = 5) readonly buffer NormBias4 { vec4 norm_b4[]; };
+layout(std430, binding = 6) writeonly buffer Normed { float normed[]; };
+layout(std430, binding = 6) writeonly buffer Normed4 { vec4 normed4[]; };
+
+const uint NORM_NONE = 0, NORM_RMS = 1, NORM_LAYER = 2;
 
 layout(push_constant) uniform Push {
-    uint off_a, off_b, off_bias, off_o;
+    uint off_a, off_b, off_bias, off_o, off_norm_w, off_norm_b, off_normed;
     uint M, N, K;
     uint a_sm, a_sk, b_sk, b_sn;
     uint has_bias, accumulate;
     uint b_adjust;  // weights.glsl
     uint dot_mode;
+    uint norm;  // NORM_*: the prologue (dot mode only)
+    float eps;  // the norm's
 } pc;
 
 void store(uint m, uint n, float r) {
     if (pc.has_bias != 0) r += bias[pc.off_bias + n];
     const uint at = pc.off_o + m * pc.N + n;
     o[at] = pc.accumulate != 0 ? o[at] + r : r;
+}
+
+// The prologue's statistics of this workgroup's rows m0 + m, m < MMAX (mean 0 for RMSNorm).
+float row_mean[MMAX], row_rstd[MMAX];
+
+// Sums v[m], m < mc, over the workgroup in a fixed order with two barriers (a tree would take
+// log2(WG), each a cost where barriers are slow, as on lavapipe, and every workgroup pays it):
+// the invocations' values in runs of STAT_RUN, each run summed by one invocation into its
+// first place, then the runs' sums, which every invocation reads in the same order. part[] is
+// free again after the next barrier.
+const uint STAT_RUN = WG < 16 ? WG : 16;  // the candidates' WG 32 .. 256: 2 .. 16 runs
+void sum_rows(inout float v[MMAX], uint mc) {
+    const uint t = gl_LocalInvocationID.x, runs = WG / STAT_RUN;
+    for (uint m = 0; m < mc; ++m) part[m * WG + t] = v[m];
+    barrier();
+    for (uint j = t; j < mc * runs; j += WG) {  // one pass unless WG < 4
+        const uint first = (j / runs) * WG + (j % runs) * STAT_RUN;
+        float s = 0.0;
+        for (uint i = 0; i < STAT_RUN; ++i) s += part[first + i];
+        part[first] = s;
+    }
+    barrier();
+    for (uint m = 0; m < mc; ++m) {
+        float s = 0.0;
+        for (uint r = 0; r < runs; ++r) s += part[m * WG + r * STAT_RUN];
+        v[m] = s;
+    }
+}
+
+// Each invocation sums its strided share of each row, then sum_rows() sums the shares (all rows
+// at once): the same order in every workgroup, so each gets the same bits.
+void norm_statistics(uint m0, uint mc) {
+    const uint t = gl_LocalInvocationID.x;
+    float acc[MMAX];
+    for (uint m = 0; m < MMAX; ++m) row_mean[m] = 0.0;
+    if (pc.norm == NORM_LAYER) {
+        for (uint m = 0; m < mc; ++m) {
+            const uint row = pc.off_a + (m0 + m) * pc.a_sm;
+            const float shift = a[row];
+            float s = 0.0;
+            for (uint k = t; k < pc.K; k += WG) s += a[row + k * pc.a_sk] - shift;
+            acc[m] = s;
+        }
+        sum_rows(acc, mc);
+        for (uint m = 0; m < mc; ++m)
+            row_mean[m] = norm_mean(a[pc.off_a + (m0 + m) * pc.a_sm], acc[m], pc.K);
+        barrier();  // part[] is free for the next sums
+    }
+    for (uint m = 0; m < mc; ++m) {
+        const uint row = pc.off_a + (m0 + m) * pc.a_sm;
+        float sq = 0.0;
+        for (uint k = t; k < pc.K; k += WG) {
+            const float c = a[row + k * pc.a_sk] - row_mean[m];
+            sq += c * c;
+        }
+        acc[m] = sq;
+    }
+    sum_rows(acc, mc);
+    for (uint m = 0; m < mc; ++m) row_rstd[m] = norm_rstd(acc[m], pc.K, pc.eps);
+    barrier();
 }
 
 void main() {
@@ -66,18 +146,31 @@ void main() {
 
     const uint n0 = group_index() * NR;
     if (n0 >= pc.N) return;  // uniform: the whole workgroup leaves
+    const bool norm = pc.norm != NORM_NONE, bias_norm = pc.norm == NORM_LAYER;
+    const bool writes_normed = norm && group_index() == 0;
+    if (norm) norm_statistics(m0, mc);
     float acc[PARTS];
     for (uint q = 0; q < PARTS; ++q) acc[q] = 0.0;
     // b's rows start at element n * b_sn (b_sn = K); a's at off_a + m * a_sm.
+    // (normed's rows are K long: with K % 4 == 0 they start on multiples of 4 as it does.)
     const bool by_four = pc.K % 4 == 0 && weight4_ok(wb) && pc.a_sk == 1 &&
-                         pc.off_a % 4 == 0 && (pc.M == 1 || pc.a_sm % 4 == 0);
+                         pc.off_a % 4 == 0 && (pc.M == 1 || pc.a_sm % 4 == 0) &&
+                         (!norm || (pc.off_norm_w % 4 == 0 && pc.off_normed % 4 == 0 &&
+                                    (!bias_norm || pc.off_norm_b % 4 == 0)));
     if (by_four) {  // uniform
         for (uint k4 = t; k4 < pc.K / 4; k4 += WG) {
             vec4 bv[NR];
             for (uint r = 0; r < NR; ++r)
                 bv[r] = n0 + r < pc.N ? weight4_at(wb, (n0 + r) * pc.b_sn + 4 * k4) : vec4(0);
+            const vec4 gv = norm ? norm_w4[pc.off_norm_w / 4 + k4] : vec4(0);
+            const vec4 betav = bias_norm ? norm_b4[pc.off_norm_b / 4 + k4] : vec4(0);
             for (uint m = 0; m < mc; ++m) {
-                const vec4 av = a4[(pc.off_a + (m0 + m) * pc.a_sm) / 4 + k4];
+                vec4 av = a4[(pc.off_a + (m0 + m) * pc.a_sm) / 4 + k4];
+                if (norm) {
+                    av = norm_scale(av, row_mean[m], row_rstd[m], gv);
+                    if (bias_norm) av += betav;
+                    if (writes_normed) normed4[(pc.off_normed + (m0 + m) * pc.K) / 4 + k4] = av;
+                }
                 for (uint r = 0; r < NR; ++r) acc[m * NR + r] += dot(av, bv[r]);
             }
         }
@@ -86,8 +179,15 @@ void main() {
             float bv[NR];
             for (uint r = 0; r < NR; ++r)
                 bv[r] = n0 + r < pc.N ? weight_at(wb, k + (n0 + r) * pc.b_sn) : 0.0;
+            const float gv = norm ? norm_w[pc.off_norm_w + k] : 0.0;
+            const float betav = bias_norm ? norm_b[pc.off_norm_b + k] : 0.0;
             for (uint m = 0; m < mc; ++m) {
-                const float av = a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk];
+                float av = a[pc.off_a + (m0 + m) * pc.a_sm + k * pc.a_sk];
+                if (norm) {
+                    av = norm_scale(av, row_mean[m], row_rstd[m], gv);
+                    if (bias_norm) av += betav;
+                    if (writes_normed) normed[pc.off_normed + (m0 + m) * pc.K + k] = av;
+                }
                 for (uint r = 0; r < NR; ++r) acc[m * NR + r] += av * bv[r];
             }
         }

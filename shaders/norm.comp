@@ -1,6 +1,5 @@
 // LayerNorm (mean and biased variance) or RMSNorm over each row of x [N, d]; one workgroup per
-// row. Two passes (mean, then the centred squares) keep the variance accurate when the mean is
-// large against the spread.
+// row; the formulas in norm_stats.glsl.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -9,6 +8,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;
 shared float red[WG];
 #include "reduce.glsl"
+#include "norm_stats.glsl"
 
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W { float w[]; };
@@ -29,21 +29,19 @@ void main() {
     const uint base = pc.off_x + row * pc.d;
     float mean = 0.0;
     if (pc.layernorm != 0) {
-        // Summed relative to the row's first element: the differences are exact when the
-        // values are close (large mean), so the sum does not lose the spread's digits.
         const float shift = x[base];
         float s = 0.0;
         for (uint i = t; i < pc.d; i += WG) s += x[base + i] - shift;
-        mean = shift + reduce_sum(s) / float(pc.d);
+        mean = norm_mean(shift, reduce_sum(s), pc.d);
     }
     float sq = 0.0;
     for (uint i = t; i < pc.d; i += WG) {
         const float c = x[base + i] - mean;
         sq += c * c;
     }
-    const float rstd = 1.0 / sqrt(reduce_sum(sq) / float(pc.d) + pc.eps);
+    const float rstd = norm_rstd(reduce_sum(sq), pc.d, pc.eps);
     for (uint i = t; i < pc.d; i += WG) {
-        float v = (x[base + i] - mean) * rstd * w[pc.off_w + i];
+        float v = norm_scale(x[base + i], mean, rstd, w[pc.off_w + i]);
         if (pc.layernorm != 0) v += b[pc.off_b + i];
         o[pc.off_o + row * pc.d + i] = v;
     }

@@ -86,17 +86,23 @@ void VulkanBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& 
     dense_matmul(x, w, y, {.trans_b = true, .accumulate = accumulate}, b, /*b_is_weight=*/true);
 }
 
+bool VulkanBackend::dense_gemv(int64_t M) {
+    return M <= kGemvMaxRows;
+}
+
 void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out_t,
-                                 MatmulOptions opts, const Tensor& bias, bool b_is_weight) {
+                                 MatmulOptions opts, const Tensor& bias, bool b_is_weight,
+                                 const NormPrologue* norm) {
     const int64_t M = out_t.dim(0), N = out_t.dim(1);
     const int64_t K = opts.trans_a ? a.dim(0) : a.dim(1);
+    if (norm && (!dense_gemv(M) || opts.trans_a || !opts.trans_b))
+        throw std::logic_error("Vulkan: a norm prologue needs a matrix-vector product in dot mode");
     if (M == 0 || N == 0) return;
-    const bool gemv = M <= kGemvMaxRows;
+    const bool gemv = dense_gemv(M);
     std::string shader = gemv ? "matmul_gemv" : "matmul";
     // A linear layer's weight is the one operand that may be in another format than fp32.
     const WeightBinding b_read = b_is_weight ? weight(b, shader) : WeightBinding{in(b)};
-    const auto bindings = {in(a), b_read.binding, in(bias),
-                           opts.accumulate ? inout(out_t) : out(out_t)};
+    const vk::Binding o = opts.accumulate ? inout(out_t) : out(out_t);
     struct {
         uint32_t M, N, K, a_sm, a_sk, b_sk, b_sn, has_bias, accumulate, b_adjust;
     } p{static_cast<uint32_t>(M),
@@ -119,20 +125,30 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
                            .reduced_weights = b_read.reduced};
 
     if (gemv) {
+        // The norm prologue's operands follow; without one, dummies, and `out` again in
+        // normed's place: the shader declares it written, and a validation layer counts a
+        // writable binding as written (a dummy there would then race with its other readers).
+        const Tensor none;
+        const uint32_t norm_mode = !norm ? 0u : norm->type == NormType::RmsNorm ? 1u : 2u;
         struct {
             decltype(p) base;
-            uint32_t dot_mode;
-        } pg{p, opts.trans_b ? 1u : 0u};
+            uint32_t dot_mode, norm;  // matmul_gemv.comp's NORM_*
+            float eps;
+        } pg{p, opts.trans_b ? 1u : 0u, norm_mode, norm ? norm->eps : 0.0f};
         const vk::Variant v = choose(vk::Kernel::MatmulGemv, call);
         const std::vector<uint32_t> spec = gemv_module(v, "matmul_gemv", shader);
         const uint32_t wg = spec[0], rows = spec[1];
         const uint64_t groups = opts.trans_b ? ceil_div(N, rows) : ceil_div(N, wg);
         auto [gx, gy] = grid(groups, 1);
-        run(shader, spec, bindings, pg, gx, gy, ceil_div(M, kGemvRowsPerGroup));
+        run(shader, spec,
+            {in(a), b_read.binding, in(bias), o, in(norm ? norm->weight : none),
+             in(norm ? norm->bias : none), norm ? out(norm->normed) : o},
+            pg, gx, gy, ceil_div(M, kGemvRowsPerGroup));
         return;
     }
     const vk::Variant t = choose(vk::Kernel::Matmul, call);
-    run(shader, t.spec, bindings, p, ceil_div(N, t.spec[2]), ceil_div(M, t.spec[1]));
+    run(shader, t.spec, {in(a), b_read.binding, in(bias), o}, p, ceil_div(N, t.spec[2]),
+        ceil_div(M, t.spec[1]));
 }
 
 void VulkanBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {

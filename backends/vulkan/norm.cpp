@@ -1,6 +1,7 @@
 // Vulkan layernorm and rmsnorm: one workgroup per row (shaders/norm.comp); the backward in a
 // pass over rows (d_x, and each row's statistics) and one over columns (d_weight, d_bias;
-// shaders/norm_backward.comp).
+// shaders/norm_backward.comp). norm_linear at decoding's few rows: the norm as a prologue of the
+// linear's matrix-vector product, in its dispatch (shaders/matmul_gemv.comp).
 #include "backends/vulkan/vulkan_backend.h"
 
 namespace tmx {
@@ -26,6 +27,22 @@ void VulkanBackend::norm_impl(NormType type, const Tensor& x, const Tensor& weig
     const NormPush p = norm_push(type, N, d, eps);
     auto [gx, gy] = grid(static_cast<uint64_t>(N), 1);
     run("norm", {tuning_.row_wg}, {in(x), in(weight), in(bias), out(out_t)}, p, gx, gy);
+}
+
+void VulkanBackend::norm_linear_impl(NormType type, const Tensor& x, const Tensor& norm_weight,
+                                     const Tensor& norm_bias, float eps, const Tensor& normed,
+                                     const Tensor& w, const Tensor& b, const Tensor& y) {
+    // A decode step is bound by its number of commands: where the linear is a matrix-vector
+    // product, each of its workgroups normalizes the few rows it reads (the statistics cost a
+    // pass over them), which saves the norm's dispatch and the barrier after it. Many rows (the
+    // tiled product) or an empty operand: the sequence.
+    const int64_t N = x.dim(0), d = x.dim(1);
+    if (N == 0 || d == 0 || y.dim(1) == 0 || !dense_gemv(N)) {
+        Backend::norm_linear_impl(type, x, norm_weight, norm_bias, eps, normed, w, b, y);
+        return;
+    }
+    const NormPrologue norm{type, norm_weight, norm_bias, eps, normed};
+    dense_matmul(x, w, y, {.trans_b = true}, b, /*b_is_weight=*/true, &norm);
 }
 
 void VulkanBackend::norm_backward_impl(NormType type, const Tensor& x, const Tensor& weight,

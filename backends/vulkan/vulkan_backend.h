@@ -108,7 +108,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
                      bool accumulate) override;
     // Fused forward ops, fewer dispatches at decoding's few rows (else Backend's sequence):
     // moe_route as one workgroup (moe_route.comp, moe.cpp); attention_cached_store with the
-    // cache write inside the split path's merge (attention_combine.comp, attention.cpp).
+    // cache write inside the split path's merge (attention_combine.comp, attention.cpp);
+    // norm_linear as one matrix-vector product that normalizes x's rows as it reads them
+    // (matmul_gemv.comp's norm prologue, norm.cpp).
     void moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
                         const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
                         const Tensor& slot_of, const Tensor& xs) override;
@@ -116,6 +118,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
                                      const Tensor& k_cache, const Tensor& v_cache,
                                      const Tensor& start, const Tensor& out,
                                      int64_t window) override;
+    void norm_linear_impl(NormType type, const Tensor& x, const Tensor& norm_weight,
+                          const Tensor& norm_bias, float eps, const Tensor& normed, const Tensor& w,
+                          const Tensor& b, const Tensor& y) override;
     // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
     // Deterministic: no float atomics, every sum in a fixed order.
     TMX_BACKEND_TRAINING_OP_OVERRIDES
@@ -140,9 +145,21 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // A matmul weight: its fp16 copy if it is f32 and fp16 weights are on (converted now if it
     // has none), else stored_weight(w).
     WeightBinding weight(const Tensor& w, std::string& shader);
-    // matmul() and linear(): with b_is_weight, b is read through weight().
+    // A norm the matrix-vector product applies to a's rows as it reads them, also writing
+    // them to `normed` (norm_linear; bias: layernorm's, or undefined).
+    struct NormPrologue {
+        NormType type;
+        const Tensor& weight;
+        const Tensor& bias;
+        float eps;
+        const Tensor& normed;
+    };
+    // Whether dense_matmul runs a product of M rows as matrix-vector products.
+    static bool dense_gemv(int64_t M);
+    // matmul() and linear(): with b_is_weight, b is read through weight(). A norm prologue
+    // only where dense_gemv(M) and in dot mode (opts.trans_b, !opts.trans_a).
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
-                      const Tensor& bias, bool b_is_weight);
+                      const Tensor& bias, bool b_is_weight, const NormPrologue* norm = nullptr);
     // attention_cached on the path the query count picks; with `store` (on the split path
     // only, attention.cpp's takes_split_path) its merge also does kv_cache_write.
     void record_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,

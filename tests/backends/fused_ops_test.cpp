@@ -62,31 +62,40 @@ class FusedOps : public BackendPairTest {
 
 TEST_P(FusedOps, NormLinearIsTheNormThenTheLinear) {
     SCOPED_TRACE(trace());
-    const int64_t d = 96, out = 70;  // d: whole Q8_0 blocks; out: no multiple of a tile
-    for (NormType type : {NormType::LayerNorm, NormType::RmsNorm}) {
-        for (bool training : {true, false}) {
-            for (DType t : formats()) {
-                // Inference mode once per norm, with f32 weights (the fp16 copies' path).
-                if (!training && t != DType::F32) continue;
-                for (int64_t N : {1, 2, 5, 16, 40}) {
-                    for (bool with_bias : {false, true}) {
-                        SCOPED_TRACE(
-                            std::string(type == NormType::LayerNorm ? "layernorm" : "rmsnorm") +
-                            (training ? " training " : " inference ") + to_string(t) + " N " +
-                            std::to_string(N) + (with_bias ? " bias" : ""));
-                        Backend::ModeScope mode(be(), {.training = training});
-                        const auto x = normal(N * d, 2.0), g = normal(d), beta = normal(d),
-                                   w = normal(out * d, 0.3), bias = normal(out);
-                        const double y_tol = training ? reduction_tol(d) : kFp16WeightTol;
-                        expect_matches_cpu([&](Backend& b) {
-                            Tensor normed = poisoned(b, {N, d}), y = poisoned(b, {N, out});
-                            b.norm_linear(type, up(b, x, {N, d}), up(b, g, {d}),
-                                          type == NormType::LayerNorm ? up(b, beta, {d}) : Tensor{},
-                                          1e-5f, normed, weight_on(b, t, w, {out, d}),
-                                          with_bias ? up(b, bias, {out}) : Tensor{}, y);
-                            return Outputs{{"normed", down(b, normed), reduction_tol(d)},
-                                           {"y", down(b, y), y_tol}};
-                        });
+    const int64_t out = 70;  // no multiple of a tile
+    // d 96: whole Q8_0 blocks, and rows read 4 values at a time where a backend can; d 45: one
+    // at a time. N up to 16 takes Vulkan's matrix-vector path (the norm in the product's
+    // dispatch): 1 row, part of a block of 4, more than one block, the most; 17 and 40 the
+    // tiled one (the sequence).
+    for (int64_t d : {96, 45}) {
+        for (NormType type : {NormType::LayerNorm, NormType::RmsNorm}) {
+            for (bool training : {true, false}) {
+                for (DType t : formats()) {
+                    // Inference mode once per norm, with f32 weights (the fp16 copies' path).
+                    if (!training && t != DType::F32) continue;
+                    if (t == DType::Q8_0 && d % kQ8_0BlockValues != 0) continue;
+                    for (int64_t N : {1, 2, 5, 16, 17, 40}) {
+                        for (bool with_bias : {false, true}) {
+                            SCOPED_TRACE(
+                                std::string(type == NormType::LayerNorm ? "layernorm" : "rmsnorm") +
+                                (training ? " training " : " inference ") + to_string(t) + " N " +
+                                std::to_string(N) + " d " + std::to_string(d) +
+                                (with_bias ? " bias" : ""));
+                            Backend::ModeScope mode(be(), {.training = training});
+                            const auto x = normal(N * d, 2.0), g = normal(d), beta = normal(d),
+                                       w = normal(out * d, 0.3), bias = normal(out);
+                            const double y_tol = training ? reduction_tol(d) : kFp16WeightTol;
+                            expect_matches_cpu([&](Backend& b) {
+                                Tensor normed = poisoned(b, {N, d}), y = poisoned(b, {N, out});
+                                b.norm_linear(
+                                    type, up(b, x, {N, d}), up(b, g, {d}),
+                                    type == NormType::LayerNorm ? up(b, beta, {d}) : Tensor{},
+                                    1e-5f, normed, weight_on(b, t, w, {out, d}),
+                                    with_bias ? up(b, bias, {out}) : Tensor{}, y);
+                                return Outputs{{"normed", down(b, normed), reduction_tol(d)},
+                                               {"y", down(b, y), y_tol}};
+                            });
+                        }
                     }
                 }
             }

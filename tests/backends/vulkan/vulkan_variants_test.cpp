@@ -5,8 +5,9 @@
 // with bias and accumulation, and grouped over experts with uneven counts (one with no slot).
 // The matrix-vector kernels also read weights stored in every format (f16, bf16, Q8_0; f16 is
 // also the module the fp16 weight copies run) starting half-way into a word, and operands that
-// start off a 16-byte boundary (their one-by-one reads). CI runs this suite at lavapipe's
-// subgroup sizes 4, 8 and 16 (tests/CMakeLists.txt), as the shaders' reductions depend on it.
+// start off a 16-byte boundary (their one-by-one reads); the dense one also with norm_linear's
+// norm in its dispatch (its prologue). CI runs this suite at lavapipe's subgroup sizes 4, 8
+// and 16 (tests/CMakeLists.txt), as the shaders' reductions depend on it.
 #ifdef TMX_HAS_VULKAN
 
 #include <algorithm>
@@ -137,6 +138,35 @@ class VulkanVariants : public VulkanTest {
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(K)));
     }
 
+    // norm_linear(x [M, K]) into y [M, N] with w [N, K] stored in format t: w `w_lead` values
+    // into its buffer, x `x_lead`, the norm's weight and bias and normed `norm_lead` (the
+    // product's 4-at-a-time reads need all of them on 16-byte boundaries); against the CPU on
+    // w's decoded values. At these few rows it is one dispatch: the norm runs in the product's.
+    void check_norm_linear(NormType type, DType t, int64_t w_lead, int64_t x_lead,
+                           int64_t norm_lead, int64_t M, int64_t N, int64_t K) {
+        const bool layernorm = type == NormType::LayerNorm;
+        SCOPED_TRACE(std::string("norm_linear ") + (layernorm ? "layernorm " : "rmsnorm ") +
+                     to_string(t) + " M,N,K " + dims({M, N, K}) + " leads w,x,norm " +
+                     dims({w_lead, x_lead, norm_lead}));
+        const std::array<Tensor, 2> w = stored(t, {N, K}, w_lead);
+        const auto x = normal(M * K, 2.0), g = normal(K), beta = normal(K), bias = normal(N);
+        std::array<std::vector<float>, 2> y, normed;
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor y_t = output(*be, {M, N});
+            Tensor normed_t = poisoned(*be, {norm_lead + M * K}).slice(norm_lead, {M, K});
+            const uint64_t dispatches = vk().counters().dispatches;
+            be->norm_linear(type, offset(*be, x, x_lead, {M, K}), offset(*be, g, norm_lead, {K}),
+                            layernorm ? offset(*be, beta, norm_lead, {K}) : Tensor{}, 1e-5f,
+                            normed_t, w[i], up(*be, bias, {N}), y_t);
+            if (be == &vk()) EXPECT_EQ(vk().counters().dispatches - dispatches, 1u);
+            y[i] = down(*be, y_t);
+            normed[i++] = down(*be, normed_t);
+        }
+        EXPECT_TRUE(Close(normed[0], normed[1], reduction_tol(K))) << "normed";
+        EXPECT_TRUE(Close(y[0], y[1], reduction_tol(K))) << "y";
+    }
+
     // grouped_matmul as check_grouped, with w [E, Nout, K] in format t, `w_lead` and `x_lead`
     // values into their buffers.
     void check_grouped_stored(DType t, int64_t w_lead, int64_t x_lead,
@@ -262,6 +292,26 @@ TEST_F(VulkanVariants, MatmulGemv) {
                 }
                 check_linear(M, 37, K);
             }
+    });
+}
+
+// norm_linear at the dense matrix-vector kernel's rows, its norm run in the product's dispatch:
+// both norms; one row, part of a block of 4 and several blocks; K read 4 at a time or not; each
+// weight format at a word's start and half-way into one; x, or only the norm's operands, off a
+// 16-byte boundary.
+TEST_F(VulkanVariants, NormLinearGemv) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::MatmulGemv, [&] {
+        for (NormType type : {NormType::LayerNorm, NormType::RmsNorm}) {
+            for (int64_t M : {1, 3, 16})
+                for (int64_t K : {44, 45}) check_norm_linear(type, DType::F32, 0, 0, 0, M, 37, K);
+            check_norm_linear(type, DType::F32, 0, 0, 1, 5, 37, 64);
+            for (DType t : {DType::F16, DType::BF16, DType::Q8_0}) {
+                const int64_t half_word = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
+                check_norm_linear(type, t, 0, 0, 0, 5, 37, 64);
+                check_norm_linear(type, t, half_word, 1, 1, 3, 37, 64);
+            }
+        }
     });
 }
 
