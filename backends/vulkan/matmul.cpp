@@ -132,11 +132,12 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         const uint32_t norm_mode = !norm ? 0u : norm->type == NormType::RmsNorm ? 1u : 2u;
         struct {
             decltype(p) base;
-            uint32_t dot_mode, norm;  // matmul_gemv.comp's NORM_*
+            uint32_t dot_mode;
             float eps;
-        } pg{p, opts.trans_b ? 1u : 0u, norm_mode, norm ? norm->eps : 0.0f};
+        } pg{p, opts.trans_b ? 1u : 0u, norm ? norm->eps : 0.0f};
         const vk::Variant v = choose(vk::Kernel::MatmulGemv, call);
-        const std::vector<uint32_t> spec = gemv_module(v, "matmul_gemv", shader);
+        std::vector<uint32_t> spec = gemv_module(v, "matmul_gemv", shader);
+        spec.push_back(norm_mode);  // matmul_gemv.comp's NORM
         const uint32_t wg = spec[0], rows = spec[1];
         const uint64_t groups = opts.trans_b ? ceil_div(N, rows) : ceil_div(N, wg);
         auto [gx, gy] = grid(groups, 1);
