@@ -2,6 +2,7 @@
 // invocation reads its own element before writing it).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#include "activations.glsl"
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -16,15 +17,6 @@ layout(push_constant) uniform Push {
     uint off_x, off_y, off_o;
     uint n;
 } pc;
-
-// x * sigmoid(x), written so exp never overflows into inf/inf.
-float silu(float v) { return v / (1.0 + exp(-v)); }
-
-// 0.5 x (1 + tanh(u)) == x * sigmoid(2u): no cancellation for x << 0, no overflow.
-float gelu_tanh(float v) {
-    const float u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    return v / (1.0 + exp(-2.0 * u));
-}
 
 void main() {
     const uint i = group_index() * WG + gl_LocalInvocationID.x;
