@@ -1,5 +1,5 @@
-// Elementwise ops, one per specialization: out = op(x, y). out may alias x or y (each
-// invocation reads its own element before writing it).
+// Elementwise ops, one per specialization: out = op(x, y), the activations of activations.glsl
+// or an add. out may alias x or y (each invocation reads its own element before writing it).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "activations.glsl"
@@ -23,11 +23,8 @@ void main() {
     if (i >= pc.n) return;
     const float a = x[pc.off_x + i];
     float r;
-    if (OP == 0) r = a + y[pc.off_y + i];
-    else if (OP == 1) r = silu(a) * y[pc.off_y + i];
-    else if (OP == 2) r = gelu_tanh(a);
-    else if (OP == 3) r = silu(a);
-    else if (OP == 4) r = a > 0.0 ? a : 0.0;
-    else r = a > 0.0 ? a * a : 0.0;
+    if (OP == OP_ADD) r = a + y[pc.off_y + i];
+    else if (OP == OP_SWIGLU) r = activation(OP, a, y[pc.off_y + i]);
+    else r = activation(OP, a, 0.0);
     o[pc.off_o + i] = r;
 }

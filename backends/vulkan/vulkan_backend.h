@@ -106,6 +106,11 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // weights are on).
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
+    // One dispatch where grouped_matmul takes its matrix-vector path (few slots): the products
+    // with w1 (and w3) and the activation (or SwiGLU) together; elsewhere the default sequence.
+    void grouped_ffn_up_impl(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w3,
+                             const Tensor& b3, const Tensor& offsets, Activation act,
+                             const Tensor& pre, const Tensor& up, const Tensor& out) override;
     // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
     // Deterministic: no float atomics, every sum in a fixed order.
     TMX_BACKEND_TRAINING_OP_OVERRIDES
@@ -133,6 +138,14 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // matmul() and linear(): with b_is_weight, b is read through weight().
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                       const Tensor& bias, bool b_is_weight);
+    // grouped_matmul_gemv.comp: pre = grouped_matmul(x, w1, b1, offsets) for few slots; with
+    // an epilogue (an activation's elementwise op code, vulkan_activations.h) also out = act(pre),
+    // or for kSwiglu up = grouped_matmul(x, w3, b3, offsets) and out = silu(pre) * up. False,
+    // recording nothing, where it cannot: w1 and w3 in different formats.
+    bool grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const Tensor& b1,
+                             const Tensor& offsets, const Tensor& pre, uint32_t epilogue = 0,
+                             const Tensor& w3 = {}, const Tensor& b3 = {}, const Tensor& up = {},
+                             const Tensor& out = {});
 
     // The variant a tunable call of `kernel` runs with (the tuning table's choice at the
     // kernel's shape of the call), logged while call_log_ is set.
