@@ -147,6 +147,7 @@ std::vector<Backend::ProfiledCommands> VulkanBackend::end_profile() {
     std::vector<ProfiledCommands> out;
     for (vk::Stream::TimedCommands& t : stream_->stop_timing())
         out.push_back({std::move(t.name), static_cast<int64_t>(t.count), t.seconds});
+    profiled_barriers_ = static_cast<int64_t>(stream_->timed_barriers());
     check_status();
     return out;
 }

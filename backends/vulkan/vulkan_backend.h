@@ -15,6 +15,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -59,6 +60,8 @@ class VulkanBackend final : public Backend, public KernelTuning {
     bool can_profile() const override { return stream_->can_time(); }
     void begin_profile() override;
     std::vector<ProfiledCommands> end_profile() override;
+    // The stream's barriers among the profiled commands (vk::Stream::timed_barriers).
+    std::optional<int64_t> profiled_barriers() const override { return profiled_barriers_; }
 
     // For tests and `tmx devices`: the device, the allocator and the stream's counters.
     const vk::Context& context() const { return *ctx_; }
@@ -202,6 +205,7 @@ class VulkanBackend final : public Backend, public KernelTuning {
     vk::TuningTable table_;
     std::string tuning_status_ = "untuned";
     std::vector<TunableCall>* call_log_ = nullptr;
+    std::optional<int64_t> profiled_barriers_;  // the last end_profile()'s
     Tensor dummy_;
     std::map<std::pair<double, int64_t>, Tensor> rope_tables_;
 };

@@ -125,6 +125,7 @@ void Stream::barrier() {
     read_.clear();
     barrier_next_ = false;
     ++counters_.barriers;
+    if (timing_ && !into_) ++timed_barriers_;
 }
 
 VkCommandBuffer Stream::cmd() {
@@ -365,6 +366,7 @@ void Stream::start_timing() {
         check(vkCreateQueryPool(ctx_->device(), &qi, nullptr, &timestamps_), "vkCreateQueryPool");
     }
     timed_.clear();
+    timed_barriers_ = 0;
     timing_ = true;
 }
 

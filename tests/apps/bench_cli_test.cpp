@@ -75,6 +75,12 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
                 device += c["seconds"].get<double>();
             }
             EXPECT_TRUE(names.count("norm")) << "every layer's norms";
+            // The barriers the commands waited at: some in every step, fewer than commands.
+            int64_t commands = 0;
+            for (const auto& c : p["commands"]) commands += c["count"].get<int64_t>();
+            ASSERT_TRUE(p.contains("barriers"));
+            EXPECT_GE(p["barriers"].get<int64_t>(), 6);
+            EXPECT_LT(p["barriers"].get<int64_t>(), commands);
             EXPECT_GT(device, 0.0);
             EXPECT_LE(device, p["wall_seconds"].get<double>());
         }
