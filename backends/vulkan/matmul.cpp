@@ -185,7 +185,9 @@ bool VulkanBackend::grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const
     const WeightBinding w1_read = weight(w1, shader);
     std::string w3_shader;
     const WeightBinding w3_read = swiglu ? weight(w3, w3_shader) : WeightBinding{in(w3)};
-    // The epilogue's bindings are dummies (in(Tensor{})) without it, its outputs unwritten.
+    // An output the epilogue does not write is bound to pre, which the shader writes anyway:
+    // the shader's code writes every output binding, and one the stream tracked as read (a
+    // dummy) would be a write after read to validation's eyes.
     const auto bindings = {in(x),
                            w1_read.binding,
                            in(b1),
@@ -193,8 +195,8 @@ bool VulkanBackend::grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const
                            out(pre),
                            w3_read.binding,
                            in(b3),
-                           swiglu ? out(up) : in(up),
-                           epilogue != 0 ? out(out_t) : in(out_t)};
+                           swiglu ? out(up) : out(pre),
+                           epilogue != 0 ? out(out_t) : out(pre)};
     struct {
         uint32_t E, Nout, K, has_bias, w_adjust, has_bias3, w3_adjust;
     } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
