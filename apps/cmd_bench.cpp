@@ -48,11 +48,16 @@ void print_profile(const DecodeProfile& p) {
         commands += c.count;
     }
     const double steps = static_cast<double>(p.steps);
+    char barriers[64] = "";
+    if (p.barriers)
+        std::snprintf(barriers, sizeof barriers, " and %.1f barriers",
+                      static_cast<double>(*p.barriers) / steps);
     std::printf(
         "  decode profile, batch %lld, %lld steps: %.3f ms a step, the device busy %.3f ms "
-        "of it; %.1f commands a step\n",
+        "of it; %.1f commands%s a step\n",
         static_cast<long long>(p.batch), static_cast<long long>(p.steps),
-        1e3 * p.wall_seconds / steps, 1e3 * device / steps, static_cast<double>(commands) / steps);
+        1e3 * p.wall_seconds / steps, 1e3 * device / steps, static_cast<double>(commands) / steps,
+        barriers);
     std::vector<Backend::ProfiledCommands> by_time = p.commands;
     std::stable_sort(by_time.begin(), by_time.end(),
                      [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
@@ -154,6 +159,9 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                                                {"steps", p.steps},
                                                                {"wall_seconds", p.wall_seconds},
                                                                {"commands", commands}});
+            // The barriers over all the steps, where the backend counts them.
+            if (p.barriers)
+                j["backends"].back()["decode_profiles"].back()["barriers"] = *p.barriers;
         }
         const TrainBench& t = r.train;
         if (t.measured)

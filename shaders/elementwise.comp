@@ -1,7 +1,8 @@
-// Elementwise ops, one per specialization: out = op(x, y). out may alias x or y (each
-// invocation reads its own element before writing it).
+// Elementwise ops, one per specialization: out = op(x, y), the activations of activations.glsl
+// or an add. out may alias x or y (each invocation reads its own element before writing it).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#include "activations.glsl"
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -17,25 +18,13 @@ layout(push_constant) uniform Push {
     uint n;
 } pc;
 
-// x * sigmoid(x), written so exp never overflows into inf/inf.
-float silu(float v) { return v / (1.0 + exp(-v)); }
-
-// 0.5 x (1 + tanh(u)) == x * sigmoid(2u): no cancellation for x << 0, no overflow.
-float gelu_tanh(float v) {
-    const float u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    return v / (1.0 + exp(-2.0 * u));
-}
-
 void main() {
     const uint i = group_index() * WG + gl_LocalInvocationID.x;
     if (i >= pc.n) return;
     const float a = x[pc.off_x + i];
     float r;
-    if (OP == 0) r = a + y[pc.off_y + i];
-    else if (OP == 1) r = silu(a) * y[pc.off_y + i];
-    else if (OP == 2) r = gelu_tanh(a);
-    else if (OP == 3) r = silu(a);
-    else if (OP == 4) r = a > 0.0 ? a : 0.0;
-    else r = a > 0.0 ? a * a : 0.0;
+    if (OP == OP_ADD) r = a + y[pc.off_y + i];
+    else if (OP == OP_SWIGLU) r = activation(OP, a, y[pc.off_y + i]);
+    else r = activation(OP, a, 0.0);
     o[pc.off_o + i] = r;
 }

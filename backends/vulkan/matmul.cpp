@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/vulkan/vulkan_activations.h"
 #include "backends/vulkan/vulkan_backend.h"
 #include "engine/core/errors.h"
 
@@ -166,11 +167,12 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
                                         const Tensor& offsets, const Tensor& out_t) {
     const int64_t S = x.dim(0), E = w.dim(0), Nout = w.dim(1), K = w.dim(2);
     if (S == 0 || Nout == 0) return;
-    const bool gemv = S <= kGroupedGemvMaxSlots;
-    if (gemv && E == 0) return;  // no expert: no slot is computed (as the tiled shader)
-    std::string shader = gemv ? "grouped_matmul_gemv" : "grouped_matmul";
+    if (S <= kGroupedGemvMaxSlots) {
+        grouped_matmul_gemv(x, w, bias, offsets, out_t);
+        return;
+    }
+    std::string shader = "grouped_matmul";
     const WeightBinding w_read = weight(w, shader);
-    const auto bindings = {in(x), w_read.binding, in(bias), in(offsets), out(out_t)};
     struct {
         uint32_t E, Nout, K, has_bias, w_adjust;
     } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
@@ -182,18 +184,73 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
                            .experts = E,
                            .weight = w.dtype(),
                            .reduced_weights = w_read.reduced};
-    if (gemv) {
-        const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, call);
-        const std::vector<uint32_t> spec = gemv_module(v, "grouped_matmul_gemv", shader);
-        // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at
-        // most ceil(S / 4) plus one per expert (the shader's extra rows leave at once).
-        const int64_t runs = std::min(S, (S + kGemvRowsPerGroup - 1) / kGemvRowsPerGroup + E);
-        run(shader, spec, bindings, p, ceil_div(Nout, spec[1]), static_cast<uint32_t>(runs));
-        return;
-    }
     const vk::Variant t = choose(vk::Kernel::GroupedMatmul, call);
-    run(shader, t.spec, bindings, p, ceil_div(Nout, t.spec[2]),
-        ceil_div(S, t.spec[1]) + static_cast<uint32_t>(E));
+    run(shader, t.spec, {in(x), w_read.binding, in(bias), in(offsets), out(out_t)}, p,
+        ceil_div(Nout, t.spec[2]), ceil_div(S, t.spec[1]) + static_cast<uint32_t>(E));
+}
+
+bool VulkanBackend::grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const Tensor& b1,
+                                        const Tensor& offsets, const Tensor& pre, uint32_t epilogue,
+                                        const Tensor& w3, const Tensor& b3, const Tensor& up,
+                                        const Tensor& out_t) {
+    const int64_t S = x.dim(0), E = w1.dim(0), Nout = w1.dim(1), K = w1.dim(2);
+    const bool swiglu = epilogue == kSwiglu;
+    // One module reads both weights: one format (dtype and fp16 copies alike) for both.
+    if (swiglu && w3.dtype() != w1.dtype()) return false;
+    if (E == 0) return true;  // no expert: no slot is computed (as the tiled shader)
+    std::string shader = "grouped_matmul_gemv";
+    const WeightBinding w1_read = weight(w1, shader);
+    std::string w3_shader;
+    const WeightBinding w3_read = swiglu ? weight(w3, w3_shader) : WeightBinding{in(w3)};
+    // An output the epilogue does not write is bound to pre, which the shader writes anyway:
+    // the shader's code writes every output binding, and one the stream tracked as read (a
+    // dummy) would be a write after read to validation's eyes.
+    const auto bindings = {in(x),
+                           w1_read.binding,
+                           in(b1),
+                           in(offsets),
+                           out(pre),
+                           w3_read.binding,
+                           in(b3),
+                           swiglu ? out(up) : out(pre),
+                           epilogue != 0 ? out(out_t) : out(pre)};
+    struct {
+        uint32_t E, Nout, K, has_bias, w_adjust, has_bias3, w3_adjust;
+    } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
+        b1.defined() ? 1u : 0u,   w1_read.byte_adjust,         b3.defined() ? 1u : 0u,
+        w3_read.byte_adjust};
+    // Tuned as the product with w1 alone: the epilogue needs no more shared memory (w3's sums
+    // reuse w1's), so every candidate of the family runs it.
+    const TunableCall call{.op = TunableCall::Op::GroupedMatmul,
+                           .rows = S,
+                           .n = Nout,
+                           .k = K,
+                           .experts = E,
+                           .weight = w1.dtype(),
+                           .reduced_weights = w1_read.reduced};
+    const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, call);
+    std::vector<uint32_t> spec = gemv_module(v, "grouped_matmul_gemv", shader);
+    spec.push_back(epilogue);
+    // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at most
+    // ceil(S / 4) plus one per expert (the shader's extra rows leave at once).
+    const int64_t runs = std::min(S, (S + kGemvRowsPerGroup - 1) / kGemvRowsPerGroup + E);
+    run(shader, spec, bindings, p, ceil_div(Nout, spec[1]), static_cast<uint32_t>(runs));
+    return true;
+}
+
+void VulkanBackend::grouped_ffn_up_impl(const Tensor& x, const Tensor& w1, const Tensor& b1,
+                                        const Tensor& w3, const Tensor& b3, const Tensor& offsets,
+                                        Activation act, const Tensor& pre, const Tensor& up,
+                                        const Tensor& out_t) {
+    const int64_t S = x.dim(0), E = w1.dim(0), Nout = w1.dim(1);
+    // Decoding's few slots: one dispatch instead of two or three (and their barriers). With no
+    // expert the sequence's activation still runs (over pre as it is): left to it.
+    if (S > 0 && S <= kGroupedGemvMaxSlots && Nout > 0 && E > 0 &&
+        grouped_matmul_gemv(x, w1, b1, offsets, pre,
+                            w3.defined() ? kSwiglu : activation_ops(act).forward, w3, b3, up,
+                            out_t))
+        return;
+    Backend::grouped_ffn_up_impl(x, w1, b1, w3, b3, offsets, act, pre, up, out_t);
 }
 
 void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,

@@ -9,47 +9,11 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "backends/vulkan/vulkan_activations.h"
 #include "engine/core/errors.h"
 
 namespace tmx {
 namespace {
-
-// elementwise.comp's operations.
-enum ElementwiseOp : uint32_t {
-    kAdd = 0,
-    kSwiglu = 1,
-    kGelu = 2,
-    kSilu = 3,
-    kRelu = 4,
-    kRelu2 = 5
-};
-
-// activation_backward.comp's operations.
-enum ActivationBackwardOp : uint32_t {
-    kGeluBackward = 0,
-    kSiluBackward = 1,
-    kReluBackward = 2,
-    kRelu2Backward = 3,
-    kSwigluBackward = 4
-};
-
-// elementwise.comp's and activation_backward.comp's operations for an activation.
-struct ActivationOps {
-    uint32_t forward, backward;
-};
-ActivationOps activation_ops(Activation act) {
-    switch (act) {
-        case Activation::Gelu:
-            return {kGelu, kGeluBackward};
-        case Activation::Silu:
-            return {kSilu, kSiluBackward};
-        case Activation::Relu:
-            return {kRelu, kReluBackward};
-        case Activation::Relu2:
-            return {kRelu2, kRelu2Backward};
-    }
-    throw std::logic_error("Vulkan: an unknown activation");
-}
 
 // Error codes of shaders/common.glsl.
 std::string status_message(const std::array<uint32_t, 4>& s) {
@@ -183,6 +147,7 @@ std::vector<Backend::ProfiledCommands> VulkanBackend::end_profile() {
     std::vector<ProfiledCommands> out;
     for (vk::Stream::TimedCommands& t : stream_->stop_timing())
         out.push_back({std::move(t.name), static_cast<int64_t>(t.count), t.seconds});
+    profiled_barriers_ = static_cast<int64_t>(stream_->timed_barriers());
     check_status();
     return out;
 }

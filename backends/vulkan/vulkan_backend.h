@@ -15,6 +15,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -59,6 +60,8 @@ class VulkanBackend final : public Backend, public KernelTuning {
     bool can_profile() const override { return stream_->can_time(); }
     void begin_profile() override;
     std::vector<ProfiledCommands> end_profile() override;
+    // The stream's barriers among the profiled commands (vk::Stream::timed_barriers).
+    std::optional<int64_t> profiled_barriers() const override { return profiled_barriers_; }
 
     // For tests and `tmx devices`: the device, the allocator and the stream's counters.
     const vk::Context& context() const { return *ctx_; }
@@ -110,7 +113,8 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // moe_route as one workgroup (moe_route.comp, moe.cpp); attention_cached_store with the
     // cache write inside the split path's merge (attention_combine.comp, attention.cpp);
     // norm_linear as one matrix-vector product that normalizes x's rows as it reads them
-    // (matmul_gemv.comp's norm prologue, norm.cpp).
+    // (matmul_gemv.comp's norm prologue, norm.cpp); grouped_ffn_up as one grouped
+    // matrix-vector product with an activation epilogue (grouped_matmul_gemv.comp, matmul.cpp).
     void moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
                         const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
                         const Tensor& slot_of, const Tensor& xs) override;
@@ -121,6 +125,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
     void norm_linear_impl(NormType type, const Tensor& x, const Tensor& norm_weight,
                           const Tensor& norm_bias, float eps, const Tensor& normed, const Tensor& w,
                           const Tensor& b, const Tensor& y) override;
+    void grouped_ffn_up_impl(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w3,
+                             const Tensor& b3, const Tensor& offsets, Activation act,
+                             const Tensor& pre, const Tensor& up, const Tensor& out) override;
     // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
     // Deterministic: no float atomics, every sum in a fixed order.
     TMX_BACKEND_TRAINING_OP_OVERRIDES
@@ -165,6 +172,14 @@ class VulkanBackend final : public Backend, public KernelTuning {
     void record_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                           const Tensor& v_cache, const Tensor& start, const Tensor& out,
                           int64_t window, bool store);
+    // grouped_matmul_gemv.comp: pre = grouped_matmul(x, w1, b1, offsets) for few slots; with
+    // an epilogue (an activation's elementwise op code, vulkan_activations.h) also out = act(pre),
+    // or for kSwiglu up = grouped_matmul(x, w3, b3, offsets) and out = silu(pre) * up. False,
+    // recording nothing, where it cannot: w1 and w3 in different formats.
+    bool grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const Tensor& b1,
+                             const Tensor& offsets, const Tensor& pre, uint32_t epilogue = 0,
+                             const Tensor& w3 = {}, const Tensor& b3 = {}, const Tensor& up = {},
+                             const Tensor& out = {});
 
     // The variant a tunable call of `kernel` runs with (the tuning table's choice at the
     // kernel's shape of the call), logged while call_log_ is set.
@@ -221,6 +236,7 @@ class VulkanBackend final : public Backend, public KernelTuning {
     vk::TuningTable table_;
     std::string tuning_status_ = "untuned";
     std::vector<TunableCall>* call_log_ = nullptr;
+    std::optional<int64_t> profiled_barriers_;  // the last end_profile()'s
     Tensor dummy_;
     std::map<std::pair<double, int64_t>, Tensor> rope_tables_;
 };

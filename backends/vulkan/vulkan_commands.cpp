@@ -12,7 +12,10 @@ namespace tmx::vk {
 namespace {
 
 constexpr uint32_t kSetsPerPool = 512;
-constexpr uint32_t kMaxBindings = 8;
+// The most storage buffers a shader binds: grouped_matmul_gemv.comp's, with its fused SwiGLU
+// (x, w1, b1, offsets, pre, w3, b3, up, out). Devices allow more per stage (lavapipe 32,
+// desktop GPUs' drivers far more).
+constexpr uint32_t kMaxBindings = 9;
 // Staging per submit: chunks of 16 MiB, at most 4; larger transfers go in pieces.
 constexpr VkDeviceSize kStagingChunk = 16ull << 20;
 constexpr size_t kMaxStagingChunks = 4;
@@ -122,6 +125,7 @@ void Stream::barrier() {
     read_.clear();
     barrier_next_ = false;
     ++counters_.barriers;
+    if (timing_ && !into_) ++timed_barriers_;
 }
 
 VkCommandBuffer Stream::cmd() {
@@ -362,6 +366,7 @@ void Stream::start_timing() {
         check(vkCreateQueryPool(ctx_->device(), &qi, nullptr, &timestamps_), "vkCreateQueryPool");
     }
     timed_.clear();
+    timed_barriers_ = 0;
     timing_ = true;
 }
 

@@ -119,6 +119,9 @@ class Stream {
     void start_timing();
     std::vector<TimedCommands> stop_timing();
     bool timing() const { return timing_; }
+    // The pipeline barriers recorded among the commands timed since start_timing() (each a
+    // wait of the commands after it for those before; Counters::barriers counts them all).
+    uint64_t timed_barriers() const { return timed_barriers_; }
 
   private:
     VkCommandBuffer cmd();  // begins recording on first use after a submit (or `into_`'s)
@@ -163,6 +166,7 @@ class Stream {
     double timestamp_ns_ = 0;      // nanoseconds per timestamp tick
     VkQueryPool timestamps_ = VK_NULL_HANDLE;
     bool timing_ = false;
+    uint64_t timed_barriers_ = 0;
     uint32_t timestamps_used_ = 0;           // in this submit, the start's included
     std::vector<size_t> timestamp_command_;  // per timestamp after the start: its command
     std::vector<TimedCommands> timed_;

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,10 @@ class Backend {
     virtual bool can_profile() const { return false; }
     virtual void begin_profile();                         // throws tmx::Error when !can_profile()
     virtual std::vector<ProfiledCommands> end_profile();  // logic_error without begin_profile()
+    // After end_profile(): how many times the profiled commands waited for the ones before
+    // them (pipeline barriers: what a GPU's step pays per dependency besides each command's
+    // launch), or nullopt where the backend does not count them.
+    virtual std::optional<int64_t> profiled_barriers() const { return std::nullopt; }
 
     // ---- forward ops
     // out[s, :] = x[rows[s], :].   x [N, d], rows [S] (I32, each in [0, N)), out [S, d]. The

@@ -73,6 +73,7 @@ struct DecodeProfile {
     int64_t batch = 0, steps = 0;
     double wall_seconds = 0;
     std::vector<Backend::ProfiledCommands> commands;
+    std::optional<int64_t> barriers;  // Backend::profiled_barriers(), summed over the steps
 };
 
 struct ModelBench {

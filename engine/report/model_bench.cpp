@@ -129,6 +129,7 @@ class ModelRunner {
         const auto t0 = std::chrono::steady_clock::now();
         decode(cache, firsts, starts, p.steps, nullptr);
         p.commands = be_.end_profile();
+        p.barriers = be_.profiled_barriers();
         p.wall_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return p;

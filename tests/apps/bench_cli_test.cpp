@@ -79,6 +79,12 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
             EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const std::string& n) {
                 return n.rfind("matmul_gemv", 0) == 0;
             })) << "every layer's projections";
+            // The barriers the commands waited at: some in every step, fewer than commands.
+            int64_t commands = 0;
+            for (const auto& c : p["commands"]) commands += c["count"].get<int64_t>();
+            ASSERT_TRUE(p.contains("barriers"));
+            EXPECT_GE(p["barriers"].get<int64_t>(), 6);
+            EXPECT_LT(p["barriers"].get<int64_t>(), commands);
             EXPECT_GT(device, 0.0);
             EXPECT_LE(device, p["wall_seconds"].get<double>());
         }

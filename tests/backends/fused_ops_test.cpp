@@ -9,6 +9,7 @@
 // (Vulkan's inference-only fp16 copies are off); one case per op runs in inference mode, where
 // a backend may read those copies (fp16: 2^-11 relative per weight, so kFp16WeightTol). Stored
 // formats as in weight_formats_test.cpp: the CPU runs on the decoded weights.
+#include <cstring>
 #include <optional>
 
 #include "engine/compute/weight_format.h"
@@ -187,15 +188,29 @@ TEST_P(FusedOps, MoeRouteIsTopKThenGroupThenGather) {
     }
 }
 
+// Per element, 1 where a and b differ in any bit, else 0.
+std::vector<float> bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<float> d(a.size(), 1.0f);
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+        d[i] = std::memcmp(&a[i], &b[i], sizeof(float)) == 0 ? 0.0f : 1.0f;
+    return d;
+}
+
 TEST_P(FusedOps, GroupedFfnUpIsTheProductsThenTheActivation) {
     SCOPED_TRACE(trace());
-    const int64_t K = 64, Nout = 37;
-    // Decoding's few slots (an expert with none among them) and a prefill's many.
-    for (const std::vector<int32_t>& counts :
-         {std::vector<int32_t>{1, 0, 1, 0}, std::vector<int32_t>{3, 0, 6, 1},
-          std::vector<int32_t>{30, 0, 25, 9}}) {
-        const int64_t E = static_cast<int64_t>(counts.size());
-        const std::vector<int32_t> offsets = expert_offsets(counts);
+    const int64_t Nout = 37;
+    struct Case {
+        std::vector<int32_t> counts;
+        int64_t K;
+    };
+    // Decoding's few slots (an expert with none among them); the most slots of Vulkan's
+    // matrix-vector path (32) and one more; K a multiple of 4 (the 4-wide reads) or not (Q8_0,
+    // whose rows are whole blocks, only at the first); and a prefill's many.
+    for (const Case& c :
+         {Case{{1, 0, 1, 0}, 64}, Case{{3, 0, 6, 1}, 64}, Case{{2, 5}, 45}, Case{{8, 0, 16, 8}, 64},
+          Case{{9, 0, 16, 8}, 64}, Case{{30, 0, 25, 9}, 64}}) {
+        const int64_t E = static_cast<int64_t>(c.counts.size()), K = c.K;
+        const std::vector<int32_t> offsets = expert_offsets(c.counts);
         const int64_t S = offsets.back();
         for (bool swiglu : {false, true}) {
             for (Activation act :
@@ -205,10 +220,11 @@ TEST_P(FusedOps, GroupedFfnUpIsTheProductsThenTheActivation) {
                 for (bool training : {true, false}) {
                     for (DType t : formats()) {
                         if (!training && t != DType::F32) continue;
+                        if (t == DType::Q8_0 && K % kQ8_0BlockValues != 0) continue;
                         SCOPED_TRACE(std::string(swiglu ? "swiglu" : "activation ") +
                                      std::to_string(static_cast<int>(act)) +
                                      (training ? " training " : " inference ") + to_string(t) +
-                                     " S " + std::to_string(S));
+                                     " S " + std::to_string(S) + " K " + std::to_string(K));
                         Backend::ModeScope mode(be(), {.training = training});
                         const auto x = normal(S * K), w1 = normal(E * Nout * K, 0.2),
                                    w3 = normal(E * Nout * K, 0.2), b1 = normal(E * Nout),
@@ -223,11 +239,21 @@ TEST_P(FusedOps, GroupedFfnUpIsTheProductsThenTheActivation) {
                                              swiglu ? weight_on(b, t, w3, {E, Nout, K}) : Tensor{},
                                              swiglu && with_bias ? up(b, b3, {E, Nout}) : Tensor{},
                                              up_ids(b, offsets, {E + 1}), act, pre, upv, out);
+                            // out is the backend's own activation (or swiglu) of its pre (and
+                            // up), bit for bit: the backward recomputes it from pre so.
+                            Tensor again = poisoned(b, {S, Nout});
+                            if (swiglu)
+                                b.swiglu(pre, upv, again);
+                            else
+                                b.activation(act, pre, again);
+                            const std::vector<float> got = down(b, out);
                             Outputs o{{"pre", down(b, pre), tol}};
                             if (swiglu) o.push_back({"up", down(b, upv), tol});
                             // The activation of a value within tol has a slope of at most
                             // ~2|x| (relu2) on these scales: a few tol of the output's scale.
-                            o.push_back({"out", down(b, out), 4 * tol});
+                            o.push_back({"out", got, 4 * tol});
+                            o.push_back({"out's bits unlike activation(pre)'s",
+                                         bits_differ(got, down(b, again)), 0.0});
                             return o;
                         });
                     }

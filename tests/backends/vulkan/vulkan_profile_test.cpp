@@ -1,11 +1,14 @@
 // The Vulkan backend's profiler (Backend::begin_profile, tmx bench --profile): every command is
 // counted under its shader, the times are the device's and add up to no more than the wall
-// time, and decode steps profiled compute what unprofiled (recorded) ones do, with recording
-// resuming afterwards. A backend that cannot time: tests/engine/compute/backend_profile_test.cpp.
+// time, the barriers between them are counted (profiled_barriers), and decode steps profiled
+// compute what unprofiled (recorded) ones do, with recording resuming afterwards. A backend that
+// cannot time: tests/engine/compute/backend_profile_test.cpp.
 #ifdef TMX_HAS_VULKAN
 
 #include <chrono>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "engine/model/kv_cache.h"
 #include "engine/model/model.h"
@@ -59,6 +62,9 @@ TEST_F(VulkanProfile, CountsEveryCommandUnderItsShaderAndTimesWithinTheWallTime)
     // copy, in the order each kind first ran.
     EXPECT_EQ(static_cast<uint64_t>(total), commands() - before);
     EXPECT_EQ(vk().counters().dispatches - dispatches, 4u) << "one matmul and three adds";
+    // Each command after the first reads or overwrites what the one before it wrote: a barrier
+    // before each of the four.
+    EXPECT_EQ(vk().profiled_barriers(), std::optional<int64_t>(4));
     ASSERT_EQ(profile.size(), 3u);
     EXPECT_EQ(profile[0].name.rfind("matmul", 0), 0u) << profile[0].name;
     EXPECT_EQ(profile[0].count, 1);
@@ -82,21 +88,24 @@ TEST_F(VulkanProfile, CountsEveryCommandUnderItsShaderAndTimesWithinTheWallTime)
     EXPECT_THROW(vk().end_profile(), std::logic_error);
 }
 
-// Decode steps: two unprofiled (the second is recorded), two profiled, three unprofiled (recorded
-// afresh, then replayed), each step's logits against the same model stepping unprofiled on
-// another cache; a profiled step's commands are all the stream issued.
+// Decode steps: two unprofiled (the second is recorded), three profiled, three unprofiled
+// (recorded afresh, then replayed), each step's logits against the same model stepping
+// unprofiled on another cache; a profiled step's commands are all the stream issued, with
+// fewer barriers than commands, as many on each step after the first profiled one (whose
+// uploads go in a submit of their own).
 TEST_F(VulkanProfile, ProfiledDecodeStepsComputeWhatRecordedOnesDoAndRecordingResumes) {
     const ModelConfig config = load_config(source_dir() + "/assets/configs/test-tiny.json");
     Model model(config, vk());
     model.init_random(seed_);
     KvCache profiled(config, vk(), 1), plain(config, vk(), 1);
-    const int64_t steps = 7;
+    const int64_t steps = 8;
+    std::vector<int64_t> barriers;
     for (int64_t s = 0; s < steps; ++s) {
         SCOPED_TRACE("step " + std::to_string(s) + ", " + trace());
         const std::vector<int32_t> token{static_cast<int32_t>(rng_.below(config.vocab_size))};
         const std::vector<int32_t> start{static_cast<int32_t>(s)};
         const std::vector<float> want = down(vk(), model.forward_cached(token, 1, 1, start, plain));
-        const bool profile = s == 2 || s == 3;
+        const bool profile = s >= 2 && s <= 4;
         const uint64_t before = commands(), submits = vk().counters().submits;
         if (profile) vk().begin_profile();
         Tensor logits = model.forward_cached(token, 1, 1, start, profiled);
@@ -105,12 +114,19 @@ TEST_F(VulkanProfile, ProfiledDecodeStepsComputeWhatRecordedOnesDoAndRecordingRe
             for (const Backend::ProfiledCommands& p : vk().end_profile()) timed += p.count;
             EXPECT_EQ(static_cast<uint64_t>(timed), commands() - before);
             EXPECT_GT(timed, 10) << "a decode step issues every op of every layer";
+            const std::optional<int64_t> waits = vk().profiled_barriers();
+            ASSERT_TRUE(waits.has_value());
+            EXPECT_GE(*waits, 1) << "each layer's ops read what the one before wrote";
+            EXPECT_LT(*waits, timed) << "the step's first command waits for nothing";
+            if (s > 2) barriers.push_back(*waits);
             // One submit a step; the first profiled one drops the step's recording, which
             // first submits what is pending (here the step's uploads) in case it runs there.
             EXPECT_EQ(vk().counters().submits, submits + (s == 2 ? 2 : 1));
         }
         EXPECT_TRUE(Close(down(vk(), logits), want, 1e-6));
     }
+    ASSERT_EQ(barriers.size(), 2u);
+    EXPECT_EQ(barriers[0], barriers[1]) << "two identical steps";
 }
 
 }  // namespace

@@ -389,6 +389,56 @@ TEST_F(VulkanVariants, GroupedMatmulGemv) {
     });
 }
 
+// grouped_ffn_up at the grouped matrix-vector kernel's sizes: one dispatch of it (the products
+// with w1, and w3 for SwiGLU, then the activation), with every candidate, in every weight
+// format (half-way into a word), x off a 16-byte boundary, K a multiple of 4 or not.
+TEST_F(VulkanVariants, GroupedFfnUpGemv) {
+    SCOPED_TRACE(trace());
+    const int64_t Nout = 33;
+    const auto check = [&](DType t, int64_t w_lead, int64_t x_lead,
+                           const std::vector<int32_t>& counts, int64_t K, bool swiglu) {
+        const int64_t E = static_cast<int64_t>(counts.size());
+        const std::vector<int32_t> offsets = expert_offsets(counts);
+        const int64_t S = offsets[E];
+        SCOPED_TRACE(std::string("grouped_ffn_up ") + (swiglu ? "swiglu " : "gelu ") +
+                     to_string(t) + " S,E,Nout,K " + dims({S, E, Nout, K}) + " w lead " +
+                     std::to_string(w_lead) + " x lead " + std::to_string(x_lead));
+        const std::array<Tensor, 2> w1 = stored(t, {E, Nout, K}, w_lead),
+                                    w3 = stored(t, {E, Nout, K}, w_lead);
+        const auto x = normal(S * K), b1 = normal(E * Nout), b3 = normal(E * Nout);
+        std::array<std::vector<float>, 2> pre, upv, out;
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor p = output(*be, {S, Nout}), u = swiglu ? output(*be, {S, Nout}) : Tensor{},
+                   o = output(*be, {S, Nout});
+            const Tensor xt = offset(*be, x, x_lead, {S, K}), b1t = up(*be, b1, {E, Nout}),
+                         b3t = swiglu ? up(*be, b3, {E, Nout}) : Tensor{},
+                         offsets_t = up_ids(*be, offsets, {E + 1});
+            const uint64_t dispatches = vk().counters().dispatches;
+            be->grouped_ffn_up(xt, w1[i], b1t, swiglu ? w3[i] : Tensor{}, b3t, offsets_t,
+                               Activation::Gelu, p, u, o);
+            if (be == &vk()) EXPECT_EQ(vk().counters().dispatches - dispatches, 1u);
+            pre[i] = down(*be, p);
+            if (swiglu) upv[i] = down(*be, u);
+            out[i++] = down(*be, o);
+        }
+        EXPECT_TRUE(Close(pre[0], pre[1], reduction_tol(K))) << "pre";
+        EXPECT_TRUE(Close(upv[0], upv[1], reduction_tol(K))) << "up";
+        EXPECT_TRUE(Close(out[0], out[1], 4 * reduction_tol(K))) << "out";
+    };
+    for_each_variant(vk::Kernel::GroupedMatmulGemv, [&] {
+        for (bool swiglu : {false, true}) {
+            for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0}) {
+                const int64_t half_word = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
+                check(t, half_word, 0, {4, 0, 3}, 64, swiglu);
+                check(t, 0, 1, {1, 2}, 64, swiglu);
+                if (t != DType::Q8_0) check(t, 0, 0, {4, 0, 3}, 45, swiglu);
+            }
+            check(DType::F32, 0, 0, {9, 12, 0, 11}, 32, swiglu);  // 32 slots, the most
+        }
+    });
+}
+
 // The backward's d_x kernel (its d_w kernel at its default): both gradients checked.
 TEST_F(VulkanVariants, GroupedMatmulBackwardDx) {
     SCOPED_TRACE(trace());

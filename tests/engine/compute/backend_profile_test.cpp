@@ -24,6 +24,7 @@ TEST(BackendProfile, ABackendThatCannotTimeSaysSo) {
             << e.what();
     }
     EXPECT_THROW(cpu->end_profile(), std::logic_error);
+    EXPECT_FALSE(cpu->profiled_barriers().has_value()) << "it counts no barriers either";
 }
 
 }  // namespace
