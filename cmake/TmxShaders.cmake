@@ -27,6 +27,9 @@ foreach(module matmul_gemv grouped_matmul_gemv)
          ${module}:sg_${format_suffix}:TMX_GEMV_SUBGROUP+${format_macro})
   endforeach()
 endforeach()
+# Prefill attention with a query's row in registers, reduced through subgroup shuffles
+# (shaders/attention_tiled.comp, variants ".sg1"): a module of its own for the same reason.
+list(APPEND TMX_SHADER_VARIANTS attention_tiled:sg:TMX_ATTENTION_SUBGROUP)
 
 function(tmx_embed_shaders out_var)
   cmake_parse_arguments(ARG "" "SHADER_DIR" "" ${ARGN})

@@ -55,7 +55,8 @@ constexpr uint32_t kGemvRows[] = {1, 2, 4, 8};
 constexpr uint32_t kGemvReductions[] = {0, 1};
 constexpr uint32_t kGemvSlots = 4;  // rows of a (or slots) per workgroup: the shaders' MMAX, MS
 // Attention candidates {WG, BQ, BK}: BQ queries per tile, keys staged BK at a time, WG / BQ
-// invocations per query. The last four fit Vulkan's minimum of 16 KiB of shared memory.
+// invocations per query. The query tile and scores in shared memory (SG 0): the last four fit
+// Vulkan's minimum of 16 KiB of shared memory.
 constexpr std::array<std::array<uint32_t, 3>, 16> kAttentionTiles = {{
     {64, 16, 32},
     {64, 16, 16},
@@ -74,6 +75,33 @@ constexpr std::array<std::array<uint32_t, 3>, 16> kAttentionTiles = {{
     {128, 8, 16},
     {32, 4, 16},
 }};
+// Attention candidates of SG 1 (a query's row in registers, vulkan_tuning.h), by invocations
+// per query (WG / BQ): 4 and 2, then 8, then 16, which must divide the subgroup (lavapipe's of
+// 4 runs the first nine). Fewer invocations per query spend fewer shuffles per score; more
+// hold fewer of its channels each.
+constexpr std::array<std::array<uint32_t, 3>, 16> kAttentionSubgroupTiles = {{
+    {64, 16, 32},
+    {64, 16, 64},
+    {128, 32, 32},
+    {128, 32, 16},
+    {32, 8, 32},
+    {256, 64, 32},
+    {64, 32, 32},
+    {128, 64, 32},
+    {64, 16, 16},
+    {64, 8, 32},
+    {128, 16, 32},
+    {256, 32, 32},
+    {128, 16, 64},
+    {32, 4, 32},
+    {128, 8, 32},
+    {256, 16, 32},
+}};
+// attention_tiled.comp's subgroup form: the key tile, and the value tile beside it or in its
+// place, up to MAX_HEAD_DIM floats a row.
+uint64_t attention_subgroup_shared_floats(uint64_t bk, bool separate_values) {
+    return (separate_values ? 2 : 1) * bk * kAttentionTiledMaxHeadDim;
+}
 
 enum class Form { Tiled, Gemv, Attention };
 Form form_of(Kernel k) {
@@ -129,9 +157,10 @@ bool is_gemv(Kernel k) {
 
 std::string Variant::name(Kernel k) const {
     if (form_of(k) == Form::Attention)
-        return spec.size() == 3 ? "wg" + std::to_string(spec[0]) + ".bq" + std::to_string(spec[1]) +
-                                      ".bk" + std::to_string(spec[2])
-                                : "?";
+        return spec.size() == 4
+                   ? "wg" + std::to_string(spec[0]) + ".bq" + std::to_string(spec[1]) + ".bk" +
+                         std::to_string(spec[2]) + (spec[3] ? ".sg" + std::to_string(spec[3]) : "")
+                   : "?";
     if (is_gemv(k))
         return spec.size() == 3 ? "wg" + std::to_string(spec[0]) + ".nr" + std::to_string(spec[1]) +
                                       (spec[2] ? ".sg" + std::to_string(spec[2]) : "")
@@ -148,9 +177,9 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
         form == Form::Gemv        ? std::vector<std::string>{"wg", "nr"}
         : form == Form::Attention ? std::vector<std::string>{"wg", "bq", "bk"}
                                   : std::vector<std::string>{"bm", "bn", "bk", "tm", "tn"};
-    // A matrix-vector name may end in ".sg1" (vulkan_tuning.h); without it SG is 0.
+    // A matrix-vector or attention name may end in ".sg1" (vulkan_tuning.h); without it SG is 0.
     uint32_t sg = 0;
-    if (form == Form::Gemv && name.size() > 4 && name.substr(name.size() - 4) == ".sg1") {
+    if (form != Form::Tiled && name.size() > 4 && name.substr(name.size() - 4) == ".sg1") {
         name.remove_suffix(4);
         sg = 1;
     }
@@ -166,7 +195,7 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
         values.push_back(v);
         at = end + 1;
     }
-    if (form == Form::Gemv) values.push_back(sg);
+    if (form != Form::Tiled) values.push_back(sg);
     if (form != Form::Tiled) return Variant{values};
     const uint32_t bm = values[0], bn = values[1], tm = values[3], tn = values[4];
     if (bm % tm != 0 || bn % tn != 0) return std::nullopt;
@@ -177,14 +206,34 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
     const uint32_t wg = v.spec.empty() ? 0 : v.spec[0];
     uint64_t shared_floats = 0;
     if (form_of(k) == Form::Attention) {
-        if (v.spec.size() != 3) return "not an attention variant";
+        if (v.spec.size() != 4 || v.spec[3] > 1) return "not an attention variant";
         const uint64_t bq = v.spec[1], bk = v.spec[2];
         if (bq == 0 || bk == 0 || wg % bq != 0)
             return "its workgroup is not a multiple of its queries per tile";
         const uint64_t lanes = wg / bq;
-        // attention_tiled.comp's arrays: query and key rows padded to MAX_HEAD_DIM + 1, score
-        // and weight rows to BK + LANES.
-        shared_floats = (bq + bk) * (kAttentionTiledMaxHeadDim + 1) + 2 * bq * (bk + lanes);
+        if (v.spec[3] == 1) {
+            if (!d.subgroup_shuffle)
+                return "it sums through subgroup shuffles, which the device does not report for "
+                       "compute shaders";
+            // A query's invocations must be consecutive in one subgroup, and its butterfly
+            // pairs them by xor: a power of two dividing the subgroup, in whole subgroups.
+            // (The shader, SPIR-V 1.5, runs at the subgroup size the device reports.)
+            if (!std::has_single_bit(d.subgroup_size))
+                return "it sums through subgroups, and the device reports subgroups of " +
+                       std::to_string(d.subgroup_size) + " invocations, not a power of two";
+            if (!std::has_single_bit(lanes) || lanes > d.subgroup_size)
+                return "its " + std::to_string(lanes) +
+                       " invocations per query do not divide a subgroup (" +
+                       std::to_string(d.subgroup_size) + ")";
+            if (wg % d.subgroup_size != 0)
+                return "its workgroup (" + std::to_string(wg) + ") is not whole subgroups (" +
+                       std::to_string(d.subgroup_size) + ")";
+            shared_floats = attention_subgroup_shared_floats(bk, false);
+        } else {
+            // attention_tiled.comp's arrays: query and key rows padded to MAX_HEAD_DIM + 1,
+            // score and weight rows to BK + LANES.
+            shared_floats = (bq + bk) * (kAttentionTiledMaxHeadDim + 1) + 2 * bq * (bk + lanes);
+        }
     } else if (is_gemv(k)) {
         if (v.spec.size() != 3 || v.spec[2] > 1) return "not a matrix-vector variant";
         if (!std::has_single_bit(wg)) return "its workgroup is not a power of two";
@@ -224,7 +273,8 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
 std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
     std::vector<Variant> all;
     if (form_of(k) == Form::Attention) {
-        for (const auto& t : kAttentionTiles) all.push_back({{t[0], t[1], t[2]}});
+        for (const auto& t : kAttentionTiles) all.push_back({{t[0], t[1], t[2], 0}});
+        for (const auto& t : kAttentionSubgroupTiles) all.push_back({{t[0], t[1], t[2], 1}});
     } else if (is_gemv(k)) {
         for (uint32_t sg : kGemvReductions)
             for (uint32_t wg : kGemvWg)
@@ -234,6 +284,10 @@ std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
     }
     std::erase_if(all, [&](const Variant& v) { return !invalid_reason(k, v, d).empty(); });
     return all;
+}
+
+bool attention_separate_values(const Variant& v, const DeviceInfo& d) {
+    return attention_subgroup_shared_floats(v.spec[2], true) * 4 <= d.shared_memory_bytes;
 }
 
 std::string ShapeKey::to_string() const {
@@ -454,8 +508,9 @@ TuningTable::TuningTable(const DeviceInfo& d) : device_(&d) {
     gemv_ = {{64, 4, 0}};
     // 16 queries x 32 keys; on a device with less shared memory than that needs, the tile
     // that fits Vulkan's minimum.
-    attention_ = {{64, 16, 32}};
-    if (!invalid_reason(Kernel::AttentionTiled, attention_, d).empty()) attention_ = {{32, 8, 16}};
+    attention_ = {{64, 16, 32, 0}};
+    if (!invalid_reason(Kernel::AttentionTiled, attention_, d).empty())
+        attention_ = {{32, 8, 16, 0}};
     // On NVIDIA the 8x8 register block of the 128x128 tile is 2-11x slower than the 64x64
     // tile's 4x4 (H100, docs/gpu-results.md, 2026-11-23).
     if (d.vendor_id == kVendorNvidia) large_ = small_;

@@ -42,20 +42,24 @@ inline constexpr int kKernelCount = 7;
 const char* kernel_name(Kernel k);
 std::optional<Kernel> kernel_from_name(std::string_view name);
 // Whether the family is a matrix-vector kernel ({wg, rows, sg}) rather than a tiled one
-// ({wg, bm, bn, bk, tm, tn}) or attention ({wg, bq, bk}).
+// ({wg, bm, bn, bk, tm, tn}) or attention ({wg, bq, bk, sg}).
 bool is_gemv(Kernel k);
 // attention_tiled.comp's longest head (its MAX_HEAD_DIM), which its shared memory is sized for.
 inline constexpr uint32_t kAttentionTiledMaxHeadDim = 128;
 
 // A kernel's specialization constants, in constant_id order: tiled {WG, BM, BN, BK, TM, TN}
-// (matmul_tile.glsl), matrix-vector {WG, NR, SG} (matmul_gemv.comp), attention {WG, BQ, BK}
-// (attention_tiled.comp). A matrix-vector variant's SG is no constant but picks the module:
-// 0 the workgroup's sum in a shared-memory tree, 1 through subgroup shuffles first (the *_sg
-// modules, shaders/gemv_reduce.glsl), which needs a device with them (invalid_reason).
+// (matmul_tile.glsl), matrix-vector {WG, NR, SG} (matmul_gemv.comp), attention {WG, BQ, BK,
+// SG} (attention_tiled.comp). The SG of a matrix-vector or attention variant is no constant but
+// picks the module, which needs a device with subgroup shuffles when it is 1 (invalid_reason):
+// matrix-vector, 0 the workgroup's sum in a shared-memory tree, 1 through subgroup shuffles
+// first (the *_sg modules, shaders/gemv_reduce.glsl); attention, 0 the query tile and the
+// scores in shared memory, 1 a query's row in the registers of WG / BQ consecutive invocations
+// of a subgroup, its scores summed through shuffles (attention_tiled_sg).
 struct Variant {
     std::vector<uint32_t> spec;
     // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it), "wg64.nr4" (SG 0: the
-    // names of tuning files written before SG existed), "wg64.nr4.sg1", or "wg64.bq16.bk32".
+    // names of tuning files written before SG existed), "wg64.nr4.sg1", "wg64.bq16.bk32" (SG 0
+    // likewise), or "wg64.bq16.bk32.sg1".
     std::string name(Kernel k) const;
     bool operator==(const Variant&) const = default;
 };
@@ -65,6 +69,10 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name);
 std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d);
 // The kernel's candidates that the device can run, in a fixed order.
 std::vector<Variant> candidates(Kernel k, const DeviceInfo& d);
+// Whether an attention variant of SG 1 (which the device can run) has room in the device's
+// shared memory for its key and value tiles side by side (attention_tiled.comp's SEPARATE_V: one
+// staging step and two barriers per tile fewer) rather than the value tile in the key tile's.
+bool attention_separate_values(const Variant& v, const DeviceInfo& d);
 
 // What a choice applies to (see the top of the file). layout: dense, trans_a | trans_b << 1;
 // grouped, the number of experts; attention, the query heads (n: head_dim, k: the window).

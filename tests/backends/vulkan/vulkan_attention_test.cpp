@@ -1,15 +1,17 @@
 // The Vulkan attention paths against the CPU backend at the sizes that select them
 // (backends/vulkan/attention.cpp): the split over key slices for few queries (a long wrapped
 // cache, windows shorter than the split so whole slices are empty), the tiled kernel for many
-// queries (windows, GQA, an odd head_dim, sequences at different starts), and the fallback
-// shader for head_dim 256. Cache slots the contract says are not read hold NaN. Then the
-// backward's tiled passes and their fallback (VulkanAttentionBackward).
+// queries (windows, GQA, an odd head_dim, sequences at different starts) in both its forms,
+// and the fallback shader for head_dim 256. Cache slots the contract says are not read hold NaN.
+// Then the backward's tiled passes and their fallback (VulkanAttentionBackward).
 #ifdef TMX_HAS_VULKAN
 
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "backends/vulkan/vulkan_tuning.h"
+#include "tests/backends/backend_pair_fixture.h"  // BitwiseEqual
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
 namespace tmx::test {
@@ -31,7 +33,8 @@ std::string describe(const Case& c) {
 class VulkanAttention : public VulkanTest {
   protected:
     // Runs the case on both backends; expects the results within the reduction tolerance and
-    // the Vulkan backend to record `dispatches` dispatches.
+    // the Vulkan backend to record `dispatches` dispatches, and to give the same bits when run
+    // again.
     void check(const Case& c, uint64_t dispatches) {
         SCOPED_TRACE(describe(c));
         const bool cached = c.S > 0;
@@ -63,6 +66,17 @@ class VulkanAttention : public VulkanTest {
                 EXPECT_EQ(vk().counters().dispatches - before, dispatches) << "the path taken";
             }
             results[i++] = down(*be, out);
+            if (be == &vk()) {
+                Tensor again = be->alloc({B, c.T, c.H, c.hd});
+                if (cached) {
+                    be->attention_cached(qt, kt, vt, up(*be, kc, {B, c.S, c.Hkv, c.hd}),
+                                         up(*be, vc, {B, c.S, c.Hkv, c.hd}),
+                                         up_ids(*be, c.start, {B}), again, c.window);
+                } else {
+                    be->attention(qt, kt, vt, again, c.window);
+                }
+                EXPECT_TRUE(BitwiseEqual(down(*be, again), results[0])) << "a second run";
+            }
         }
         const int64_t keys = c.window ? c.window : c.S + c.T;
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(std::max(c.hd, keys))));
@@ -89,6 +103,37 @@ TEST_F(VulkanAttention, PrefillTilesMatchCpu) {
         check({300, 8, 2, hd, 0, 0, {0, 0}}, 1);      // plain attention(), no window
     }
     check({17, 4, 1, 128, 5, 16, {3, 40}}, 1);  // a partial query tile, head_dim 128
+}
+
+// The tiled kernel's subgroup form (".sg1", vulkan_tuning.h) forced, at the default form's
+// cases: a variant whose key and value tiles lie side by side in shared memory and one whose
+// value tile takes the key tile's place, where the device has them.
+TEST_F(VulkanAttention, PrefillSubgroupTilesMatchCpu) {
+    SCOPED_TRACE(trace());
+    const vk::DeviceInfo& d = vk().context().info();
+    if (!d.subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles";
+    std::vector<vk::Variant> picked;
+    for (bool separate : {true, false})
+        for (const vk::Variant& v : vk::candidates(vk::Kernel::AttentionTiled, d))
+            if (v.spec[3] == 1 && vk::attention_separate_values(v, d) == separate) {
+                picked.push_back(v);
+                break;
+            }
+    ASSERT_FALSE(picked.empty());
+    for (const vk::Variant& v : picked) {
+        const std::string name = v.name(vk::Kernel::AttentionTiled);
+        SCOPED_TRACE("attention_tiled=" + name);
+        vk().force_variant("attention_tiled", name);
+        for (int64_t hd : {64, 24}) {
+            check({300, 8, 2, hd, 64, 64, {0, 517}}, 1);
+            check({300, 8, 2, hd, 0, 400, {0, 90}}, 1);
+            check({300, 8, 2, hd, 64, 0, {0, 0}}, 1);
+            check({300, 8, 2, hd, 0, 0, {0, 0}}, 1);
+        }
+        check({17, 4, 1, 128, 5, 16, {3, 40}}, 1);
+        check({40, 4, 4, 40, 0, 30, {0, 200}}, 1);  // GQA group 1, head_dim 40
+    }
+    vk().force_variant("attention_tiled", "");
 }
 
 // head_dim 256: beyond the tiled kernel, so the fallback shader runs; decode still splits.

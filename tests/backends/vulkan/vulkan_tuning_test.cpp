@@ -197,6 +197,88 @@ TEST(VulkanTuning, FileRoundTripsAndIsRefusedOnAnotherDeviceDriverOrBuild) {
     }
 }
 
+// The prefill attention variants holding a query's row in registers: named ".sg1" (a name
+// without it is the shared-memory form, as tuning files wrote before), offered where the device
+// has shuffles and a query's invocations (WG / BQ) divide its subgroup in whole subgroups,
+// refused otherwise saying why; never the default; their key and value tiles side by side where
+// the shared memory holds both. A tuning file naming one reads back and applies only where it
+// can run.
+TEST(VulkanTuning, SubgroupAttentionVariantsNeedShufflesAndQueriesWithinASubgroup) {
+    const Kernel k = Kernel::AttentionTiled;
+    vk::DeviceInfo with = device(1024, 48 * 1024), without = with;
+    with.subgroup_shuffle = true;
+    with.subgroup_size = 32;
+    const std::optional<vk::Variant> plain = vk::parse_variant(k, "wg64.bq16.bk32"),
+                                     sg = vk::parse_variant(k, "wg64.bq16.bk32.sg1"),
+                                     deep = vk::parse_variant(k, "wg64.bq16.bk64.sg1"),
+                                     eight = vk::parse_variant(k, "wg64.bq8.bk32.sg1"),
+                                     small = vk::parse_variant(k, "wg32.bq8.bk32.sg1"),
+                                     three = vk::parse_variant(k, "wg48.bq16.bk32.sg1");
+    ASSERT_TRUE(plain && sg && deep && eight && small && three);
+    EXPECT_EQ(plain->spec, (std::vector<uint32_t>{64, 16, 32, 0}));
+    EXPECT_EQ(sg->spec, (std::vector<uint32_t>{64, 16, 32, 1}));
+    EXPECT_EQ(sg->name(k), "wg64.bq16.bk32.sg1");
+    EXPECT_EQ(plain->name(k), "wg64.bq16.bk32");
+    for (const char* bad :
+         {"wg64.bq16.bk32.sg2", "wg64.bq16.bk32.sg0", "wg64.bq16.bk32.sg", "wg64.bq16.sg1"})
+        EXPECT_FALSE(vk::parse_variant(k, bad)) << bad;
+    for (const vk::DeviceInfo& d : {with, device(1024, 48 * 1024, 0x10DE)})
+        EXPECT_EQ(vk::TuningTable(d).default_variant(k, 512, 64, 256, 8), *plain);
+
+    const std::vector<vk::Variant> all = vk::candidates(k, with);
+    EXPECT_EQ(all.size(), vk::candidates(k, without).size() + 16);
+    for (const vk::Variant& v : all) {
+        const std::optional<vk::Variant> back = vk::parse_variant(k, v.name(k));
+        ASSERT_TRUE(back) << v.name(k);
+        EXPECT_EQ(*back, v);
+    }
+    EXPECT_NE(std::find(all.begin(), all.end(), *sg), all.end());
+
+    const auto reason = [&](const vk::Variant& v, auto change) {
+        vk::DeviceInfo d = with;
+        change(d);
+        return vk::invalid_reason(k, v, d);
+    };
+    EXPECT_EQ(vk::invalid_reason(k, *sg, with), "");
+    EXPECT_NE(vk::invalid_reason(k, *sg, without).find("subgroup shuffles"), std::string::npos);
+    EXPECT_EQ(vk::invalid_reason(k, *plain, without), "");
+    // 8 invocations per query: not within lavapipe's subgroups of 4; 4 are.
+    EXPECT_NE(reason(*eight, [](vk::DeviceInfo& d) { d.subgroup_size = 4; })
+                  .find("do not divide a subgroup"),
+              std::string::npos);
+    EXPECT_EQ(reason(*sg, [](vk::DeviceInfo& d) { d.subgroup_size = 4; }), "");
+    EXPECT_NE(vk::invalid_reason(k, *three, with).find("do not divide a subgroup"),
+              std::string::npos);
+    EXPECT_NE(
+        reason(*small, [](vk::DeviceInfo& d) { d.subgroup_size = 64; }).find("not whole subgroups"),
+        std::string::npos);
+    EXPECT_NE(reason(*sg, [](vk::DeviceInfo& d) { d.subgroup_size = 24; }).find("power of two"),
+              std::string::npos);
+    EXPECT_NE(reason(*deep, [](vk::DeviceInfo& d) { d.shared_memory_bytes = 16 * 1024; })
+                  .find("shared memory"),
+              std::string::npos);
+    // Side by side: 2 x BK x 128 floats, 32 KiB at BK 32; BK 64 needs 64 KiB for that.
+    EXPECT_TRUE(vk::attention_separate_values(*sg, with));
+    EXPECT_FALSE(vk::attention_separate_values(*deep, with));
+    EXPECT_EQ(vk::invalid_reason(k, *deep, with), "");
+    vk::DeviceInfo roomy = with;
+    roomy.shared_memory_bytes = 64 * 1024;
+    EXPECT_TRUE(vk::attention_separate_values(*deep, roomy));
+
+    vk::TuningFile f = sample_file(with);
+    f.shapes.push_back({vk::shape_key(k, 300, 64, 256, 8), *sg, 0.5, 0.75, 32});
+    const vk::TuningFile back = vk::parse_tuning_file(vk::tuning_file_json(f), "t.json");
+    ASSERT_EQ(back.shapes.size(), f.shapes.size());
+    EXPECT_EQ(back.shapes.back().best, *sg);
+    EXPECT_NO_THROW(vk::check_tuning_applies(back, with, "t.json"));
+    // The same device without shuffles (another driver would say so first).
+    const std::string m = error_of([&] { vk::check_tuning_applies(back, without, "t.json"); });
+    EXPECT_NE(m.find("wg64.bq16.bk32.sg1 cannot run here"), std::string::npos) << m;
+    vk::TuningTable table(with);
+    table.set_tuned(back, "t.json");
+    EXPECT_EQ(table.choose(k, 300, 64, 256, 8), *sg);
+}
+
 TEST(VulkanTuning, CorruptFilesAreRefusedNamingTheField) {
     const vk::DeviceInfo here = device(1024, 48 * 1024);
     const std::string good = vk::tuning_file_json(sample_file(here));
@@ -313,6 +395,14 @@ TEST_F(VulkanTuningOnDevice, TunedShapesAreUsedByTheNextStartAndComputeWhatTheDe
          {"matmul", "matmul_gemv", "grouped_matmul", "grouped_matmul_gemv",
           "grouped_matmul_backward_dx", "grouped_matmul_backward_dw", "attention_tiled"})
         EXPECT_TRUE(kernels.count(k)) << k;
+    // Prefill attention was timed in both forms where the device has subgroup shuffles.
+    for (const TunedShapeReport& s : r.shapes) {
+        if (s.call.kernel != "attention_tiled") continue;
+        const bool subgroup_tried = std::any_of(s.tried.begin(), s.tried.end(), [](const auto& t) {
+            return t.variant.ends_with(".sg1");
+        });
+        EXPECT_EQ(subgroup_tried, vk().context().info().subgroup_shuffle) << s.call.key;
+    }
 
     auto tuned = open();
     EXPECT_EQ(tuned->tuning_status().rfind(
@@ -344,6 +434,56 @@ TEST_F(VulkanTuningOnDevice, TunedShapesAreUsedByTheNextStartAndComputeWhatTheDe
     const std::vector<float> sa = down(*tuned, a.forward(step, B, 1, nullptr).logits);
     EXPECT_TRUE(Close(sa, down(*untuned, b.forward(step, B, 1, nullptr).logits), 1e-4));
     EXPECT_TRUE(Close(sa, down(cpu(), ref.forward(step, B, 1, nullptr).logits), 1e-4));
+}
+
+// A tuning file that chose a subgroup attention variant for the model's prefill (as `tmx tune`
+// saves one where it wins) is taken by the next start, whose prefill then runs it and computes
+// the untuned backend's logits.
+TEST_F(VulkanTuningOnDevice, ASubgroupAttentionChoiceIsReloadedAndRun) {
+    const vk::DeviceInfo& d = vk().context().info();
+    if (!d.subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles";
+    const ModelConfig config = load_config(source_dir() + "/assets/configs/test-tiny.json");
+    Model ref(config, cpu());
+    ref.init_random(5);
+    const int64_t B = 2, T = 20;
+    std::vector<int32_t> tokens(B * T);
+    for (int64_t i = 0; i < B * T; ++i)
+        tokens[i] = static_cast<int32_t>((i * 29 + 3) % config.vocab_size);
+    // The prefill's attention call, as the backend logs it.
+    auto untuned = open("off");
+    Model b(config, *untuned);
+    b.params_from_host(ref.params_to_host());
+    std::vector<TunableCall> log;
+    untuned->log_calls(&log);
+    const std::vector<float> lb = down(*untuned, b.forward(tokens, B, T, nullptr).logits);
+    untuned->log_calls(nullptr);
+    const auto call = std::find_if(
+        log.begin(), log.end(), [](const TunableCall& c) { return c.kernel == "attention_tiled"; });
+    ASSERT_NE(call, log.end());
+
+    const std::vector<vk::Variant> all = vk::candidates(Kernel::AttentionTiled, d);
+    const auto sg =
+        std::find_if(all.rbegin(), all.rend(), [](const vk::Variant& v) { return v.spec[3] == 1; });
+    ASSERT_NE(sg, all.rend());
+    const std::string name = sg->name(Kernel::AttentionTiled);
+    vk().save_tuning({{*call, name, 0.1, 0.2, static_cast<int>(all.size())}});
+    const vk::TuningFile file =
+        vk::parse_tuning_file(read_file(vk().tuning_path()), vk().tuning_path());
+    ASSERT_EQ(file.shapes.size(), 1u);
+    EXPECT_EQ(file.shapes[0].best.name(Kernel::AttentionTiled), name);
+
+    auto tuned = open();
+    EXPECT_EQ(tuned->tuning_table().tuned_shapes(), 1u) << tuned->tuning_status();
+    EXPECT_EQ(tuned->tuning_table()
+                  .choose(Kernel::AttentionTiled, call->rows, call->n, call->k,
+                          static_cast<uint32_t>(call->heads))
+                  .name(Kernel::AttentionTiled),
+              name);
+    Model a(config, *tuned);
+    a.params_from_host(ref.params_to_host());
+    const std::vector<float> la = down(*tuned, a.forward(tokens, B, T, nullptr).logits);
+    EXPECT_TRUE(Close(la, lb, 1e-4)) << name;
+    EXPECT_TRUE(Close(la, down(cpu(), ref.forward(tokens, B, T, nullptr).logits), 1e-4)) << name;
 }
 
 TEST_F(VulkanTuningOnDevice, ACorruptForeignOrStaleFileIsRefusedAndTheDefaultsRun) {

@@ -13,12 +13,14 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "backends/vulkan/vulkan_tuning.h"
 #include "engine/compute/kernel_tuning.h"
 #include "engine/compute/weight_format.h"
+#include "tests/backends/backend_pair_fixture.h"  // BitwiseEqual
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
 namespace tmx::test {
@@ -34,11 +36,14 @@ class VulkanVariants : public VulkanTest {
   protected:
     // Runs `body` once with each candidate of `kernel` forced on the Vulkan backend (the variant
     // named in failures), checking that the calls really ran that kernel (every call, but for
-    // the backward's two kernels, which run together); then clears the forced variant.
+    // the backward's two kernels, which run together); then clears the forced variant. `keep`
+    // (when given) picks the candidates to run.
     template <class F>
-    void for_each_variant(vk::Kernel kernel, F body) {
+    void for_each_variant(vk::Kernel kernel, F body,
+                          const std::function<bool(const vk::Variant&)>& keep = nullptr) {
         const std::string family = vk::kernel_name(kernel);
-        const std::vector<vk::Variant> variants = vk::candidates(kernel, vk().context().info());
+        std::vector<vk::Variant> variants = vk::candidates(kernel, vk().context().info());
+        if (keep) std::erase_if(variants, [&](const vk::Variant& v) { return !keep(v); });
         ASSERT_FALSE(variants.empty()) << family;
         const bool backward =
             kernel == vk::Kernel::GroupedMatmulDx || kernel == vk::Kernel::GroupedMatmulDw;
@@ -241,9 +246,10 @@ class VulkanVariants : public VulkanTest {
     }
 
     // Prefill attention of T queries per sequence (2 sequences), plain or after a rolling cache
-    // of S slots (S 0: plain attention()), on both backends.
+    // of S slots (S 0: plain attention()), on both backends; `repeat`: the Vulkan backend runs
+    // it twice, to the same bits.
     void check_attention(int64_t T, int64_t H, int64_t Hkv, int64_t hd, int64_t window, int64_t S,
-                         const std::vector<int32_t>& start) {
+                         const std::vector<int32_t>& start, bool repeat = false) {
         SCOPED_TRACE("attention T,H,Hkv,hd,window,S " + dims({T, H, Hkv, hd, window, S}));
         const int64_t B = static_cast<int64_t>(start.size()), row = Hkv * hd;
         const auto q = normal(B * T * H * hd, 1.5), k = normal(B * T * row, 1.5),
@@ -261,6 +267,16 @@ class VulkanVariants : public VulkanTest {
             else
                 be->attention(qt, kt, vt, out, window);
             results[i++] = down(*be, out);
+            if (repeat && be == &vk()) {
+                Tensor again = output(*be, {B, T, H, hd});
+                if (S > 0)
+                    be->attention_cached(qt, kt, vt, up(*be, kc, {B, S, Hkv, hd}),
+                                         up(*be, vc, {B, S, Hkv, hd}), up_ids(*be, start, {B}),
+                                         again, window);
+                else
+                    be->attention(qt, kt, vt, again, window);
+                EXPECT_TRUE(BitwiseEqual(down(*be, again), results[0])) << "a second run";
+            }
         }
         const int64_t keys = window ? window : S + T;
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(std::max(hd, keys))));
@@ -467,6 +483,53 @@ TEST_F(VulkanVariants, AttentionTiled) {
         check_attention(21, 4, 2, 24, 16, 16, {5, 70});
         check_attention(17, 2, 1, 128, 9, 9, {0, 30});
     });
+}
+
+// The prefill attention variants holding a query's row in registers (".sg1"), each: causal
+// with and without a window, plain and after a rolling cache (wrapped, and holding the window
+// or all of the past), GQA groups of 4 and 1, head_dim 64, 40, 24 and 128, partial query and key
+// tiles; each result the same bits when run again.
+TEST_F(VulkanVariants, AttentionTiledSubgroup) {
+    SCOPED_TRACE(trace());
+    if (!vk().context().info().subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles";
+    for_each_variant(
+        vk::Kernel::AttentionTiled,
+        [&] {
+            check_attention(37, 8, 2, 64, 16, 0, {0, 0}, true);
+            check_attention(37, 4, 4, 40, 0, 0, {0, 0}, true);
+            check_attention(21, 8, 2, 24, 16, 16, {5, 70}, true);
+            check_attention(33, 4, 1, 64, 0, 48, {100, 7}, true);
+            check_attention(17, 2, 1, 128, 9, 9, {0, 30}, true);
+        },
+        [](const vk::Variant& v) { return v.spec[3] == 1; });
+}
+
+// Where the device has subgroup shuffles, the attention candidates hold variants of SG 1 whose
+// invocations per query divide its subgroup, in whole subgroups; one whose do not is refused
+// saying why. At lavapipe's three widths this checks subgroups of 4, 8 and 16.
+TEST_F(VulkanVariants, AttentionSubgroupCandidatesFitTheSubgroup) {
+    SCOPED_TRACE(trace());
+    const vk::DeviceInfo& d = vk().context().info();
+    const vk::Kernel k = vk::Kernel::AttentionTiled;
+    const std::vector<vk::Variant> all = vk::candidates(k, d);
+    const auto subgroup =
+        std::count_if(all.begin(), all.end(), [](const vk::Variant& v) { return v.spec[3] == 1; });
+    if (!d.subgroup_shuffle) {
+        EXPECT_EQ(subgroup, 0);
+        EXPECT_NE(vk::invalid_reason(k, *vk::parse_variant(k, "wg64.bq16.bk32.sg1"), d)
+                      .find("subgroup shuffles"),
+                  std::string::npos);
+        return;
+    }
+    EXPECT_GT(subgroup, 0) << "subgroups of " << d.subgroup_size;
+    for (const vk::Variant& v : all) {
+        if (v.spec[3] != 1) continue;
+        EXPECT_EQ(d.subgroup_size % (v.spec[0] / v.spec[1]), 0u) << v.name(k);
+        EXPECT_EQ(v.spec[0] % d.subgroup_size, 0u) << v.name(k);
+    }
+    const vk::Variant wide = *vk::parse_variant(k, "wg512.bq2.bk16.sg1");  // 256 per query
+    EXPECT_NE(vk::invalid_reason(k, wide, d).find("do not divide a subgroup"), std::string::npos)
+        << "subgroups of " << d.subgroup_size;
 }
 
 TEST_F(VulkanVariants, ForcedVariantFromTheEnvironment) {
