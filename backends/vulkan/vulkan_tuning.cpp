@@ -202,6 +202,18 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
     return tile(bm, bn, values[2], tm, tn);
 }
 
+// Why a variant that sums through subgroup shuffles cannot run on the device (empty: it can):
+// it needs shuffles in compute shaders and subgroups of a power of two.
+static std::string subgroup_refusal(const DeviceInfo& d) {
+    if (!d.subgroup_shuffle)
+        return "it sums through subgroup shuffles, which the device does not report for compute "
+               "shaders";
+    if (!std::has_single_bit(d.subgroup_size))
+        return "it sums through subgroups, and the device reports subgroups of " +
+               std::to_string(d.subgroup_size) + " invocations, not a power of two";
+    return "";
+}
+
 std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
     const uint32_t wg = v.spec.empty() ? 0 : v.spec[0];
     uint64_t shared_floats = 0;
@@ -212,15 +224,10 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
             return "its workgroup is not a multiple of its queries per tile";
         const uint64_t lanes = wg / bq;
         if (v.spec[3] == 1) {
-            if (!d.subgroup_shuffle)
-                return "it sums through subgroup shuffles, which the device does not report for "
-                       "compute shaders";
+            if (std::string why = subgroup_refusal(d); !why.empty()) return why;
             // A query's invocations must be consecutive in one subgroup, and its butterfly
             // pairs them by xor: a power of two dividing the subgroup, in whole subgroups.
             // (The shader, SPIR-V 1.5, runs at the subgroup size the device reports.)
-            if (!std::has_single_bit(d.subgroup_size))
-                return "it sums through subgroups, and the device reports subgroups of " +
-                       std::to_string(d.subgroup_size) + " invocations, not a power of two";
             if (!std::has_single_bit(lanes) || lanes > d.subgroup_size)
                 return "its " + std::to_string(lanes) +
                        " invocations per query do not divide a subgroup (" +
@@ -238,14 +245,9 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
         if (v.spec.size() != 3 || v.spec[2] > 1) return "not a matrix-vector variant";
         if (!std::has_single_bit(wg)) return "its workgroup is not a power of two";
         if (v.spec[2] == 1) {
-            if (!d.subgroup_shuffle)
-                return "it sums through subgroup shuffles, which the device does not report for "
-                       "compute shaders";
+            if (std::string why = subgroup_refusal(d); !why.empty()) return why;
             // gemv_reduce.glsl takes any subgroup size (tested at lavapipe's 4, 8 and 16) as
             // long as whole subgroups fill the workgroup: a power of two no larger than it.
-            if (!std::has_single_bit(d.subgroup_size))
-                return "it sums through subgroups, and the device reports subgroups of " +
-                       std::to_string(d.subgroup_size) + " invocations, not a power of two";
             if (wg < d.subgroup_size)
                 return "its workgroup (" + std::to_string(wg) + ") is smaller than a subgroup (" +
                        std::to_string(d.subgroup_size) + ")";
