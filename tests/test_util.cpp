@@ -80,6 +80,38 @@ TempDir::~TempDir() {
 }
 
 namespace {
+std::optional<std::string> env(const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+}
+void restore_env(const char* name, const std::optional<std::string>& value) {
+    if (value)
+        setenv(name, value->c_str(), 1);
+    else
+        unsetenv(name);
+}
+}  // namespace
+
+CacheHome::CacheHome() : old_xdg_(env("XDG_CACHE_HOME")), old_mesa_(env("MESA_SHADER_CACHE_DIR")) {
+    // Mesa's own rule: $MESA_SHADER_CACHE_DIR, else $XDG_CACHE_HOME (when absolute), else
+    // $HOME/.cache; it keeps its files in mesa_shader_cache under that directory.
+    if (!old_mesa_) {
+        std::string base;
+        if (old_xdg_ && !old_xdg_->empty() && old_xdg_->front() == '/')
+            base = *old_xdg_;
+        else if (const auto home = env("HOME"); home && !home->empty())
+            base = *home + "/.cache";
+        if (!base.empty()) setenv("MESA_SHADER_CACHE_DIR", base.c_str(), 1);
+    }
+    setenv("XDG_CACHE_HOME", dir_.path().c_str(), 1);
+}
+
+CacheHome::~CacheHome() {
+    restore_env("XDG_CACHE_HOME", old_xdg_);
+    restore_env("MESA_SHADER_CACHE_DIR", old_mesa_);
+}
+
+namespace {
 std::string slurp(const std::string& path) {
     std::ifstream in(path);
     std::stringstream ss;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +34,25 @@ class TempDir {
 
   private:
     std::filesystem::path path_;
+};
+
+// For its lifetime, points XDG_CACHE_HOME at a fresh directory, so that tmx's cache files (the
+// Vulkan tuning file, the pipeline cache) start empty. Mesa's shader cache, which follows
+// XDG_CACHE_HOME too, is pinned where it was (MESA_SHADER_CACHE_DIR): its entries are the
+// driver's compiled pipelines, the same for every test, and without them lavapipe spends tens of
+// seconds compiling again what the other tests compiled already. Restores both on destruction.
+class CacheHome {
+  public:
+    CacheHome();
+    ~CacheHome();
+    CacheHome(const CacheHome&) = delete;
+    CacheHome& operator=(const CacheHome&) = delete;
+    const std::filesystem::path& path() const { return dir_.path(); }
+    std::string operator/(const std::string& name) const { return dir_ / name; }
+
+  private:
+    TempDir dir_;
+    std::optional<std::string> old_xdg_, old_mesa_;
 };
 
 struct CommandResult {

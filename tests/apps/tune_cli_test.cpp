@@ -14,8 +14,7 @@ namespace {
 
 TEST(TuneCli, TunesAConfigSavesTheDeviceFileAndDevicesSaysSo) {
     if (!test::backend_opens("vulkan")) GTEST_SKIP() << "no Vulkan device here";
-    test::TempDir cache;
-    setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+    test::CacheHome cache;
     const std::string config = test::source_dir() + "/assets/configs/test-tiny-swiglu.json";
     auto r = test::run_tmx("tune --config " + config +
                            " --prompt 24 --batch 2 --train-batch 2 --train-seq 8 --repeats 1"
@@ -59,7 +58,6 @@ TEST(TuneCli, TunesAConfigSavesTheDeviceFileAndDevicesSaysSo) {
     EXPECT_NE(table.out.find(std::to_string(def) + ": matmul shapes untuned (refused " + saved),
               std::string::npos)
         << table.out;
-    unsetenv("XDG_CACHE_HOME");
 }
 
 TEST(TuneCli, RefusesBadFlags) {

@@ -348,22 +348,20 @@ TEST(VulkanTuning, ACallTakesTheForcedThenTheTunedThenTheNearestTunedThenTheDefa
 
 // ---- on the device
 
-// Sets XDG_CACHE_HOME to a fresh directory for the test (each test runs in its own process).
+// Each test with a fresh cache directory of its own (test::CacheHome).
 class VulkanTuningOnDevice : public VulkanTest {
   protected:
     void SetUp() override {
-        setenv("XDG_CACHE_HOME", cache_.path().c_str(), 1);
         unsetenv("TMX_VULKAN_TUNING");
         VulkanTest::SetUp();
     }
-    void TearDown() override { unsetenv("XDG_CACHE_HOME"); }
 
     std::unique_ptr<VulkanBackend> open(std::optional<std::string> tuning = std::nullopt) {
         return std::make_unique<VulkanBackend>(
             vk::VulkanOptions{.fp16_weights = false, .tuning = std::move(tuning)});
     }
 
-    TempDir cache_;
+    test::CacheHome cache_;
 };
 
 TEST_F(VulkanTuningOnDevice, TunedShapesAreUsedByTheNextStartAndComputeWhatTheDefaultsDo) {
