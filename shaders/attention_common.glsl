@@ -7,6 +7,10 @@
 // and, with a window, p - window + 1 at the earliest. Position j < p0 lives in cache slot j mod
 // S, position j >= p0 in the chunk at index j - p0. Every position in [first, p] is readable;
 // other cache slots may hold anything (NaN included) and are never read.
+//
+// With ATTENTION_ROPE defined (attention_split.comp) two more bindings, the tokens' positions
+// and rope.comp's frequency table, and with pc.rope != 0 the chunk's keys are rotated as they
+// are read (key_at; the shader rotates its queries itself): q and k as RoPE would leave them.
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
@@ -15,15 +19,43 @@ layout(std430, binding = 3) readonly buffer KC { float kc[]; };
 layout(std430, binding = 4) readonly buffer VC { float vc[]; };
 layout(std430, binding = 5) readonly buffer Start { int start[]; };
 layout(std430, binding = 6) writeonly buffer Out { float o[]; };  // attention_split: partials
+#ifdef ATTENTION_ROPE
+layout(std430, binding = 7) readonly buffer Pos { int pos[]; };         // [B * T]
+layout(std430, binding = 8) readonly buffer Table { uint table[]; };  // rope.comp's
+#endif
 
 layout(push_constant) uniform Push {
     uint off_q, off_k, off_v, off_kc, off_vc, off_start, off_o;
+#ifdef ATTENTION_ROPE
+    uint off_pos, off_table;
+#endif
     uint T, H, Hkv, hd, S;
     uint window;     // 0: unlimited
     uint has_cache;  // 0: plain attention, the kc/vc/start bindings are unused
     float scale;
     uint n_split, slice_len, heads;  // attention_split: slices, keys per slice, heads per group
+    uint rope;                       // ATTENTION_ROPE: rotate q and the chunk's keys
 } pc;
+
+#ifdef ATTENTION_ROPE
+#include "rope.glsl"
+
+// Element c of the head at element `head` of x (q or k, token n), rotated when pc.rope != 0.
+#define ROTATED(x, off, head, n, c)                                                        \
+    rotated_element(x[off + head + c], x[off + head + rope_partner(c)], n, c)
+
+uint rope_partner(uint c) {
+    const uint half_dim = pc.hd / 2;
+    return c < half_dim ? c + half_dim : c - half_dim;
+}
+
+float rotated_element(float x, float partner, uint n, uint c) {
+    if (pc.rope == 0) return x;
+    float sn, cs;
+    rope_token_sin_cos(n, c % (pc.hd / 2), sn, cs);
+    return rope_rotated(x, partner, c < pc.hd / 2, sn, cs);
+}
+#endif
 
 // The position of sequence b's first chunk token.
 uint chunk_start(uint b) { return pc.has_cache != 0 ? uint(start[pc.off_start + b]) : 0u; }
@@ -43,7 +75,12 @@ uint kv_row(uint b, uint kvh, uint p0, uint j, out bool cached) {
 }
 
 float key_at(uint row, bool cached, uint c) {
-    return cached ? kc[pc.off_kc + row + c] : k[pc.off_k + row + c];
+    if (cached) return kc[pc.off_kc + row + c];
+#ifdef ATTENTION_ROPE
+    return ROTATED(k, pc.off_k, row, row / (pc.Hkv * pc.hd), c);
+#else
+    return k[pc.off_k + row + c];
+#endif
 }
 
 float value_at(uint row, bool cached, uint c) {

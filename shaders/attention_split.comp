@@ -15,6 +15,7 @@ layout(constant_id = 0) const uint WG = 64;
 layout(constant_id = 1) const uint SL = 64;  // the most keys per slice (pc.slice_len <= SL)
 const uint MAX_GROUP = 16;                   // pc.heads <= MAX_GROUP
 const uint MAX_GROUP_DIM = 2048;             // pc.heads * pc.hd <= MAX_GROUP_DIM
+#define ATTENTION_ROPE  // rope_attention_cached_store: q and the chunk's keys rotated on reading
 #include "attention_common.glsl"
 
 shared float qs[MAX_GROUP_DIM];       // the group's queries, scaled
@@ -31,8 +32,11 @@ void main() {
     const uint n = lo > p ? 0u : min(pc.slice_len, p + 1 - lo);
 
     // The group's heads are adjacent in the query row.
-    const uint q_base = pc.off_q + ((b * pc.T + i) * pc.H + h0) * pc.hd;
-    for (uint e = t; e < G * pc.hd; e += WG) qs[e] = q[q_base + e] * pc.scale;
+    const uint q_base = ((b * pc.T + i) * pc.H + h0) * pc.hd;
+    for (uint e = t; e < G * pc.hd; e += WG) {
+        const uint c = e % pc.hd;
+        qs[e] = ROTATED(q, pc.off_q, q_base + e - c, b * pc.T + i, c) * pc.scale;
+    }
     barrier();
 
     for (uint x = t; x < n; x += WG) {

@@ -1,10 +1,10 @@
 // Vulkan attention over a sequence or a chunk plus the rolling KV cache, and the cache write.
 // Three shaders share one contract (shaders/attention_common.glsl), picked by the number of
-// queries: a split over key slices plus a merge for few (decode; the merge also writes the
-// cache in attention_cached_store), query x key tiles in shared
-// memory for many (prefill), and one workgroup per query otherwise (attention.comp). The
-// backward recomputes the softmax in two passes: per query (d_q, and the softmax statistics),
-// then per key (d_k, d_v).
+// queries: a split over key slices plus a merge for few (decode; in rope_attention_cached_store
+// the split rotates q and the chunk's keys as it reads them and the merge writes the cache, so
+// that no other dispatch is needed), query x key tiles in shared memory for many (prefill), and
+// one workgroup per query otherwise (attention.comp). The backward recomputes the softmax in
+// two passes: per query (d_q, and the softmax statistics), then per key (d_k, d_v).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -29,6 +29,7 @@ struct AttentionPush {
     uint32_t T, H, Hkv, hd, S, window, has_cache;
     float scale;
     uint32_t n_split = 0, slice_len = 0, heads = 0;  // attention_split.comp only
+    uint32_t rope = 0;                               // attention_split.comp only
 };
 
 AttentionPush attention_push(const Tensor& q, const Tensor& k, int64_t S, int64_t window,
@@ -80,21 +81,26 @@ void VulkanBackend::attention_cached_impl(const Tensor& q, const Tensor& k, cons
     record_attention(q, k, v, k_cache, v_cache, start, out_t, window, /*store=*/false);
 }
 
-void VulkanBackend::attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                const Tensor& k_cache, const Tensor& v_cache,
-                                                const Tensor& start, const Tensor& out_t,
-                                                int64_t window) {
-    // The split path's merge stores the chunk too (one dispatch fewer); elsewhere, the sequence.
-    if (q.numel() > 0 && takes_split_path(tuning_, ctx_->info().shared_memory_bytes, q.dim(1)))
-        record_attention(q, k, v, k_cache, v_cache, start, out_t, window, /*store=*/true);
-    else
-        Backend::attention_cached_store_impl(q, k, v, k_cache, v_cache, start, out_t, window);
+void VulkanBackend::rope_attention_cached_store_impl(const Tensor& q, const Tensor& k,
+                                                     const Tensor& v, const Tensor& positions,
+                                                     double theta, const Tensor& k_cache,
+                                                     const Tensor& v_cache, const Tensor& start,
+                                                     const Tensor& out_t, int64_t window) {
+    // On the split path, RoPE as q and k are read and the cache write in the merge: the
+    // attention's two dispatches and no other. Elsewhere, the sequence.
+    if (q.numel() > 0 && takes_split_path(tuning_, ctx_->info().shared_memory_bytes, q.dim(1))) {
+        const SplitRope rope{positions, rope_table(theta, q.dim(3))};
+        record_attention(q, k, v, k_cache, v_cache, start, out_t, window, /*store=*/true, &rope);
+    } else {
+        Backend::rope_attention_cached_store_impl(q, k, v, positions, theta, k_cache, v_cache,
+                                                  start, out_t, window);
+    }
 }
 
 void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& k_cache, const Tensor& v_cache,
                                      const Tensor& start, const Tensor& out_t, int64_t window,
-                                     bool store) {
+                                     bool store, const SplitRope* rope) {
     if (q.numel() == 0) return;
     const bool has_cache = k_cache.defined();
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), Hkv = k.dim(2), hd = q.dim(3);
@@ -111,24 +117,30 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
         p.n_split = static_cast<uint32_t>(n_split);
         p.slice_len = static_cast<uint32_t>((keys + n_split - 1) / n_split);
         p.heads = heads;
+        p.rope = rope ? 1u : 0u;
+        const Tensor positions = rope ? rope->positions : Tensor{},
+                     table = rope ? rope->table : Tensor{};
         // Per (b, i, h, slice): [m, l, acc[hd]]; phase 2 reads it after phase 1 wrote it.
         Tensor partials = alloc({B * T * H * n_split * (hd + 2)});
         run("attention_split", {tu.attention_split_wg, tu.attention_split_keys},
-            {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(partials)}, p, p.n_split,
-            static_cast<uint32_t>(H / heads), static_cast<uint32_t>(B * T));
+            {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(partials), in(positions),
+             in(table)},
+            p, p.n_split, static_cast<uint32_t>(H / heads), static_cast<uint32_t>(B * T));
         // The merge, and with `store` the cache write (B > 0 in its push constants): the
         // split has read the cache before the merge's barrier, and an invocation per output
         // element covers the write's B * min(T, S) * Hkv * hd elements too.
         struct {
             uint32_t rows, hd, n_split;
             uint32_t B, T, S, row;
+            uint32_t rope;
         } cp{static_cast<uint32_t>(B * T * H),
              static_cast<uint32_t>(hd),
              p.n_split,
              store ? static_cast<uint32_t>(B) : 0u,
              static_cast<uint32_t>(T),
              static_cast<uint32_t>(S),
-             static_cast<uint32_t>(Hkv * hd)};
+             static_cast<uint32_t>(Hkv * hd),
+             p.rope};
         // Without `store`, the write's bindings are the dummy, bound as read (the merge
         // writes nothing there, and a written dummy would order later commands after it).
         const auto read = [&](const Tensor& t) { return in(store ? t : Tensor{}); };
@@ -136,7 +148,7 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
         auto [gx, gy] = grid(static_cast<uint64_t>(B * T * H * hd), tu.elementwise_wg);
         run("attention_combine", {tu.elementwise_wg},
             {in(partials), out(out_t), read(k), read(v), written(k_cache), written(v_cache),
-             read(start)},
+             read(start), in(positions), in(table)},
             cp, gx, gy);
         return;
     }

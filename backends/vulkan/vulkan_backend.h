@@ -110,18 +110,20 @@ class VulkanBackend final : public Backend, public KernelTuning {
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
     // Fused forward ops, fewer dispatches at decoding's few rows (else Backend's sequence):
-    // moe_route as one workgroup (moe_route.comp, moe.cpp); attention_cached_store with the
-    // cache write inside the split path's merge (attention_combine.comp, attention.cpp);
+    // moe_route as one workgroup (moe_route.comp, moe.cpp); rope_attention_cached_store with
+    // q and k rotated as the split path reads them and the cache write inside its merge
+    // (attention_split.comp, attention_combine.comp, attention.cpp);
     // norm_linear as one matrix-vector product that normalizes x's rows as it reads them
     // (matmul_gemv.comp's norm prologue, norm.cpp); grouped_ffn_up as one grouped
     // matrix-vector product with an activation epilogue (grouped_matmul_gemv.comp, matmul.cpp).
     void moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
                         const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
                         const Tensor& slot_of, const Tensor& xs) override;
-    void attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& k_cache, const Tensor& v_cache,
-                                     const Tensor& start, const Tensor& out,
-                                     int64_t window) override;
+    void rope_attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& positions, double theta,
+                                          const Tensor& k_cache, const Tensor& v_cache,
+                                          const Tensor& start, const Tensor& out,
+                                          int64_t window) override;
     void norm_linear_impl(NormType type, const Tensor& x, const Tensor& norm_weight,
                           const Tensor& norm_bias, float eps, const Tensor& normed, const Tensor& w,
                           const Tensor& b, const Tensor& y) override;
@@ -167,11 +169,16 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // only where dense_gemv(M) and in dot mode (opts.trans_b, !opts.trans_a).
     void dense_matmul(const Tensor& a, const Tensor& b, const Tensor& out, MatmulOptions opts,
                       const Tensor& bias, bool b_is_weight, const NormPrologue* norm = nullptr);
+    // RoPE done inside the split attention path: the chunk's positions and rope_table().
+    struct SplitRope {
+        Tensor positions, table;
+    };
     // attention_cached on the path the query count picks; with `store` (on the split path
-    // only, attention.cpp's takes_split_path) its merge also does kv_cache_write.
+    // only, attention.cpp's takes_split_path) its merge also does kv_cache_write, and with
+    // `rope` (split path and store only) q and k are rotated as they are read and stored.
     void record_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                           const Tensor& v_cache, const Tensor& start, const Tensor& out,
-                          int64_t window, bool store);
+                          int64_t window, bool store, const SplitRope* rope = nullptr);
     // grouped_matmul_gemv.comp: pre = grouped_matmul(x, w1, b1, offsets) for few slots; with
     // an epilogue (an activation's elementwise op code, vulkan_activations.h) also out = act(pre),
     // or for kSwiglu up = grouped_matmul(x, w3, b3, offsets) and out = silu(pre) * up. False,

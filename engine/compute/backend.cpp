@@ -234,11 +234,21 @@ void Backend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, con
     matmul_impl(x, w, y, {.trans_b = true, .accumulate = accumulate}, b);
 }
 
-void Backend::rope(const Tensor& x, const Tensor& positions, double theta, bool inverse) {
-    OpCheck c{"rope"};
+namespace {
+void check_rope(const OpCheck& c, const Tensor& x, const Tensor& positions) {
     c.rank(x, "x", 3);
     if (x.dim(2) % 2 != 0) c.fail("head_dim must be even");
     c.shape(positions, "positions", {x.dim(0)}, DType::I32);
+}
+
+// q [B, T, H, hd] or k [B, T, Hkv, hd] as rope() takes it: [B * T, heads, hd].
+Tensor heads_of_tokens(const Tensor& x) {
+    return x.reshape({x.dim(0) * x.dim(1), x.dim(2), x.dim(3)});
+}
+}  // namespace
+
+void Backend::rope(const Tensor& x, const Tensor& positions, double theta, bool inverse) {
+    check_rope(OpCheck{"rope"}, x, positions);
     rope_impl(x, positions, theta, inverse);
 }
 
@@ -436,17 +446,31 @@ void Backend::norm_linear_impl(NormType type, const Tensor& x, const Tensor& nor
     linear_impl(normed, w, b, y, /*accumulate=*/false);
 }
 
-void Backend::attention_cached_store(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& k_cache, const Tensor& v_cache,
-                                     const Tensor& start, const Tensor& out, int64_t window) {
-    check_attention_cached(OpCheck{"attention_cached_store"}, q, k, v, k_cache, v_cache, start, out,
-                           window);
-    attention_cached_store_impl(q, k, v, k_cache, v_cache, start, out, window);
-}
-
-void Backend::attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+void Backend::rope_attention_cached_store(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& positions, double theta,
                                           const Tensor& k_cache, const Tensor& v_cache,
                                           const Tensor& start, const Tensor& out, int64_t window) {
+    const OpCheck c{"rope_attention_cached_store"};
+    check_attention_cached(c, q, k, v, k_cache, v_cache, start, out, window);
+    check_rope(c, heads_of_tokens(q), positions);
+    rope_attention_cached_store_impl(q, k, v, positions, theta, k_cache, v_cache, start, out,
+                                     window);
+}
+
+void Backend::rope_attention_cached_store_impl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& positions, double theta,
+                                               const Tensor& k_cache, const Tensor& v_cache,
+                                               const Tensor& start, const Tensor& out,
+                                               int64_t window) {
+    // One token's q and k side by side (slices of the fused qkv projection's row): one rope.
+    const Tensor qk =
+        q.dim(0) * q.dim(1) == 1 ? q.joined(k, {1, q.dim(2) + k.dim(2), q.dim(3)}) : Tensor{};
+    if (qk.defined()) {
+        rope_impl(qk, positions, theta, /*inverse=*/false);
+    } else {
+        rope_impl(heads_of_tokens(q), positions, theta, /*inverse=*/false);
+        rope_impl(heads_of_tokens(k), positions, theta, /*inverse=*/false);
+    }
     attention_cached_impl(q, k, v, k_cache, v_cache, start, out, window);
     kv_cache_write_impl(k, v, k_cache, v_cache, start);
 }

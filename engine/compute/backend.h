@@ -296,11 +296,15 @@ class Backend {
                      const Tensor& norm_bias, float eps, const Tensor& normed, const Tensor& w,
                      const Tensor& b, const Tensor& y);
 
-    // attention_cached(q, k, v, k_cache, v_cache, start, out, window); then
-    // kv_cache_write(k, v, k_cache, v_cache, start).
-    void attention_cached_store(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& k_cache, const Tensor& v_cache, const Tensor& start,
-                                const Tensor& out, int64_t window);
+    // A decoding step's attention: rope(q, positions, theta) and rope(k, positions, theta) (q
+    // and k as [B * T, heads, head_dim], positions [B * T]); attention_cached(q, k, v, k_cache,
+    // v_cache, start, out, window); then kv_cache_write(k, v, k_cache, v_cache, start). q and k
+    // are scratch: afterwards they may hold the rotated values or the given ones (a backend
+    // may rotate them as it reads them). out and the cache are the sequence's.
+    void rope_attention_cached_store(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& positions, double theta, const Tensor& k_cache,
+                                     const Tensor& v_cache, const Tensor& start, const Tensor& out,
+                                     int64_t window);
 
     // MoE routing from the router's logits [N, E]: router_topk(logits, indices, gates);
     // moe_group(indices, E, offsets, slot_rows, slot_of); gather_rows(x, slot_rows, xs) (x F32

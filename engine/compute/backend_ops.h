@@ -63,9 +63,10 @@
     X(void, norm_linear, (NormType type, const Tensor& x, const Tensor& norm_weight,               \
                           const Tensor& norm_bias, float eps, const Tensor& normed,                \
                           const Tensor& w, const Tensor& b, const Tensor& y))                      \
-    X(void, attention_cached_store, (const Tensor& q, const Tensor& k, const Tensor& v,            \
-                                     const Tensor& k_cache, const Tensor& v_cache,                 \
-                                     const Tensor& start, const Tensor& out, int64_t window))      \
+    X(void, rope_attention_cached_store, (const Tensor& q, const Tensor& k, const Tensor& v,       \
+                                          const Tensor& positions, double theta,                   \
+                                          const Tensor& k_cache, const Tensor& v_cache,            \
+                                          const Tensor& start, const Tensor& out, int64_t window)) \
     X(void, moe_route, (const Tensor& logits, const Tensor& x, const Tensor& indices,              \
                         const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,       \
                         const Tensor& slot_of, const Tensor& xs))                                  \

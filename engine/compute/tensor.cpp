@@ -66,6 +66,13 @@ Tensor Tensor::slice(int64_t offset, Shape shape) const {
     return Tensor(buffer_, std::move(shape), dtype_, offset_ + offset);
 }
 
+Tensor Tensor::joined(const Tensor& next, Shape shape) const {
+    if (!defined() || buffer_ != next.buffer_ || dtype_ != next.dtype_ ||
+        next.offset_ != offset_ + numel() || shape_numel(shape) != numel() + next.numel())
+        return Tensor{};
+    return Tensor(buffer_, std::move(shape), dtype_, offset_);
+}
+
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
     int64_t row = numel() / (shape_.empty() || shape_[0] == 0 ? 1 : shape_[0]);
     Shape s = shape_;

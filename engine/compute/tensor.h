@@ -72,6 +72,10 @@ class Tensor {
     Tensor slice(int64_t offset, Shape shape) const;
     // Rows [begin, end) along the first dimension.
     Tensor rows(int64_t begin, int64_t end) const;
+    // This tensor and `next` as one view of the given shape, when next's elements directly
+    // follow this tensor's in the same buffer (a decoded token's q and k, slices of one
+    // projection's row); an undefined tensor otherwise.
+    Tensor joined(const Tensor& next, Shape shape) const;
 
   private:
     std::shared_ptr<DeviceBuffer> buffer_;

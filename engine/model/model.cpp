@@ -503,25 +503,26 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a, const
     if (a.h_in.defined()) be.copy(h, a.h_in);
     // Attention block: the norm goes with the first projection (norm_linear).
     if (a.qkv.defined()) {
-        // One token: its q, k and v are one row, so one matmul makes them and one RoPE turns
-        // q's and k's heads, which lie side by side.
+        // One token (decoding): its q, k and v are one row, so one matmul makes them.
         be.norm_linear(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1, m.wqkv, Tensor{},
                        a.qkv);
-        be.rope(a.qkv.slice(0, {1, H + Hkv, hd}), positions, c.rope_theta);
     } else {
         be.norm_linear(c.norm_type, h, w.input_norm_w, w.input_norm_b, eps, a.a1, m.wq, w.bq, a.q);
         be.linear(a.a1, m.wk, w.bk, a.k);
         be.linear(a.a1, m.wv, w.bv, a.v);
-        be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
-        be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
     }
     const Tensor q = a.q.reshape({B, T, H, hd}), att = a.att.reshape({B, T, H, hd});
     const Tensor k = a.k.reshape({B, T, Hkv, hd}), v = a.v.reshape({B, T, Hkv, hd});
     if (cached) {
+        // RoPE, attention and the cache write as one op (a backend may rotate q and k as it
+        // reads them): nothing reads q or k afterwards.
         const KvCache& cache = *cached->cache;
-        be.attention_cached_store(q, k, v, cache.keys(l), cache.values(l), cached->start, att,
-                                  c.sliding_window);
+        be.rope_attention_cached_store(q, k, v, positions, c.rope_theta, cache.keys(l),
+                                       cache.values(l), cached->start, att, c.sliding_window);
     } else {
+        // The backward reads q and k rotated (saved activations).
+        be.rope(a.q.reshape({N, H, hd}), positions, c.rope_theta);
+        be.rope(a.k.reshape({N, Hkv, hd}), positions, c.rope_theta);
         be.attention(q, k, v, att, c.sliding_window);
     }
     be.linear(a.att, m.wo, w.bo, h, /*accumulate=*/true);  // h += o Wo^T + bo

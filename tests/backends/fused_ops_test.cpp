@@ -1,4 +1,4 @@
-// The fused forward ops (Backend::norm_linear, attention_cached_store, moe_route,
+// The fused forward ops (Backend::norm_linear, rope_attention_cached_store, moe_route,
 // grouped_ffn_up) on every backend besides the CPU, against the CPU, which runs each as the
 // sequence of ops its contract names. A backend that fuses one (Vulkan, at decoding's few rows)
 // must give that sequence's results within the ops' own tolerances, at the sizes that take its
@@ -104,7 +104,7 @@ TEST_P(FusedOps, NormLinearIsTheNormThenTheLinear) {
     }
 }
 
-TEST_P(FusedOps, AttentionCachedStoreAttendsThenStoresTheChunk) {
+TEST_P(FusedOps, RopeAttentionCachedStoreRotatesAttendsThenStoresTheChunk) {
     SCOPED_TRACE(trace());
     const int64_t B = 2, H = 4, hd = 16;
     struct Case {
@@ -132,17 +132,22 @@ TEST_P(FusedOps, AttentionCachedStoreAttendsThenStoresTheChunk) {
             const auto q = normal(B * c.T * H * hd), k = normal(B * c.T * Hkv * hd),
                        v = normal(B * c.T * Hkv * hd), kc = normal(B * c.S * Hkv * hd),
                        vc = normal(B * c.S * Hkv * hd);
+            // Any positions (decoding's are start + t): RoPE and the cache slots are apart.
+            const std::vector<int32_t> positions = ints(B * c.T, 0, 5000);
+            const double theta = rep == 2 ? 1e6 : 10000.0;
             const int64_t keys = c.window > 0 ? c.window : c.S + c.T;
             expect_matches_cpu([&](Backend& b) {
                 Tensor k_cache = up(b, kc, {B, c.S, Hkv, hd}),
                        v_cache = up(b, vc, {B, c.S, Hkv, hd});
                 Tensor o = poisoned(b, {B, c.T, H, hd});
-                b.attention_cached_store(up(b, q, {B, c.T, H, hd}), up(b, k, {B, c.T, Hkv, hd}),
-                                         up(b, v, {B, c.T, Hkv, hd}), k_cache, v_cache,
-                                         up_ids(b, start, {B}), o, c.window);
-                // The cache's other slots keep their contents: compared too, exactly.
+                b.rope_attention_cached_store(
+                    up(b, q, {B, c.T, H, hd}), up(b, k, {B, c.T, Hkv, hd}),
+                    up(b, v, {B, c.T, Hkv, hd}), up_ids(b, positions, {B * c.T}), theta, k_cache,
+                    v_cache, up_ids(b, start, {B}), o, c.window);
+                // The stored keys are rotated (RoPE's elementwise tolerance); the values and the
+                // cache's other slots keep their bits.
                 return Outputs{{"out", down(b, o), reduction_tol(keys * hd)},
-                               {"k_cache", down(b, k_cache), 0.0},
+                               {"k_cache", down(b, k_cache), kElementwiseTol},
                                {"v_cache", down(b, v_cache), 0.0}};
             });
         }

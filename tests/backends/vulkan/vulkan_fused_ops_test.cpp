@@ -1,4 +1,4 @@
-// The Vulkan backend's fused moe_route and attention_cached_store take their fused paths at
+// The Vulkan backend's fused moe_route and rope_attention_cached_store take their fused paths at
 // decoding's sizes and run the sequence elsewhere (backends/vulkan/moe.cpp, attention.cpp),
 // counted in dispatches: the fewer commands are the point of fusing. Their results against
 // the CPU are tests/backends/fused_ops_test.cpp's.
@@ -49,9 +49,10 @@ TEST_F(VulkanFusedOps, MoeRouteIsOneDispatchAtDecodingsRows) {
     }
 }
 
-// On the split path (T <= attention_split_max_t), the merge also writes the cache: as many
-// dispatches as attention_cached alone. Elsewhere, attention_cached and then kv_cache_write.
-TEST_F(VulkanFusedOps, AttentionCachedStoreWritesTheCacheInTheSplitPathsMerge) {
+// On the split path (T <= attention_split_max_t), q and k are rotated as they are read and the
+// merge also writes the cache: as many dispatches as attention_cached alone. Elsewhere, RoPE on
+// q and on k, attention_cached and then kv_cache_write.
+TEST_F(VulkanFusedOps, RopeAttentionCachedStoreIsTheSplitPathsTwoDispatches) {
     SCOPED_TRACE(trace());
     const int64_t B = 2, H = 4, Hkv = 2, hd = 16, S = 40;
     const int64_t split_max_t = vk().tuning().attention_split_max_t;
@@ -64,11 +65,17 @@ TEST_F(VulkanFusedOps, AttentionCachedStoreWritesTheCacheInTheSplitPathsMerge) {
                      k_cache = up(b, normal(B * S * Hkv * hd), {B, S, Hkv, hd}),
                      v_cache = up(b, normal(B * S * Hkv * hd), {B, S, Hkv, hd}),
                      start = up_ids(b, {3, 20}, {B}), out = b.alloc({B, T, H, hd});
+        std::vector<int32_t> positions;
+        for (int32_t s : {3, 20})
+            for (int64_t t = 0; t < T; ++t) positions.push_back(s + static_cast<int32_t>(t));
+        const Tensor pos = up_ids(b, positions, {B * T});
         const uint64_t attention = dispatches_of(
             [&] { b.attention_cached(q, k, v, k_cache, v_cache, start, out, /*window=*/0); });
-        const uint64_t fused = dispatches_of(
-            [&] { b.attention_cached_store(q, k, v, k_cache, v_cache, start, out, /*window=*/0); });
-        EXPECT_EQ(fused, T <= split_max_t ? attention : attention + 1);
+        const uint64_t fused = dispatches_of([&] {
+            b.rope_attention_cached_store(q, k, v, pos, 10000.0, k_cache, v_cache, start, out,
+                                          /*window=*/0);
+        });
+        EXPECT_EQ(fused, T <= split_max_t ? attention : attention + 3);
     }
 }
 
