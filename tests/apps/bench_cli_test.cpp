@@ -52,10 +52,11 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
         EXPECT_LT(b["logits_max_error_vs_cpu"].get<double>(), tol);
         // Steps are counted up to the first token that differs from the CPU's; in bf16 a
         // near-tie between the top two logits may end the count early.
-        if (bf16)
+        if (bf16) {
             EXPECT_GE(b["greedy_steps"].get<int64_t>(), 1);
-        else
+        } else {
             EXPECT_EQ(b["greedy_steps"], 6);
+        }
         // --profile: on the backends that time their commands (Vulkan), batch 1 and batch 3,
         // six steps each; each kind of command once, its device time within the wall time.
         if (name == "cpu") {

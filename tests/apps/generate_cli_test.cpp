@@ -45,10 +45,11 @@ TEST(GenerateCli, JsonLineHasTheDocumentedFields) {
     ASSERT_FALSE(ids.empty());
     EXPECT_LE(ids.size(), 20u);
     const std::string reason = j["stop_reason"];
-    if (reason == "length")
+    if (reason == "length") {
         EXPECT_EQ(ids.size(), 20u);
-    else
+    } else {
         EXPECT_EQ(reason, "eos");
+    }
     // The text is the continuation: decoding prompt + continuation gives prompt text + text.
     std::vector<int32_t> all = want_prompt;
     all.insert(all.end(), ids.begin(), ids.end());

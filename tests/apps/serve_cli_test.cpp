@@ -468,10 +468,11 @@ TEST_F(ServeCli, BadRequestsGetTheErrorObjectNamingTheField) {
         ASSERT_TRUE(e.contains("error")) << e.dump();
         EXPECT_TRUE(e["error"]["message"].is_string());
         EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
-        if (param.empty())
+        if (param.empty()) {
             EXPECT_TRUE(e["error"]["param"].is_null()) << e.dump();
-        else
+        } else {
             EXPECT_EQ(e["error"]["param"], param) << e.dump();
+        }
         EXPECT_TRUE(e["error"].contains("code"));
     };
     expect_error(post("/v1/completions", {{"prompt", "x"}}, 401), "");

@@ -102,10 +102,11 @@ class Bf16Tensors : public BackendPairTest {
     // got against want: bit for bit on the CPU, within tol of the scale elsewhere.
     void expect_same_result(const std::vector<float>& got, const std::vector<float>& want,
                             double tol, const std::string& what) {
-        if (backend_name() == "cpu")
+        if (backend_name() == "cpu") {
             EXPECT_TRUE(BitwiseEqual(got, want)) << what << "; " << trace();
-        else
+        } else {
             EXPECT_TRUE(Close(got, want, tol)) << what << "; " << trace();
+        }
     }
 };
 

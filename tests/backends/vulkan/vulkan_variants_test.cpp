@@ -164,7 +164,9 @@ class VulkanVariants : public VulkanTest {
             be->norm_linear(type, offset(*be, x, x_lead, {M, K}), offset(*be, g, norm_lead, {K}),
                             layernorm ? offset(*be, beta, norm_lead, {K}) : Tensor{}, 1e-5f,
                             normed_t, w[i], up(*be, bias, {N}), y_t);
-            if (be == &vk()) EXPECT_EQ(vk().counters().dispatches - dispatches, 1u);
+            if (be == &vk()) {
+                EXPECT_EQ(vk().counters().dispatches - dispatches, 1u);
+            }
             y[i] = down(*be, y_t);
             normed[i++] = down(*be, normed_t);
         }
@@ -391,7 +393,9 @@ TEST_F(VulkanVariants, SubgroupCandidatesAreTriedWhereTheDeviceHasThem) {
         }
         EXPECT_GT(subgroup, 0) << "subgroups of " << d.subgroup_size;
         for (const vk::Variant& v : all)
-            if (v.spec[2] == 1) EXPECT_GE(v.spec[0], d.subgroup_size) << v.name(k);
+            if (v.spec[2] == 1) {
+                EXPECT_GE(v.spec[0], d.subgroup_size) << v.name(k);
+            }
     }
 }
 
@@ -441,7 +445,9 @@ TEST_F(VulkanVariants, GroupedFfnUpGemv) {
             const uint64_t dispatches = vk().counters().dispatches;
             be->grouped_ffn_up(xt, w1[i], b1t, swiglu ? w3[i] : Tensor{}, b3t, offsets_t,
                                Activation::Gelu, p, u, o);
-            if (be == &vk()) EXPECT_EQ(vk().counters().dispatches - dispatches, 1u);
+            if (be == &vk()) {
+                EXPECT_EQ(vk().counters().dispatches - dispatches, 1u);
+            }
             pre[i] = down(*be, p);
             if (swiglu) upv[i] = down(*be, u);
             out[i++] = down(*be, o);

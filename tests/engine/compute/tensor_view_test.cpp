@@ -38,7 +38,9 @@ TEST(TensorJoined, AdjacentSlicesOfOneBufferBecomeOneView) {
 
         // Not in that order, not adjacent, another buffer, a shape of another size.
         EXPECT_FALSE(second.joined(first, {a + b}).defined());
-        if (rest > 0) EXPECT_FALSE(first.joined(row.slice(a + 1, {b}), {a + b}).defined());
+        if (rest > 0) {
+            EXPECT_FALSE(first.joined(row.slice(a + 1, {b}), {a + b}).defined());
+        }
         const Tensor other = be->alloc({b});
         EXPECT_FALSE(first.joined(other, {a + b}).defined());
         EXPECT_FALSE(first.joined(second, {a + b + 1}).defined());

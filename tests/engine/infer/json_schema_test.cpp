@@ -135,7 +135,9 @@ void expect_refused(const char* schema, const char* path, const char* keyword,
         EXPECT_EQ(e.path, path) << e.what();
         EXPECT_EQ(e.keyword, keyword) << e.what();
         if (!says) says = keyword;
-        if (*says) EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        if (*says) {
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        }
     }
 }
 
