@@ -22,11 +22,13 @@ std::string demo() {
     return test::source_dir() + "/assets/demo";
 }
 
-// 48 random tokens of the demo's vocabulary, as --tokens takes them.
+// 256 random tokens of the demo's vocabulary, as --tokens takes them: enough that the mean loss
+// is not a few tokens' (over 48, one seed in many moved Q8_0's loss by 0.63%; over 256 the
+// largest of 15 seeds was 0.08%, against the 0.5% allowed).
 std::string token_list(uint64_t seed) {
     Rng rng(seed);
     std::string out;
-    for (int i = 0; i < 48; ++i)
+    for (int i = 0; i < 256; ++i)
         out += (i ? "," : "") + std::to_string(1 + static_cast<int>(rng.below(2047)));
     return out;
 }
