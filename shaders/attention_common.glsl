@@ -42,19 +42,9 @@ layout(push_constant) uniform Push {
 
 // Element c of the head at element `head` of x (q or k, token n), rotated when pc.rope != 0.
 #define ROTATED(x, off, head, n, c)                                                        \
-    rotated_element(x[off + head + c], x[off + head + rope_partner(c)], n, c)
-
-uint rope_partner(uint c) {
-    const uint half_dim = pc.hd / 2;
-    return c < half_dim ? c + half_dim : c - half_dim;
-}
-
-float rotated_element(float x, float partner, uint n, uint c) {
-    if (pc.rope == 0) return x;
-    float sn, cs;
-    rope_token_sin_cos(n, c % (pc.hd / 2), sn, cs);
-    return rope_rotated(x, partner, c < pc.hd / 2, sn, cs);
-}
+    (pc.rope == 0 ? x[off + head + c]                                                      \
+                  : rope_element(x[off + head + c], x[off + head + rope_partner(c, pc.hd)], \
+                                 n, c, pc.hd))
 #endif
 
 // The position of sequence b's first chunk token.

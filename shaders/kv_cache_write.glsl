@@ -25,12 +25,8 @@ layout(std430, binding = KV_WRITE_BINDING + 6) readonly buffer Table { uint tabl
 float stored_key(uint src, uint n, uint e) {
     const float x = k[pc.off_k + src];
     if (pc.rope == 0) return x;
-    const uint half_dim = pc.hd / 2, c = e % pc.hd;
-    const bool first = c < half_dim;
-    const float partner = k[pc.off_k + (first ? src + half_dim : src - half_dim)];
-    float sn, cs;
-    rope_token_sin_cos(n, first ? c : c - half_dim, sn, cs);
-    return rope_rotated(x, partner, first, sn, cs);
+    const uint c = e % pc.hd;
+    return rope_element(x, k[pc.off_k + src - c + rope_partner(c, pc.hd)], n, c, pc.hd);
 }
 #else
 float stored_key(uint src, uint n, uint e) { return k[pc.off_k + src]; }

@@ -49,3 +49,14 @@ void rope_token_sin_cos(uint n, uint i, out float sn, out float cs) {
 float rope_rotated(float x, float partner, bool first_half, float sn, float cs) {
     return first_half ? x * cs - partner * sn : x * cs + partner * sn;
 }
+
+// The other element of c's pair in a head of hd elements.
+uint rope_partner(uint c, uint hd) { return c < hd / 2 ? c + hd / 2 : c - hd / 2; }
+
+// Element c (of hd) of token n's head rotated, one element at a time (for shaders that read a
+// head as they need it): x its value, partner rope_partner(c, hd)'s.
+float rope_element(float x, float partner, uint n, uint c, uint hd) {
+    float sn, cs;
+    rope_token_sin_cos(n, c % (hd / 2), sn, cs);
+    return rope_rotated(x, partner, c < hd / 2, sn, cs);
+}
