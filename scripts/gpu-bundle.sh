@@ -27,8 +27,10 @@ for dir in "$@"; do
   mkdir -p "$stage/$name/tests" "$stage/$name/benchmarks"
   [ -x "$dir/tmx" ] && cp "$dir/tmx" "$stage/$name/"
   cp "$dir/CTestTestfile.cmake" "$stage/$name/"
-  cp "$dir/tests/tmx_tests" "$dir/tests/CTestTestfile.cmake" "$dir/tests/tmx_tests[1]_include.cmake" \
-     "$dir/tests/tmx_tests[1]_tests.cmake" "$stage/$name/tests/"
+  # Each gtest_discover_tests call has its own pair of files (tmx_tests[N]_include.cmake and
+  # _tests.cmake): ctest refuses to start when one of them is missing.
+  cp "$dir/tests/tmx_tests" "$dir/tests/CTestTestfile.cmake" "$dir"/tests/tmx_tests\[*\]_include.cmake \
+     "$dir"/tests/tmx_tests\[*\]_tests.cmake "$stage/$name/tests/"
 done
 first=$1
 ldd "$first/tests/tmx_tests" $( [ -x "$first/tmx" ] && echo "$first/tmx") | awk '/=> \//{print $3}' | sort -u |

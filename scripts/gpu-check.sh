@@ -19,7 +19,7 @@
 # skipping, since on a GPU machine a skip checks nothing.
 #
 # Usage: scripts/gpu-check.sh REPORT_DIR [--deps PREFIX] [--build-dir DIR] [--quick] [--all-tests]
-#                              [--only GROUPS] [--prebuilt]
+#                              [--only GROUPS] [--prebuilt] [--deadline SECONDS] [--baseline TMX]
 #   REPORT_DIR  gets report.txt, report.json and one log per step
 #   --deps      a prefix holding the build's Debian packages unpacked (scripts/fetch-deps.sh
 #               makes it), for a machine without apt; searched before the system
@@ -43,6 +43,13 @@
 #               given binaries built elsewhere at the same absolute path
 #               (scripts/gpu-bundle.sh packs them with their runtime libraries)
 #   --torch-ref FILE  torch_reference.py (default: ../shared/tools/torch_reference.py)
+#   --deadline SECONDS  the whole check's wall-clock budget from its start: each step's limit
+#               is cut to what is left, and a step with under 15 s left is skipped (reported
+#               as such, and the check fails); for a lent machine's fixed minutes, so that the
+#               report is written before the call's own limit kills everything
+#   --baseline TMX  another build's tmx (a Vulkan-only build is enough): the vulkan group also
+#               times its Vulkan decode and profile untuned beside this build's, in the same
+#               call, to show what the changes between them bought
 # CUDAARCHS=90 (say) builds for that architecture alone, which is quicker than the default set.
 #   --peak-tflops N  the GPU's peak for the training steps' MFU (default: tmx bench's table
 #               of published peaks, in each step's precision: H100, H200, A100, L40S, L4,
@@ -53,6 +60,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 report="" deps="" build_dir="$root/build-gpu" quick=0 all_tests=0 peak="" only="" prebuilt=0
+deadline="" baseline=""
 torch_ref="$root/../shared/tools/torch_reference.py"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -64,6 +72,8 @@ while [ $# -gt 0 ]; do
     --peak-tflops) peak="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --prebuilt) prebuilt=1; shift ;;
+    --deadline) deadline="$2"; shift 2 ;;
+    --baseline) baseline=$(realpath "$2") || exit 2; shift 2 ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$report" ] || { echo "gpu-check.sh: one REPORT_DIR only" >&2; exit 2; }
@@ -77,6 +87,11 @@ for group in ${only//,/ }; do
     *) echo "gpu-check.sh: --only: unknown group '$group' (tests, sanitizers, bench, vulkan, fit, flow, dist, torch, l4)" >&2; exit 2 ;;
   esac
 done
+[ -z "$deadline" ] || [[ "$deadline" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "gpu-check.sh: --deadline: expected whole seconds, got '$deadline'" >&2; exit 2; }
+[ -z "$baseline" ] || [ -x "$baseline" ] ||
+  { echo "gpu-check.sh: --baseline: '$baseline' is not an executable tmx" >&2; exit 2; }
+started=$(date +%s)
 # wanted GROUP: whether --only includes it (everything but l4 and vulkan without --only).
 wanted() { if [ -z "$only" ]; then [ "$1" != l4 ] && [ "$1" != vulkan ]; else [[ ",$only," == *",$1,"* ]]; fi; }
 export TMX_REQUIRE_BACKENDS="${TMX_REQUIRE_BACKENDS-cuda,vulkan}"
@@ -96,15 +111,26 @@ export PATH="$PATH:/usr/local/cuda/bin"
 
 say() { echo "$*" | tee -a "$report/report.txt"; }
 failed=0
-# step NAME SECONDS COMMAND...: runs it with its output in NAME.log and a time limit, records
-# status and seconds.
+# step NAME SECONDS COMMAND...: runs it with its output in NAME.log and a time limit (cut to
+# what --deadline leaves), records status and seconds; past the deadline it records a skip.
 step() {
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s)
+  if [ -n "$deadline" ]; then
+    # The kill that follows a step's TERM by 10 s counts against the deadline too.
+    local left=$(( deadline - (t0 - started) - 10 ))
+    if [ $left -lt 15 ]; then
+      say "== $name: SKIPPED: ${left} s left of the ${deadline} s deadline"
+      printf '%s\t%s\t%s\n' "$name" 125 0 >> "$report/steps.tsv"
+      failed=1
+      return 125
+    fi
+    [ $left -lt "$limit" ] && limit=$left
+  fi
   say "== $name: $*"
   timeout --kill-after=10 "$limit" "$@" > "$report/$name.log" 2>&1
   local rc=$?
-  [ $rc -eq 124 ] && echo "(stopped at its ${limit} s limit)" >> "$report/$name.log"
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "(stopped at its ${limit} s limit)" >> "$report/$name.log"
   local secs=$(( $(date +%s) - t0 ))
   printf '%s\t%s\t%s\n' "$name" "$rc" "$secs" >> "$report/steps.tsv"
   if [ $rc -eq 0 ]; then say "   ok (${secs} s)"; else say "   FAILED: exit $rc (${secs} s), see $name.log"; failed=1; fi
@@ -125,8 +151,10 @@ tests="$build_dir/tests/tmx_tests"
 gpu_tests() {
   local dir=$1 name=$2 regex=${3:-'[Cc]uda|[Vv]ulkan|WeightFormatCli|EveryBackend'}
   # CudaMemory measures the device's free memory, which other processes move: alone, after.
+  # VulkanVariants runs at three lavapipe widths, which a GPU's driver ignores: one of them.
   ctest --test-dir "$dir" --output-on-failure --parallel "$(nproc)" \
-        --output-junit "$report/$name.xml" -R "$regex" -E CudaMemory > "$report/$name-ctest.log" 2>&1
+        --output-junit "$report/$name.xml" -R "$regex" -E 'CudaMemory|\.lp(128|512)$' \
+        > "$report/$name-ctest.log" 2>&1
   local rc=$?
   ctest --test-dir "$dir" --output-on-failure -R CudaMemory >> "$report/$name-ctest.log" 2>&1 || rc=1
   cat "$report/$name-ctest.log"
@@ -195,29 +223,52 @@ if build "$build_dir" main; then
            --repeats 1 --profile
     fi
   fi
-  # Vulkan's tuning (tmx tune, docs/commands.md): every Vulkan test, then both models' shapes
-  # tuned into one device file (kept in the report), then each model benched against CUDA
-  # tuned and untuned (TMX_VULKAN_TUNING=off), and CUDA fp32 for the training comparison. About
-  # 6 minutes on an H200 (estimated: never run yet); --quick trains at batch 8.
+  # Vulkan's tuning (tmx tune, docs/commands.md), measurements first so that a --deadline cuts
+  # the tests rather than the numbers: tiny-mixtral's shapes tuned (the device file is kept in
+  # the report), its bench against CUDA tuned, untuned (TMX_VULKAN_TUNING=off) and CUDA in fp32
+  # (the training comparison), Vulkan's decode profile (tune's JSON times every matrix-vector
+  # candidate, the subgroup forms too) at three split-attention slice lengths, --baseline's
+  # decode beside it; then every Vulkan test; then the same tune and benches for
+  # tiny-mixtral-swiglu. On an H200 (2026-11-28) everything before the tests took 5 minutes,
+  # the tunes 110 and 81 s; --quick trains at batch 8.
   if wanted vulkan; then
     export XDG_CACHE_HOME="$report/cache"
     # The issue's table's settings; no untimed CPU training step (minutes at B32).
     vk_bench=(--prompt 512 --decode 128 --batch 8 --repeats 3 --no-train-check)
-    step vulkan-tests 300 bash -c "gpu_tests '$build_dir' vulkan-tests 'Vulkan|TuneCli'"
-    for cfg in tiny-mixtral tiny-mixtral-swiglu; do
-      config="$root/assets/configs/$cfg.json"
+    profile=(bench --backends vulkan --prompt 512 --decode 32 --batch 8 --repeats 1 --profile)
+    # tune_and_bench CONFIG: the model's shapes tuned, then its benches.
+    tune_and_bench() {
+      local cfg=$1 config="$root/assets/configs/$1.json"
       # Training shapes at B8 (the bench's B32 rows take the nearest tuned class): each
       # shape's CPU reference and every candidate's check stay well inside the step's limit.
-      step "tune-$cfg" 240 "$tmx" tune --config "$config" --train-batch 8 --train-seq 512 --json
+      # Three timed batches of about 3 ms a candidate: hundreds of candidates in minutes.
+      step "tune-$cfg" 240 "$tmx" tune --config "$config" --train-batch 8 --train-seq 512 \
+           --repeats 3 --min-ms 3 --json
       step "bench-$cfg-tuned" 200 "$tmx" bench --config "$config" --backends cuda,vulkan \
            "${vk_bench[@]}" "${train_args[@]}" --gemm 4096 --json
+      # CUDA first here too: a process whose first work is Vulkan's starts on an idle GPU's
+      # clocks, and its op table ran 3x slower (2026-11-28).
       step "bench-$cfg-untuned" 200 env TMX_VULKAN_TUNING=off "$tmx" bench --config "$config" \
-           --backends vulkan "${vk_bench[@]}" "${train_args[@]}" --gemm 4096 --json
+           --backends cuda,vulkan "${vk_bench[@]}" "${train_args[@]}" --gemm 4096 --json
       step "bench-$cfg-cuda-fp32" 120 "$tmx" bench --config "$config" --backends cuda \
            "${vk_bench[@]}" "${train_args[@]}" --precision fp32 --json
+    }
+    tune_and_bench tiny-mixtral
+    step vulkan-profile 120 "$tmx" "${profile[@]}"
+    # Decoding's split attention with shorter slices, several invocations a key (the default,
+    # 64, is one a key): which length this GPU wants.
+    for keys in 16 32; do
+      step "vulkan-profile-keys$keys" 120 env TMX_VULKAN_SPLIT_KEYS=$keys "$tmx" "${profile[@]}"
     done
-    step vulkan-profile 120 "$tmx" bench --backends vulkan --prompt 512 --decode 32 --batch 8 \
-         --repeats 1 --profile
+    if [ -n "$baseline" ]; then
+      step vulkan-profile-untuned 120 env TMX_VULKAN_TUNING=off "$tmx" "${profile[@]}"
+      step vulkan-profile-baseline 120 env TMX_VULKAN_TUNING=off "$baseline" "${profile[@]}"
+      step bench-baseline-decode 120 env TMX_VULKAN_TUNING=off "$baseline" bench \
+           --backends vulkan --prompt 512 --decode 128 --batch 8 --repeats 3 --json
+    fi
+    step vulkan-tests 300 bash -c "gpu_tests '$build_dir' vulkan-tests 'Vulkan|TuneCli'"
+    tune_and_bench tiny-mixtral-swiglu
+    cp -r "$report/cache/tmx" "$report/tuning" 2> /dev/null
     unset XDG_CACHE_HOME
   fi
   # The L4's code path on this GPU: PTX for compute_89 only, so the driver JIT-compiles every
