@@ -137,14 +137,10 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
             model.params_from_host(weights);
             r.model = measure_model(model, o, P, run);
         }
-        if (!ref.model_run) {  // the reference run, untimed repeats kept small
-            BenchOptions once = o;
-            once.warmup = 0;
-            once.repeats = 1;
-            once.profile = false;
-            once.progress = {};
+        if (!ref.model_run) {  // the reference run: what is compared, once, untimed
+            if (o.progress) o.progress("cpu: the reference prefill and batch-1 decode");
             Backend::ModeScope cpu_mode(*cpu, {.precision = precision});
-            measure_model(reference_model(), once, P, ref.run);
+            ref.run = reference_run(reference_model(), o, P);
             ref.model_run = true;
         }
         compare_with_cpu(r.model, run, ref.run);

@@ -65,6 +65,16 @@ class ModelRunner {
         }
     }
 
+    // Prefill and the batch-1 greedy decode once, recorded in `run`.
+    void record(ModelRun& run) {
+        KvCache cache(c_, be_, 1);
+        run.prefill_logits = prefill(cache, prompt_);
+        run.step_logits.clear();
+        run.greedy.clear();
+        decode(cache, {argmax(run.prefill_logits.data(), c_.vocab_size)},
+               {static_cast<int32_t>(P_)}, decode_steps(), &run);
+    }
+
     ModelBench measure(ModelRun& run) {
         ModelBench r;
         KvCache cache(c_, be_, 1);
@@ -203,6 +213,12 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
 ModelBench measure_model(Model& model, const BenchOptions& o, int64_t prompt_tokens,
                          ModelRun& run) {
     return ModelRunner(model, o, prompt_tokens).measure(run);
+}
+
+ModelRun reference_run(Model& model, const BenchOptions& o, int64_t prompt_tokens) {
+    ModelRun run;
+    ModelRunner(model, o, prompt_tokens).record(run);
+    return run;
 }
 
 void compare_with_cpu(ModelBench& mb, const ModelRun& run, const ModelRun& cpu_run) {

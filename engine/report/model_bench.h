@@ -21,6 +21,10 @@ struct ModelRun {
 // Times prefill of `prompt_tokens` and decoding on `model`, recording what `run` compares.
 ModelBench measure_model(Model& model, const BenchOptions& o, int64_t prompt_tokens, ModelRun& run);
 
+// What measure_model records in `run`, computed once and untimed: the reference run that
+// every backend is compared with (no batch-N decoding, which nothing compares).
+ModelRun reference_run(Model& model, const BenchOptions& o, int64_t prompt_tokens);
+
 // How far `run` is from the CPU's `cpu_run`: the logits' error and the greedy tokens that agree.
 void compare_with_cpu(ModelBench& mb, const ModelRun& run, const ModelRun& cpu_run);
 
