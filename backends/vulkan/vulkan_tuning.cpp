@@ -513,9 +513,23 @@ TuningTable::TuningTable(const DeviceInfo& d) : device_(&d) {
     attention_ = {{64, 16, 32, 0}};
     if (!invalid_reason(Kernel::AttentionTiled, attention_, d).empty())
         attention_ = {{32, 8, 16, 0}};
-    // On NVIDIA the 8x8 register block of the 128x128 tile is 2-11x slower than the 64x64
-    // tile's 4x4 (H100, docs/gpu-results.md, 2026-11-23).
-    if (d.vendor_id == kVendorNvidia) large_ = small_;
+    grouped_gemv_ = gemv_;
+    if (d.vendor_id == kVendorNvidia) {
+        // On NVIDIA the 8x8 register block of the 128x128 tile is 2-11x slower than the 64x64
+        // tile's 4x4 on most products (H100, docs/gpu-results.md, 2026-11-23; H200 tune,
+        // 2026-11-28: 10x on the 4096x512x512 one, though faster on the largest grouped ones).
+        large_ = small_;
+        // An H200's tune of both models (2026-11-28, docs/gpu-results.md): the variants nearest
+        // every shape's best (geometric mean of time over best): attention 256 invocations,
+        // 16 queries, 32 keys (1.06x the best, the old default 3.2x); matrix-vector 128 per
+        // workgroup, a column each (1.21x; 64x4 1.54x); the grouped ones 64, two columns each
+        // (1.30x; 64x4 1.44x).
+        const Variant attention{{256, 16, 32, 0}}, gemv{{128, 1, 0}}, grouped_gemv{{64, 2, 0}};
+        if (invalid_reason(Kernel::AttentionTiled, attention, d).empty()) attention_ = attention;
+        if (invalid_reason(Kernel::MatmulGemv, gemv, d).empty()) gemv_ = gemv;
+        if (invalid_reason(Kernel::GroupedMatmulGemv, grouped_gemv, d).empty())
+            grouped_gemv_ = grouped_gemv;
+    }
     if (!invalid_reason(Kernel::Matmul, large_, d).empty()) large_ = small_;
 }
 
@@ -523,8 +537,9 @@ Variant TuningTable::default_variant(Kernel kernel, int64_t rows, int64_t n, int
                                      uint32_t layout) const {
     switch (kernel) {
         case Kernel::MatmulGemv:
-        case Kernel::GroupedMatmulGemv:
             return gemv_;
+        case Kernel::GroupedMatmulGemv:
+            return grouped_gemv_;
         case Kernel::Matmul:
             // Large tiles only when there are enough of them to occupy a big GPU.
             return rows >= 256 && n >= 256 ? large_ : rows <= skinny_max_rows_ ? skinny_ : small_;

@@ -176,8 +176,8 @@ class TuningTable {
     std::map<ShapeKey, Variant> tuned_;
     std::string tuned_from_;
     // The defaults: large tiles for big products, small ones otherwise, skinny ones for few
-    // rows; matrix-vector shape.
-    Variant large_, small_, skinny_, gemv_, attention_;
+    // rows; the matrix-vector shapes (dense, grouped); prefill attention's.
+    Variant large_, small_, skinny_, gemv_, grouped_gemv_, attention_;
     uint32_t skinny_max_rows_ = 32;
 };
 
