@@ -9,8 +9,8 @@
 // other cache slots may hold anything (NaN included) and are never read.
 //
 // With ATTENTION_ROPE defined (attention_split.comp) two more bindings, the tokens' positions
-// and rope.comp's frequency table, and with pc.rope != 0 the chunk's keys are rotated as they
-// are read (key_at; the shader rotates its queries itself): q and k as RoPE would leave them.
+// and rope.comp's frequency table, and ROTATED(), with which that shader reads q and the
+// chunk's keys rotated when pc.rope != 0: q and k as RoPE would leave them.
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
@@ -65,12 +65,7 @@ uint kv_row(uint b, uint kvh, uint p0, uint j, out bool cached) {
 }
 
 float key_at(uint row, bool cached, uint c) {
-    if (cached) return kc[pc.off_kc + row + c];
-#ifdef ATTENTION_ROPE
-    return ROTATED(k, pc.off_k, row, row / (pc.Hkv * pc.hd), c);
-#else
-    return k[pc.off_k + row + c];
-#endif
+    return cached ? kc[pc.off_kc + row + c] : k[pc.off_k + row + c];
 }
 
 float value_at(uint row, bool cached, uint c) {

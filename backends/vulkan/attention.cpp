@@ -19,6 +19,7 @@ namespace {
 constexpr int64_t kMaxHeadDim = 256;      // attention.comp's MAX_HEAD_DIM
 constexpr int64_t kSplitMaxGroup = 16;    // attention_split.comp's MAX_GROUP
 constexpr int64_t kSplitGroupDim = 2048;  // attention_split.comp's MAX_GROUP_DIM
+constexpr int64_t kSplitChunkDim = 1024;  // attention_split.comp's MAX_CHUNK_DIM
 // attention_backward.comp (the query side) and attention_backward_kv.comp (the key side):
 // their MAX_HEAD_DIM, and the workgroup size and keys (or query-head pairs) per chunk.
 constexpr int64_t kBackwardMaxHeadDim = 256;
@@ -58,12 +59,17 @@ uint32_t split_heads(int64_t group, int64_t hd) {
     return static_cast<uint32_t>(g);
 }
 
-// Whether attention over T queries takes the split path (attention_split.comp, then
-// attention_combine.comp): few queries, and the split's arrays fit the device's shared memory.
-bool takes_split_path(const VulkanBackend::Tuning& tu, uint32_t shared_limit, int64_t T) {
+// Whether attention over T queries of head_dim hd takes the split path (attention_split.comp,
+// then attention_combine.comp): few queries, the chunk's keys fit its staging array, and its
+// arrays fit the device's shared memory.
+bool takes_split_path(const VulkanBackend::Tuning& tu, uint32_t shared_limit, int64_t T,
+                      int64_t hd) {
     const uint64_t split_shared =
-        (kSplitGroupDim + kSplitMaxGroup * (tu.attention_split_keys + 2)) * 4;
-    return T <= tu.attention_split_max_t && split_shared <= shared_limit;
+        (kSplitGroupDim + kSplitChunkDim + kSplitMaxGroup * (tu.attention_split_keys + 2) +
+         kSplitMaxGroup * tu.attention_split_wg) *
+        4;
+    return T <= tu.attention_split_max_t && T * hd <= kSplitChunkDim &&
+           split_shared <= shared_limit;
 }
 
 }  // namespace
@@ -88,7 +94,8 @@ void VulkanBackend::rope_attention_cached_store_impl(const Tensor& q, const Tens
                                                      const Tensor& out_t, int64_t window) {
     // On the split path, RoPE as q and k are read and the cache write in the merge: the
     // attention's two dispatches and no other. Elsewhere, the sequence.
-    if (q.numel() > 0 && takes_split_path(tuning_, ctx_->info().shared_memory_bytes, q.dim(1))) {
+    if (q.numel() > 0 &&
+        takes_split_path(tuning_, ctx_->info().shared_memory_bytes, q.dim(1), q.dim(3))) {
         const SplitRope rope{positions, rope_table(theta, q.dim(3))};
         record_attention(q, k, v, k_cache, v_cache, start, out_t, window, /*store=*/true, &rope);
     } else {
@@ -109,7 +116,7 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
     const uint32_t shared_limit = ctx_->info().shared_memory_bytes;
     const Tuning& tu = tuning_;
 
-    if (takes_split_path(tu, shared_limit, T)) {
+    if (takes_split_path(tu, shared_limit, T, hd)) {
         const uint32_t heads = split_heads(H / Hkv, hd);
         // Every query sees at most this many keys; the slices cover that many.
         const int64_t keys = window > 0 ? std::min(window, S + T) : S + T;

@@ -94,6 +94,52 @@ TEST_F(VulkanAttention, DecodeSplitsALongWrappedCache) {
     check({2, 8, 2, 64, 700, 0, {0, 0}}, 2);          // plain attention() of 2 tokens
 }
 
+// Decoding's split with short slices, several invocations summing parts of each key's dot
+// products (VulkanOptions::attention_split_keys, TMX_VULKAN_SPLIT_KEYS), and slices longer
+// than the workgroup: the cases above, then RoPE, attention and the cache write in one
+// (rope_attention_cached_store, whose split stages the chunk's rotated keys) against the CPU.
+TEST_F(VulkanAttention, DecodeSplitsAtOtherSliceLengths) {
+    SCOPED_TRACE(trace());
+    for (uint32_t keys : {16u, 7u, 100u}) {
+        SCOPED_TRACE("keys per slice " + std::to_string(keys));
+        vk_ = std::make_unique<VulkanBackend>(
+            vk::VulkanOptions{.fp16_weights = false, .attention_split_keys = keys});
+        check({1, 8, 2, 64, 700, 1000, {2345, 100, 0}}, 2);
+        check({3, 8, 1, 24, 700, 1000, {1999, 5}}, 2);
+        check({1, 4, 4, 16, 1, 1000, {1500}}, 2);
+
+        const int64_t B = 2, T = 2, H = 8, Hkv = 2, hd = 32, S = 300, window = 200;
+        const std::vector<int32_t> starts{517, 40};
+        std::vector<int32_t> positions;
+        for (int32_t p : starts)
+            for (int32_t t = 0; t < T; ++t) positions.push_back(p + t);
+        const auto q = normal(B * T * H * hd), k = normal(B * T * Hkv * hd),
+                   v = normal(B * T * Hkv * hd), kc = normal(B * S * Hkv * hd),
+                   vc = normal(B * S * Hkv * hd);
+        std::vector<float> got[2][3];
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            const Tensor k_cache = up(*be, kc, {B, S, Hkv, hd}),
+                         v_cache = up(*be, vc, {B, S, Hkv, hd}), out = be->alloc({B, T, H, hd});
+            const uint64_t before = vk().counters().dispatches;
+            be->rope_attention_cached_store(up(*be, q, {B, T, H, hd}), up(*be, k, {B, T, Hkv, hd}),
+                                            up(*be, v, {B, T, Hkv, hd}),
+                                            up_ids(*be, positions, {B * T}), 10000.0, k_cache,
+                                            v_cache, up_ids(*be, starts, {B}), out, window);
+            if (be == &vk()) {
+                EXPECT_EQ(vk().counters().dispatches - before, 2u) << "the split path";
+            }
+            got[i][0] = down(*be, out);
+            got[i][1] = down(*be, k_cache);
+            got[i][2] = down(*be, v_cache);
+            ++i;
+        }
+        EXPECT_TRUE(Close(got[0][0], got[1][0], reduction_tol(window))) << "out";
+        EXPECT_TRUE(Close(got[0][1], got[1][1], 1e-6)) << "the keys stored, rotated";
+        EXPECT_TRUE(BitwiseEqual(got[0][2], got[1][2])) << "the values stored";
+    }
+}
+
 TEST_F(VulkanAttention, PrefillTilesMatchCpu) {
     SCOPED_TRACE(trace());
     for (int64_t hd : {64, 24}) {
