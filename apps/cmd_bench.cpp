@@ -259,6 +259,11 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--warmup", b.warmup, "Untimed runs first")
         ->check(in_range<int>(0))
         ->capture_default_str();
+    sub->add_option("--warm-seconds", b.warm_seconds,
+                    "Before measuring on a backend other than the CPU, this long of matrix "
+                    "products, so that an idle GPU's clocks are up (0: none)")
+        ->check(CLI::Range(0.0, 600.0))
+        ->capture_default_str();
     sub->add_option("--seed", b.seed, "Seed of the inputs (and of random weights)")
         ->check(in_range<uint64_t>(0))
         ->capture_default_str();

@@ -23,6 +23,7 @@ inline constexpr OptionFlag kOptionFlags[] = {
     {"decode_tokens", "--decode"},
     {"batch", "--batch"},
     {"repeats", "--repeats"},
+    {"warm_seconds", "--warm-seconds"},
     {"train_batch", "--train-batch"},
     {"train_seq", "--train-seq"},
     {"max_new_tokens", "--max-new-tokens"},

@@ -22,6 +22,8 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
                                     const BenchOptions& o) {
     if (o.backends.empty()) throw UsageError(opt("backends") + ": no backend to run");
     if (!o.open_backend) throw std::logic_error("run_bench: BenchOptions::open_backend is not set");
+    if (!(o.warm_seconds >= 0 && o.warm_seconds <= 600))
+        throw UsageError("tmx bench: " + opt("warm_seconds") + " must be from 0 to 600");
     if (o.prompt_tokens < 1 || o.decode_tokens < 1 || o.batch < 1 || o.repeats < 1 || o.warmup < 0)
         throw UsageError("tmx bench: " + opt("prompt_tokens") + ", " + opt("decode_tokens") + ", " +
                          opt("batch") + " and " + opt("repeats") + " must be positive");
@@ -115,6 +117,10 @@ std::vector<BackendBench> run_bench(const ModelConfig& config, std::vector<float
         Backend& be = other ? *other : *cpu;
         const Precision precision = precision_of(be);
         Reference& ref = reference(precision);
+        if (other && o.warm_seconds > 0) {
+            if (o.progress) o.progress(be.name() + ": warming the device up");
+            warm_up(be, o.warm_seconds);
+        }
         Backend::ModeScope mode(be, {.precision = precision});
         BackendBench r;
         r.backend = be.name();

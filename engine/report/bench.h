@@ -21,6 +21,10 @@ struct BenchOptions {
     std::vector<std::string> backends;  // e.g. {"cpu", "vulkan"}
     int warmup = 1;
     int repeats = 5;
+    // Before a backend other than the CPU measures anything, fp32 matrix products back to back
+    // for this long: a GPU that was idle runs at lowered clocks, and its first timings would
+    // be a fraction of its speed (the first ops of an H200's Vulkan-only bench ran 3x slower).
+    double warm_seconds = 1.0;
     int64_t prompt_tokens = 128;  // prefill length (and the "prefill" op shapes)
     int64_t decode_tokens = 32;   // decode steps timed
     int64_t batch = 8;            // sequences in the batch-N decode

@@ -37,6 +37,23 @@ double median_seconds(Backend& be, const std::function<void()>& work, int warmup
     return median(times);
 }
 
+void warm_up(Backend& be, double seconds) {
+    if (!(seconds > 0)) return;
+    constexpr int64_t n = 1024;
+    InputMaker in(0x3a7);
+    const Tensor a = upload(be, in.normal(n * n), {n, n}), b = upload(be, in.normal(n * n), {n, n}),
+                 out = be.alloc({n, n});
+    Backend::ModeScope fp32(be, {.precision = Precision::F32});
+    const auto t0 = Clock::now();
+    // Batches that double up to 64 products: a slow device still stops near `seconds`, a fast
+    // one is not held back by a synchronize after every product.
+    for (int batch = 1; std::chrono::duration<double>(Clock::now() - t0).count() < seconds;
+         batch = std::min(batch * 2, 64)) {
+        for (int i = 0; i < batch; ++i) be.matmul(a, b, out);
+        be.synchronize();
+    }
+}
+
 double max_error(const std::vector<float>& got, const std::vector<float>& want) {
     double scale = 1.0, worst = 0.0;
     for (float w : want) scale = std::max(scale, std::abs(double(w)));

@@ -37,6 +37,10 @@ class InputMaker {
 double median_seconds(Backend& be, const std::function<void()>& work, int warmup, int repeats,
                       const std::function<void()>& before_each = {});
 
+// Keeps `be` busy with fp32 matrix products for about `seconds` (in growing batches, each
+// ended by a synchronize), so that a GPU's clocks are up when timing starts.
+void warm_up(Backend& be, double seconds);
+
 // The largest difference between got and want, over want's largest magnitude (at least 1); a
 // NaN counts as infinite.
 double max_error(const std::vector<float>& got, const std::vector<float>& want);

@@ -11,9 +11,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "engine/core/errors.h"
@@ -58,6 +61,7 @@ BenchOptions tiny_bench(std::vector<std::string> backends) {
     o.decode_tokens = 4;
     o.batch = 2;
     o.warmup = 0;
+    o.warm_seconds = 0;  // BenchWarmUp's own
     o.repeats = 1;
     o.gemm = 9;
     o.train_batch = 2;
@@ -183,6 +187,32 @@ TEST(BenchOps, AnOpABackendCannotRunIsSkippedWithItsReasonAndTheRestIsMeasured) 
     EXPECT_TRUE(small.train.measured);
     EXPECT_EQ(results[1].ops.back().skipped, "");
     EXPECT_GT(results[1].ops.back().ms, 0.0);
+}
+
+// A backend other than the CPU is kept busy for warm_seconds before its first measurement (an
+// idle GPU's clocks are lowered); the CPU backend, which has no such clocks, is not.
+TEST(BenchWarmUp, OtherBackendsAreWarmedBeforeTheirFirstMeasurementAndTheCpuIsNot) {
+    BenchOptions o = tiny_bench({"cpu", "cpu-bf16"});
+    o.train_batch = o.train_seq = 0;
+    o.warm_seconds = 0.25;
+    std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> progress;
+    o.progress = [&](const std::string& what) {
+        progress.emplace_back(what, std::chrono::steady_clock::now());
+    };
+    run_bench(test::test_config("test-tiny"), {}, o);
+    std::vector<std::string> lines;
+    for (const auto& [line, at] : progress) lines.push_back(line);
+    const auto warm = std::find(lines.begin(), lines.end(), "cpu-bf16: warming the device up");
+    ASSERT_NE(warm, lines.end());
+    EXPECT_EQ(std::count(lines.begin(), lines.end(), "cpu: warming the device up"), 0);
+    const auto first = std::find_if(lines.begin(), lines.end(), [](const std::string& l) {
+        return l.starts_with("cpu-bf16:") && l != "cpu-bf16: warming the device up";
+    });
+    ASSERT_NE(first, lines.end());
+    EXPECT_EQ(first - warm, 1) << "the warm-up comes right before the backend's first op";
+    const size_t w = static_cast<size_t>(warm - lines.begin());
+    EXPECT_GE(std::chrono::duration<double>(progress[w + 1].second - progress[w].second).count(),
+              0.25);
 }
 
 // The training step's MFU: against --peak-tflops where given, else the backend's published peak
