@@ -40,7 +40,8 @@ std::vector<std::string> split_names(const std::string& list) {
     return names;
 }
 
-void print_profile(const DecodeProfile& p) {
+// `title`: what was profiled ("decode profile, batch 8, 32 steps").
+void print_profile(const std::string& title, const StepProfile& p) {
     double device = 0;
     int64_t commands = 0;
     for (const Backend::ProfiledCommands& c : p.commands) {
@@ -52,12 +53,9 @@ void print_profile(const DecodeProfile& p) {
     if (p.barriers)
         std::snprintf(barriers, sizeof barriers, " and %.1f barriers",
                       static_cast<double>(*p.barriers) / steps);
-    std::printf(
-        "  decode profile, batch %lld, %lld steps: %.3f ms a step, the device busy %.3f ms "
-        "of it; %.1f commands%s a step\n",
-        static_cast<long long>(p.batch), static_cast<long long>(p.steps),
-        1e3 * p.wall_seconds / steps, 1e3 * device / steps, static_cast<double>(commands) / steps,
-        barriers);
+    std::printf("  %s: %.3f ms a step, the device busy %.3f ms of it; %.1f commands%s a step\n",
+                title.c_str(), 1e3 * p.wall_seconds / steps, 1e3 * device / steps,
+                static_cast<double>(commands) / steps, barriers);
     std::vector<Backend::ProfiledCommands> by_time = p.commands;
     std::stable_sort(by_time.begin(), by_time.end(),
                      [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
@@ -94,7 +92,10 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
         std::printf("  logits vs cpu: max error %.1e; greedy tokens matching cpu %lld of %lld\n",
                     m.logits_error, static_cast<long long>(m.greedy_matching),
                     static_cast<long long>(m.greedy_steps));
-        for (const DecodeProfile& p : m.profiles) print_profile(p);
+        for (const StepProfile& p : m.profiles)
+            print_profile("decode profile, batch " + std::to_string(p.batch) + ", " +
+                              std::to_string(p.steps) + " steps",
+                          p);
         if (o.profile && m.profiles.empty())
             std::printf("  decode profile: none (the %s backend cannot time its commands)\n",
                         r.backend.c_str());
@@ -113,8 +114,25 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
                 to_string(t.precision), t.tokens_per_s, t.model_tflops, mfu,
                 fmt_bytes(static_cast<double>(t.peak_bytes)).c_str(),
                 fmt_bytes(t.engine_bytes).c_str(), t.loss, cpu);
+            if (t.profile)
+                print_profile("training profile, batch " + std::to_string(o.train_batch) + " x " +
+                                  std::to_string(o.train_seq) + ", 1 step",
+                              *t.profile);
         }
     }
+}
+
+nlohmann::json profile_json(const StepProfile& p) {
+    nlohmann::json commands = nlohmann::json::array();
+    for (const Backend::ProfiledCommands& c : p.commands)
+        commands.push_back({{"name", c.name}, {"count", c.count}, {"seconds", c.seconds}});
+    nlohmann::json j = {{"batch", p.batch},
+                        {"steps", p.steps},
+                        {"wall_seconds", p.wall_seconds},
+                        {"commands", commands}};
+    // The barriers over all the steps, where the backend counts them.
+    if (p.barriers) j["barriers"] = *p.barriers;
+    return j;
 }
 
 nlohmann::json to_json(const std::vector<BackendBench>& results, const std::string& model,
@@ -151,18 +169,8 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                  {"logits_max_error_vs_cpu", m.logits_error},
                                  {"greedy_matching", m.greedy_matching},
                                  {"greedy_steps", m.greedy_steps}});
-        for (const DecodeProfile& p : m.profiles) {
-            nlohmann::json commands = nlohmann::json::array();
-            for (const Backend::ProfiledCommands& c : p.commands)
-                commands.push_back({{"name", c.name}, {"count", c.count}, {"seconds", c.seconds}});
-            j["backends"].back()["decode_profiles"].push_back({{"batch", p.batch},
-                                                               {"steps", p.steps},
-                                                               {"wall_seconds", p.wall_seconds},
-                                                               {"commands", commands}});
-            // The barriers over all the steps, where the backend counts them.
-            if (p.barriers)
-                j["backends"].back()["decode_profiles"].back()["barriers"] = *p.barriers;
-        }
+        for (const StepProfile& p : m.profiles)
+            j["backends"].back()["decode_profiles"].push_back(profile_json(p));
         const TrainBench& t = r.train;
         if (t.measured)
             j["backends"].back()["train"] = {
@@ -182,6 +190,8 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                 {"engine_bytes", t.engine_bytes},
                 {"loss", t.loss},
                 {"cpu_loss", t.cpu_loss ? nlohmann::json(*t.cpu_loss) : nlohmann::json(nullptr)}};
+        if (t.measured && t.profile)
+            j["backends"].back()["train"]["profile"] = profile_json(*t.profile);
     }
     return j;
 }
@@ -268,8 +278,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         ->check(in_range<uint64_t>(0))
         ->capture_default_str();
     sub->add_flag("--profile", b.profile,
-                  "Also profile the batch-1 and batch-N decode steps: device time per shader "
-                  "(Vulkan: timestamps after every command; other backends are not profiled)");
+                  "Also profile the batch-1 and batch-N decode steps, and one training step with "
+                  "--train-batch: device time per shader (Vulkan: timestamps after every "
+                  "command; other backends are not profiled)");
     sub->add_flag("--json", opts->json, "Print one JSON object instead of the table");
     add_common_options(*sub, common);
 

@@ -48,8 +48,9 @@ struct BenchOptions {
     // holding the q8_0 values, since the CPU's q8_0 also quantises the activations (so the
     // CPU's own q8_0 row shows that rounding).
     DType weight_format = DType::F32;
-    // Also profile the batch-1 and batch-N decode steps on the backends that can_profile():
-    // device time per kind of command (Backend::begin_profile).
+    // Also profile the batch-1 and batch-N decode steps and, with train_batch, one training
+    // step, on the backends that can_profile(): device time per kind of command
+    // (Backend::begin_profile).
     bool profile = false;
     uint64_t seed = 0;  // inputs and, with no weights given, the model's init
     // Opens a backend by name (the front end passes make_backend from backends/registry.h;
@@ -71,9 +72,10 @@ struct OpBench {
     std::string skipped;
 };
 
-// decode_steps decode steps of `batch` sequences, profiled: wall time (host and device, with the
-// profiler's timestamps) and the device's time per kind of command, summed over the steps.
-struct DecodeProfile {
+// Steps profiled (--profile): decode steps of `batch` sequences, or one training step of
+// `batch` sequences; wall time (host and device, with the profiler's timestamps) and the
+// device's time per kind of command, summed over the steps.
+struct StepProfile {
     int64_t batch = 0, steps = 0;
     double wall_seconds = 0;
     std::vector<Backend::ProfiledCommands> commands;
@@ -82,10 +84,10 @@ struct DecodeProfile {
 
 struct ModelBench {
     double prefill_tokens_per_s = 0, decode_tokens_per_s = 0, batch_decode_tokens_per_s = 0;
-    double logits_error = 0;              // prefill's last logits and every decode step's, vs CPU
-    int64_t greedy_matching = 0;          // greedy batch-1 decode steps that chose the CPU's token,
-    int64_t greedy_steps = 0;             // out of this many (counted up to the first difference)
-    std::vector<DecodeProfile> profiles;  // --profile: batch 1, then batch N
+    double logits_error = 0;            // prefill's last logits and every decode step's, vs CPU
+    int64_t greedy_matching = 0;        // greedy batch-1 decode steps that chose the CPU's token,
+    int64_t greedy_steps = 0;           // out of this many (counted up to the first difference)
+    std::vector<StepProfile> profiles;  // --profile: batch 1, then batch N
 };
 
 // One training step: forward with kept activations, backward, the global gradient norm, and
@@ -107,6 +109,8 @@ struct TrainBench {
     double engine_bytes = 0;
     double loss = 0;                 // the step's cross-entropy, and the CPU's on the same batch
     std::optional<double> cpu_loss;  // unset without BenchOptions::train_check
+    // --profile, on a backend that can_profile(): one more step, profiled.
+    std::optional<StepProfile> profile;
 };
 
 struct BackendBench {

@@ -129,9 +129,9 @@ class ModelRunner {
     }
 
   private:
-    DecodeProfile profile_decode(const KvCache& cache, const std::vector<int32_t>& firsts,
-                                 const std::vector<int32_t>& starts) {
-        DecodeProfile p;
+    StepProfile profile_decode(const KvCache& cache, const std::vector<int32_t>& firsts,
+                               const std::vector<int32_t>& starts) {
+        StepProfile p;
         p.batch = cache.batch();
         p.steps = decode_steps();
         be_.synchronize();
@@ -198,6 +198,19 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
     be.reset_peak_memory();
     const double seconds = median_seconds(be, train_step, o.warmup, o.repeats);
     r.peak_bytes = be.memory_stats().peak_bytes;
+    if (o.profile && be.can_profile()) {
+        if (o.progress) o.progress(be.name() + ": profiled training step");
+        StepProfile p{.batch = B, .steps = 1};
+        be.synchronize();
+        be.begin_profile();
+        const auto t0 = std::chrono::steady_clock::now();
+        train_step();
+        p.commands = be.end_profile();
+        p.barriers = be.profiled_barriers();
+        p.wall_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        r.profile = std::move(p);
+    }
     r.engine_bytes = training_memory(c, B, T, r.precision, /*with_validation=*/false).total();
     r.measured = true;
     r.tokens_per_s = static_cast<double>(N) / seconds;

@@ -95,6 +95,45 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
     EXPECT_EQ(j["backends"][0]["greedy_matching"], 6);
 }
 
+// --profile with --train-batch on Vulkan: one training step profiled, its forward and backward
+// shaders among the commands, their device time within the step's wall time; the table prints
+// it. (The CPU cannot time its commands: no profile there.)
+TEST(BenchCli, ProfilesATrainingStepOnVulkan) {
+    if (!test::backend_opens("vulkan")) GTEST_SKIP() << "no Vulkan device";
+    const std::string config = test::source_dir() + "/assets/configs/test-tiny.json";
+    const std::string args = "bench --config " + config +
+                             " --backends cpu,vulkan --prompt 4 --decode 1 --batch 1 --repeats 1"
+                             " --warmup 0 --warm-seconds 0 --train-batch 2 --train-seq 8"
+                             " --no-train-check --profile --threads 2";
+    auto r = test::run_tmx(args + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["backends"].size(), 2u);
+    EXPECT_FALSE(j["backends"][0]["train"].contains("profile")) << "the CPU";
+    const auto& p = j["backends"][1]["train"]["profile"];
+    EXPECT_EQ(p["batch"], 2);
+    EXPECT_EQ(p["steps"], 1);
+    double device = 0;
+    std::set<std::string> names;
+    for (const auto& c : p["commands"]) {
+        names.insert(c["name"].get<std::string>());
+        EXPECT_GE(c["count"].get<int64_t>(), 1) << c["name"];
+        device += c["seconds"].get<double>();
+    }
+    for (const char* shader : {"attention_backward", "cross_entropy", "optimizer"})
+        EXPECT_TRUE(std::any_of(names.begin(), names.end(),
+                                [&](const std::string& n) { return n.rfind(shader, 0) == 0; }))
+            << shader << " not among the profiled commands";
+    EXPECT_GT(device, 0.0);
+    EXPECT_LE(device, p["wall_seconds"].get<double>());
+    ASSERT_TRUE(p.contains("barriers"));
+
+    auto table = test::run_tmx(args);
+    ASSERT_EQ(table.exit_code, 0) << table.err;
+    EXPECT_NE(table.out.find("training profile, batch 2 x 8, 1 step: "), std::string::npos)
+        << table.out;
+}
+
 // A training batch past the estimate's bounds or the machine's memory is a usage error naming
 // the bench's own flags, before anything is measured (no table, no JSON).
 TEST(BenchCli, ATrainingBatchThatCannotFitIsRefusedFirst) {
