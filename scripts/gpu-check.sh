@@ -254,7 +254,8 @@ if build "$build_dir" main; then
            "${vk_bench[@]}" "${train_args[@]}" --precision fp32 --json
     }
     tune_and_bench tiny-mixtral
-    step vulkan-profile 120 "$tmx" "${profile[@]}"
+    # The default profile also profiles a training step: which backward shaders take it.
+    step vulkan-profile 120 "$tmx" "${profile[@]}" "${train_args[@]}" --no-train-check
     # Decoding's split attention with shorter slices, several invocations a key (the default,
     # 64, is one a key): which length this GPU wants.
     for keys in 16 32; do
