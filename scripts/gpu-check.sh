@@ -227,8 +227,8 @@ if build "$build_dir" main; then
   # the tests rather than the numbers: tiny-mixtral's shapes tuned (the device file is kept in
   # the report), its bench against CUDA tuned, untuned (TMX_VULKAN_TUNING=off) and CUDA in fp32
   # (the training comparison), Vulkan's decode profile (tune's JSON times every matrix-vector
-  # candidate, the subgroup forms too) at three split-attention slice lengths, --baseline's
-  # decode beside it; then every Vulkan test; then the same tune and benches for
+  # and decode-attention candidate, the subgroup forms too) and one training step,
+  # --baseline's decode beside it; then every Vulkan test; then the same tune and benches for
   # tiny-mixtral-swiglu. On an H200 (2026-11-28) everything before the tests took 5 minutes,
   # the tunes 110 and 81 s; --quick trains at batch 8.
   if wanted vulkan; then
@@ -256,11 +256,6 @@ if build "$build_dir" main; then
     tune_and_bench tiny-mixtral
     # The default profile also profiles a training step: which backward shaders take it.
     step vulkan-profile 120 "$tmx" "${profile[@]}" "${train_args[@]}" --no-train-check
-    # Decoding's split attention with shorter slices, several invocations a key (the default,
-    # 64, is one a key): which length this GPU wants.
-    for keys in 16 32; do
-      step "vulkan-profile-keys$keys" 120 env TMX_VULKAN_SPLIT_KEYS=$keys "$tmx" "${profile[@]}"
-    done
     if [ -n "$baseline" ]; then
       step vulkan-profile-untuned 120 env TMX_VULKAN_TUNING=off "$tmx" "${profile[@]}"
       step vulkan-profile-baseline 120 env TMX_VULKAN_TUNING=off "$baseline" "${profile[@]}"

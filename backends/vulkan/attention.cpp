@@ -16,10 +16,7 @@
 namespace tmx {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;      // attention.comp's MAX_HEAD_DIM
-constexpr int64_t kSplitMaxGroup = 16;    // attention_split.comp's MAX_GROUP
-constexpr int64_t kSplitGroupDim = 2048;  // attention_split.comp's MAX_GROUP_DIM
-constexpr int64_t kSplitChunkDim = 1024;  // attention_split.comp's MAX_CHUNK_DIM
+constexpr int64_t kMaxHeadDim = 256;  // attention.comp's MAX_HEAD_DIM
 // attention_backward.comp (the query side) and attention_backward_kv.comp (the key side):
 // their MAX_HEAD_DIM, and the workgroup size and keys (or query-head pairs) per chunk.
 constexpr int64_t kBackwardMaxHeadDim = 256;
@@ -54,22 +51,20 @@ AttentionPush attention_push(const Tensor& q, const Tensor& k, int64_t S, int64_
 // Query heads per attention_split workgroup: the largest divisor of the GQA group whose
 // queries fit the shader's arrays (1 always does: head_dim <= 256).
 uint32_t split_heads(int64_t group, int64_t hd) {
-    int64_t g = std::min(group, kSplitMaxGroup);
-    while (g > 1 && (group % g != 0 || g * hd > kSplitGroupDim)) --g;
+    int64_t g = std::min<int64_t>(group, vk::kSplitMaxGroup);
+    while (g > 1 && (group % g != 0 || g * hd > vk::kSplitGroupDim)) --g;
     return static_cast<uint32_t>(g);
 }
 
 // Whether attention over T queries of head_dim hd takes the split path (attention_split.comp,
-// then attention_combine.comp): few queries, the chunk's keys fit its staging array, and its
-// arrays fit the device's shared memory.
-bool takes_split_path(const VulkanBackend::Tuning& tu, uint32_t shared_limit, int64_t T,
-                      int64_t hd) {
-    const uint64_t split_shared =
-        (kSplitGroupDim + kSplitChunkDim + kSplitMaxGroup * (tu.attention_split_keys + 2) +
-         kSplitMaxGroup * tu.attention_split_wg) *
-        4;
-    return T <= tu.attention_split_max_t && T * hd <= kSplitChunkDim &&
-           split_shared <= shared_limit;
+// then attention_combine.comp): few queries, the chunk's keys fit its staging array, and a
+// variant of it fits the device (the default is the smallest one that does, if any does).
+bool takes_split_path(const VulkanBackend::Tuning& tu, const vk::TuningTable& table,
+                      const vk::DeviceInfo& d, int64_t T, int64_t hd) {
+    return T <= tu.attention_split_max_t && T * hd <= vk::kSplitChunkDim &&
+           vk::invalid_reason(vk::Kernel::AttentionSplit,
+                              table.default_variant(vk::Kernel::AttentionSplit, T, hd, 0, 0), d)
+               .empty();
 }
 
 }  // namespace
@@ -94,8 +89,7 @@ void VulkanBackend::rope_attention_cached_store_impl(const Tensor& q, const Tens
                                                      const Tensor& out_t, int64_t window) {
     // On the split path, RoPE as q and k are read and the cache write in the merge: the
     // attention's two dispatches and no other. Elsewhere, the sequence.
-    if (q.numel() > 0 &&
-        takes_split_path(tuning_, ctx_->info().shared_memory_bytes, q.dim(1), q.dim(3))) {
+    if (q.numel() > 0 && takes_split_path(tuning_, table_, ctx_->info(), q.dim(1), q.dim(3))) {
         const SplitRope rope{positions, rope_table(theta, q.dim(3))};
         record_attention(q, k, v, k_cache, v_cache, start, out_t, window, /*store=*/true, &rope);
     } else {
@@ -113,14 +107,21 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), Hkv = k.dim(2), hd = q.dim(3);
     const int64_t S = has_cache ? k_cache.dim(1) : 0;
     AttentionPush p = attention_push(q, k, S, window, has_cache);
-    const uint32_t shared_limit = ctx_->info().shared_memory_bytes;
     const Tuning& tu = tuning_;
 
-    if (takes_split_path(tu, shared_limit, T, hd)) {
+    if (takes_split_path(tu, table_, ctx_->info(), T, hd)) {
         const uint32_t heads = split_heads(H / Hkv, hd);
         // Every query sees at most this many keys; the slices cover that many.
         const int64_t keys = window > 0 ? std::min(window, S + T) : S + T;
-        const int64_t n_split = (keys + tu.attention_split_keys - 1) / tu.attention_split_keys;
+        const vk::Variant shape =
+            choose(vk::Kernel::AttentionSplit, {.op = TunableCall::Op::AttentionCached,
+                                                .rows = B * T,
+                                                .n = hd,
+                                                .k = keys,
+                                                .heads = H,
+                                                .kv_heads = Hkv});
+        const uint32_t slice_keys = shape.spec[1];
+        const int64_t n_split = (keys + slice_keys - 1) / slice_keys;
         p.n_split = static_cast<uint32_t>(n_split);
         p.slice_len = static_cast<uint32_t>((keys + n_split - 1) / n_split);
         p.heads = heads;
@@ -129,7 +130,7 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
                      table = rope ? rope->table : Tensor{};
         // Per (b, i, h, slice): [m, l, acc[hd]]; phase 2 reads it after phase 1 wrote it.
         Tensor partials = alloc({B * T * H * n_split * (hd + 2)});
-        run("attention_split", {tu.attention_split_wg, tu.attention_split_keys},
+        run("attention_split", shape.spec,
             {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(partials), in(positions),
              in(table)},
             p, p.n_split, static_cast<uint32_t>(H / heads), static_cast<uint32_t>(B * T));

@@ -33,6 +33,7 @@ KernelShape kernel_shape(vk::Kernel kernel, const TunableCall& c) {
         case vk::Kernel::GroupedMatmulDx:
             return {c.rows, c.k, c.n, experts};
         case vk::Kernel::AttentionTiled:
+        case vk::Kernel::AttentionSplit:
             return {c.rows, c.n, c.k, static_cast<uint32_t>(c.heads)};
         default:
             return {c.rows, c.n, c.k, experts};

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -65,24 +64,6 @@ VulkanBackend::VulkanBackend(const vk::VulkanOptions& options)
     // more, which the defaults assume.
     const vk::DeviceInfo& d = ctx_->info();
     if (d.max_workgroup_invocations < 256) tuning_.elementwise_wg = tuning_.group_wg = 128;
-    // Decoding's attention: keys per slice of its split (attention.cpp). Shorter slices mean
-    // more workgroups, each walking fewer keys with several invocations a key; which length a
-    // GPU wants is unmeasured (docs/gpu-results.md), so every device starts at 64;
-    // VulkanOptions::attention_split_keys or TMX_VULKAN_SPLIT_KEYS sets another.
-    if (options.attention_split_keys) {
-        if (*options.attention_split_keys < 1 || *options.attention_split_keys > 256)
-            throw Error("Vulkan backend: attention_split_keys must be from 1 to 256, got " +
-                        std::to_string(*options.attention_split_keys));
-        tuning_.attention_split_keys = *options.attention_split_keys;
-    } else if (const char* keys = std::getenv("TMX_VULKAN_SPLIT_KEYS"); keys && *keys) {
-        const std::string_view text(keys);
-        uint32_t n = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-        if (ec != std::errc{} || end != text.data() + text.size() || n < 1 || n > 256)
-            throw Error("TMX_VULKAN_SPLIT_KEYS: expected keys per slice from 1 to 256, got '" +
-                        std::string(text) + "'");
-        tuning_.attention_split_keys = n;
-    }
     load_tuning(options);
     if (const char* force = std::getenv("TMX_VULKAN_FORCE_VARIANT"); force && *force)
         table_.force_from_list(force);

@@ -81,9 +81,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
         uint32_t column_wg = 64;
         // The matmul kernels' shapes are chosen per call by the tuning table (vulkan_tuning.h).
         uint32_t attention_wg = 64, attention_chunk = 256;  // attention.comp, the fallback
-        // Few queries (T <= split_max_t): each query's window in slices of at most split_keys
-        // keys, a workgroup per slice, then a merge (attention_split.comp, _combine.comp).
-        uint32_t attention_split_wg = 64, attention_split_keys = 64, attention_split_max_t = 4;
+        // Few queries (T <= split_max_t): each query's window in slices of keys, a workgroup
+        // per slice, then a merge (attention_split.comp, _combine.comp).
+        uint32_t attention_split_max_t = 4;  // its shape: the tuning table's (vulkan_tuning.h)
         // Many queries (T >= tile_min_t, head_dim <= 128): tiles of queries walking the keys in
         // tiles (attention_tiled.comp), shaped by the tuning table (vulkan_tuning.h).
         uint32_t attention_tile_min_t = 16;

@@ -35,9 +35,6 @@ struct VulkanOptions {
     // The matmul shapes' tuning (vulkan_tuning.h): "off", or a tuning file; unset:
     // TMX_VULKAN_TUNING, else the device's file in tmx's cache directory if there is one.
     std::optional<std::string> tuning;
-    // Keys per slice of decoding's split attention (1 to 256); unset: TMX_VULKAN_SPLIT_KEYS,
-    // else the device's default (vulkan_backend.cpp).
-    std::optional<uint32_t> attention_split_keys;
 };
 
 // What `tmx devices` shows, and what the backend uses to pick pipelines.

@@ -24,7 +24,8 @@ constexpr const char* kNames[kKernelCount] = {"matmul",
                                               "grouped_matmul_gemv",
                                               "grouped_matmul_backward_dx",
                                               "grouped_matmul_backward_dw",
-                                              "attention_tiled"};
+                                              "attention_tiled",
+                                              "attention_split"};
 
 constexpr uint32_t kVendorNvidia = 0x10DE;
 
@@ -97,15 +98,31 @@ constexpr std::array<std::array<uint32_t, 3>, 16> kAttentionSubgroupTiles = {{
     {128, 8, 32},
     {256, 16, 32},
 }};
+// Decode attention candidates {WG, SL}: every pair of these. Short slices run more workgroups,
+// each walking fewer keys with more invocations a key (a GPU's taste); long ones fewer, longer
+// workgroups (a CPU driver's).
+constexpr uint32_t kSplitWg[] = {32, 64, 128, 256};
+constexpr uint32_t kSplitKeys[] = {16, 32, 64, 128};
+// attention_split.comp's arrays, in floats: the group's queries (MAX_GROUP_DIM), the chunk's
+// keys (MAX_CHUNK_DIM), per head its scores and statistics (MAX_GROUP rows of SL + 2), and each
+// invocation's part of each head's dot product (MAX_GROUP * WG).
+uint64_t split_shared_floats(uint64_t wg, uint64_t sl) {
+    return uint64_t{kSplitGroupDim} + kSplitChunkDim + kSplitMaxGroup * (sl + 2) +
+           kSplitMaxGroup * wg;
+}
+
 // attention_tiled.comp's subgroup form: the key tile, and the value tile beside it or in its
 // place, up to MAX_HEAD_DIM floats a row.
 uint64_t attention_subgroup_shared_floats(uint64_t bk, bool separate_values) {
     return (separate_values ? 2 : 1) * bk * kAttentionTiledMaxHeadDim;
 }
 
-enum class Form { Tiled, Gemv, Attention };
+enum class Form { Tiled, Gemv, Attention, Split };
 Form form_of(Kernel k) {
-    return k == Kernel::AttentionTiled ? Form::Attention : is_gemv(k) ? Form::Gemv : Form::Tiled;
+    return k == Kernel::AttentionTiled   ? Form::Attention
+           : k == Kernel::AttentionSplit ? Form::Split
+           : is_gemv(k)                  ? Form::Gemv
+                                         : Form::Tiled;
 }
 
 Variant tile(uint32_t bm, uint32_t bn, uint32_t bk, uint32_t tm, uint32_t tn) {
@@ -156,6 +173,9 @@ bool is_gemv(Kernel k) {
 }
 
 std::string Variant::name(Kernel k) const {
+    if (form_of(k) == Form::Split)
+        return spec.size() == 2 ? "wg" + std::to_string(spec[0]) + ".sl" + std::to_string(spec[1])
+                                : "?";
     if (form_of(k) == Form::Attention)
         return spec.size() == 4
                    ? "wg" + std::to_string(spec[0]) + ".bq" + std::to_string(spec[1]) + ".bk" +
@@ -176,10 +196,13 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
     const std::vector<std::string> fields =
         form == Form::Gemv        ? std::vector<std::string>{"wg", "nr"}
         : form == Form::Attention ? std::vector<std::string>{"wg", "bq", "bk"}
+        : form == Form::Split     ? std::vector<std::string>{"wg", "sl"}
                                   : std::vector<std::string>{"bm", "bn", "bk", "tm", "tn"};
-    // A matrix-vector or attention name may end in ".sg1" (vulkan_tuning.h); without it SG is 0.
+    // A matrix-vector or prefill attention name may end in ".sg1" (vulkan_tuning.h); without it
+    // SG is 0.
+    const bool has_sg = form == Form::Gemv || form == Form::Attention;
     uint32_t sg = 0;
-    if (form != Form::Tiled && name.size() > 4 && name.substr(name.size() - 4) == ".sg1") {
+    if (has_sg && name.size() > 4 && name.substr(name.size() - 4) == ".sg1") {
         name.remove_suffix(4);
         sg = 1;
     }
@@ -195,7 +218,7 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
         values.push_back(v);
         at = end + 1;
     }
-    if (form != Form::Tiled) values.push_back(sg);
+    if (has_sg) values.push_back(sg);
     if (form != Form::Tiled) return Variant{values};
     const uint32_t bm = values[0], bn = values[1], tm = values[3], tn = values[4];
     if (bm % tm != 0 || bn % tn != 0) return std::nullopt;
@@ -217,7 +240,15 @@ static std::string subgroup_refusal(const DeviceInfo& d) {
 std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
     const uint32_t wg = v.spec.empty() ? 0 : v.spec[0];
     uint64_t shared_floats = 0;
-    if (form_of(k) == Form::Attention) {
+    if (form_of(k) == Form::Split) {
+        if (v.spec.size() != 2) return "not a decode attention variant";
+        if (v.spec[1] == 0 || v.spec[1] > 256) return "its slices are not of 1 to 256 keys";
+        // One invocation per head of a group sums its scores (a group holds up to 16 heads).
+        if (wg < kSplitMaxGroup)
+            return "its workgroup is smaller than a group's " + std::to_string(kSplitMaxGroup) +
+                   " heads";
+        shared_floats = split_shared_floats(wg, v.spec[1]);
+    } else if (form_of(k) == Form::Attention) {
         if (v.spec.size() != 4 || v.spec[3] > 1) return "not an attention variant";
         const uint64_t bq = v.spec[1], bk = v.spec[2];
         if (bq == 0 || bk == 0 || wg % bq != 0)
@@ -274,7 +305,10 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
 
 std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
     std::vector<Variant> all;
-    if (form_of(k) == Form::Attention) {
+    if (form_of(k) == Form::Split) {
+        for (uint32_t sl : kSplitKeys)
+            for (uint32_t wg : kSplitWg) all.push_back({{wg, sl}});
+    } else if (form_of(k) == Form::Attention) {
         for (const auto& t : kAttentionTiles) all.push_back({{t[0], t[1], t[2], 0}});
         for (const auto& t : kAttentionSubgroupTiles) all.push_back({{t[0], t[1], t[2], 1}});
     } else if (is_gemv(k)) {
@@ -293,6 +327,10 @@ bool attention_separate_values(const Variant& v, const DeviceInfo& d) {
 }
 
 std::string ShapeKey::to_string() const {
+    if (kernel == Kernel::AttentionSplit)
+        return std::string(kernel_name(kernel)) + " rows<=" + std::to_string(rows_class) +
+               " head_dim=" + std::to_string(n) + " keys=" + std::to_string(k) +
+               " heads=" + std::to_string(layout);
     if (kernel == Kernel::AttentionTiled)
         return std::string(kernel_name(kernel)) + " rows<=" + std::to_string(rows_class) +
                " head_dim=" + std::to_string(n) + " window=" + std::to_string(k) +
@@ -514,6 +552,10 @@ TuningTable::TuningTable(const DeviceInfo& d) : device_(&d) {
     if (!invalid_reason(Kernel::AttentionTiled, attention_, d).empty())
         attention_ = {{32, 8, 16, 0}};
     grouped_gemv_ = gemv_;
+    // 64 keys a slice, one invocation a key; on a device with less shared memory than that
+    // needs, the smallest variant (none fits below about 16 KiB: attention takes another path).
+    split_ = {{64, 64}};
+    if (!invalid_reason(Kernel::AttentionSplit, split_, d).empty()) split_ = {{32, 16}};
     if (d.vendor_id == kVendorNvidia) {
         // On NVIDIA the 8x8 register block of the 128x128 tile is 2-11x slower than the 64x64
         // tile's 4x4 on most products (H100, docs/gpu-results.md, 2026-11-23; H200 tune,
@@ -551,6 +593,8 @@ Variant TuningTable::default_variant(Kernel kernel, int64_t rows, int64_t n, int
             return n >= 256 && k >= 256 ? large_ : small_;
         case Kernel::AttentionTiled:
             return attention_;
+        case Kernel::AttentionSplit:
+            return split_;
     }
     return small_;
 }

@@ -37,15 +37,20 @@ enum class Kernel : uint8_t {
     GroupedMatmulDx,    // grouped_matmul_backward_dx.comp
     GroupedMatmulDw,    // grouped_matmul_backward_dw.comp
     AttentionTiled,     // attention_tiled.comp: prefill attention
+    AttentionSplit,     // attention_split.comp: decoding's attention, the window in slices
 };
-inline constexpr int kKernelCount = 7;
+inline constexpr int kKernelCount = 8;
 const char* kernel_name(Kernel k);
 std::optional<Kernel> kernel_from_name(std::string_view name);
 // Whether the family is a matrix-vector kernel ({wg, rows, sg}) rather than a tiled one
-// ({wg, bm, bn, bk, tm, tn}) or attention ({wg, bq, bk, sg}).
+// ({wg, bm, bn, bk, tm, tn}), prefill attention ({wg, bq, bk, sg}) or decode attention
+// ({wg, sl}).
 bool is_gemv(Kernel k);
 // attention_tiled.comp's longest head (its MAX_HEAD_DIM), which its shared memory is sized for.
 inline constexpr uint32_t kAttentionTiledMaxHeadDim = 128;
+// attention_split.comp's bounds: heads per group (MAX_GROUP), and the floats of a group's
+// queries (MAX_GROUP_DIM) and of the chunk's keys (MAX_CHUNK_DIM) in its shared memory.
+inline constexpr uint32_t kSplitMaxGroup = 16, kSplitGroupDim = 2048, kSplitChunkDim = 1024;
 
 // A kernel's specialization constants, in constant_id order: tiled {WG, BM, BN, BK, TM, TN}
 // (matmul_tile.glsl), matrix-vector {WG, NR, SG} (matmul_gemv.comp), attention {WG, BQ, BK,
@@ -54,12 +59,14 @@ inline constexpr uint32_t kAttentionTiledMaxHeadDim = 128;
 // matrix-vector, 0 the workgroup's sum in a shared-memory tree, 1 through subgroup shuffles
 // first (the *_sg modules, shaders/gemv_reduce.glsl); attention, 0 the query tile and the
 // scores in shared memory, 1 a query's row in the registers of WG / BQ consecutive invocations
-// of a subgroup, its scores summed through shuffles (attention_tiled_sg).
+// of a subgroup, its scores summed through shuffles (attention_tiled_sg). Decode attention
+// {WG, SL} (attention_split.comp): SL keys at most per slice of a query's window, each key
+// taking ceil(WG / SL) invocations.
 struct Variant {
     std::vector<uint32_t> spec;
     // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it), "wg64.nr4" (SG 0: the
     // names of tuning files written before SG existed), "wg64.nr4.sg1", "wg64.bq16.bk32" (SG 0
-    // likewise), or "wg64.bq16.bk32.sg1".
+    // likewise), "wg64.bq16.bk32.sg1", or "wg64.sl64".
     std::string name(Kernel k) const;
     bool operator==(const Variant&) const = default;
 };
@@ -75,14 +82,16 @@ std::vector<Variant> candidates(Kernel k, const DeviceInfo& d);
 bool attention_separate_values(const Variant& v, const DeviceInfo& d);
 
 // What a choice applies to (see the top of the file). layout: dense, trans_a | trans_b << 1;
-// grouped, the number of experts; attention, the query heads (n: head_dim, k: the window).
+// grouped, the number of experts; attention, the query heads (n: head_dim, k: the window; for
+// decode attention the keys a query sees, rows its queries).
 struct ShapeKey {
     Kernel kernel = Kernel::Matmul;
     uint32_t rows_class = 1;  // rows rounded up to a power of two
     uint32_t n = 0, k = 0, layout = 0;
     auto operator<=>(const ShapeKey&) const = default;
     // "matmul rows<=512 n=512 k=512 b^T" (the transposed operands), "grouped_matmul rows<=64
-    // n=2048 k=512 experts=8", "attention_tiled rows<=512 head_dim=64 window=256 heads=8"
+    // n=2048 k=512 experts=8", "attention_tiled rows<=512 head_dim=64 window=256 heads=8",
+    // "attention_split rows<=8 head_dim=64 keys=256 heads=8"
     std::string to_string() const;
 };
 ShapeKey shape_key(Kernel kernel, int64_t rows, int64_t n, int64_t k, uint32_t layout);
@@ -177,7 +186,7 @@ class TuningTable {
     std::string tuned_from_;
     // The defaults: large tiles for big products, small ones otherwise, skinny ones for few
     // rows; the matrix-vector shapes (dense, grouped); prefill attention's.
-    Variant large_, small_, skinny_, gemv_, grouped_gemv_, attention_;
+    Variant large_, small_, skinny_, gemv_, grouped_gemv_, attention_, split_;
     uint32_t skinny_max_rows_ = 32;
 };
 

@@ -21,10 +21,13 @@ struct TunableCall {
         GroupedMatmul,          // grouped_matmul: rows slots over `experts`, w [experts, n, k]
         GroupedMatmulBackward,  // its backward (d_x and d_w)
         Attention,              // attention of rows queries over the window k, head_dim n
+        // decoding's attention: rows queries, each of its own sequence, over a full cache, so
+        // that each sees k keys; head_dim n
+        AttentionCached,
     };
     Op op = Op::Matmul;
     int64_t rows = 0, n = 0, k = 0, experts = 0;
-    int64_t heads = 0, kv_heads = 0;  // Attention
+    int64_t heads = 0, kv_heads = 0;  // Attention, AttentionCached
     bool trans_a = false, trans_b = false;
     DType weight = DType::F32;     // Linear, GroupedMatmul: the weight's format
     bool reduced_weights = false;  // the weight was read below fp32 (the op's tolerance widens)

@@ -124,6 +124,26 @@ Launch prepare(const TunableCall& c, Backend& be, uint64_t seed) {
             l.run = [&be, q, k, v, out, window] { be.attention(q, k, v, out, window); };
             break;
         }
+        case TunableCall::Op::AttentionCached: {
+            // `rows` sequences of one query each, their caches of k - 1 slots full (random
+            // keys and values): each query sees k keys, the last its own, as a decode step's.
+            const int64_t B = M, hd = N, H = c.heads, Hkv = c.kv_heads,
+                          S = std::max<int64_t>(K - 1, 1);
+            const Tensor q = up(B * H * hd, {B, 1, H, hd});
+            const Tensor k = up(B * Hkv * hd, {B, 1, Hkv, hd});
+            const Tensor v = up(B * Hkv * hd, {B, 1, Hkv, hd});
+            const Tensor k_cache = up(B * S * Hkv * hd, {B, S, Hkv, hd});
+            const Tensor v_cache = up(B * S * Hkv * hd, {B, S, Hkv, hd});
+            const Tensor start = bench_detail::upload_ids(
+                be, std::vector<int32_t>(static_cast<size_t>(B), static_cast<int32_t>(S)), {B});
+            const Tensor out = be.alloc({B, 1, H, hd});
+            l.outputs = {out};
+            const int64_t window = K;
+            l.run = [&be, q, k, v, k_cache, v_cache, start, out, window] {
+                be.attention_cached(q, k, v, k_cache, v_cache, start, out, window);
+            };
+            break;
+        }
         case TunableCall::Op::GroupedMatmulBackward: {
             const Tensor x = up(M * K, {M, K});
             const Tensor w = up(E * N * K, {E, N, K});

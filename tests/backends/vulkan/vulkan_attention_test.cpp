@@ -94,16 +94,16 @@ TEST_F(VulkanAttention, DecodeSplitsALongWrappedCache) {
     check({2, 8, 2, 64, 700, 0, {0, 0}}, 2);          // plain attention() of 2 tokens
 }
 
-// Decoding's split with short slices, several invocations summing parts of each key's dot
-// products (VulkanOptions::attention_split_keys, TMX_VULKAN_SPLIT_KEYS), and slices longer
-// than the workgroup: the cases above, then RoPE, attention and the cache write in one
-// (rope_attention_cached_store, whose split stages the chunk's rotated keys) against the CPU.
-TEST_F(VulkanAttention, DecodeSplitsAtOtherSliceLengths) {
+// Decoding's split at other shapes (tmx tune's candidates, vulkan_tuning.h): short slices with
+// several invocations summing parts of each key's dot products, a slice length that does not
+// divide the workgroup, slices longer than the workgroup: the cases above, then RoPE, attention
+// and the cache write in one (rope_attention_cached_store, whose split stages the chunk's
+// rotated keys) against the CPU.
+TEST_F(VulkanAttention, DecodeSplitsAtOtherShapes) {
     SCOPED_TRACE(trace());
-    for (uint32_t keys : {16u, 7u, 100u}) {
-        SCOPED_TRACE("keys per slice " + std::to_string(keys));
-        vk_ = std::make_unique<VulkanBackend>(
-            vk::VulkanOptions{.fp16_weights = false, .attention_split_keys = keys});
+    for (const char* shape : {"wg64.sl16", "wg256.sl16", "wg32.sl7", "wg64.sl100"}) {
+        SCOPED_TRACE(std::string("attention_split=") + shape);
+        vk().force_variant("attention_split", shape);
         check({1, 8, 2, 64, 700, 1000, {2345, 100, 0}}, 2);
         check({3, 8, 1, 24, 700, 1000, {1999, 5}}, 2);
         check({1, 4, 4, 16, 1, 1000, {1500}}, 2);

@@ -110,7 +110,9 @@ TEST(VulkanTuning, CandidatesAndDefaultsFitTheSmallestDeviceVulkanAllows) {
     for (Kernel k : every_kernel()) {
         SCOPED_TRACE(vk::kernel_name(k));
         const std::vector<vk::Variant> fit = vk::candidates(k, small);
-        EXPECT_GE(fit.size(), 4u);
+        // Decode attention holds a group's queries and the chunk's keys whatever its shape:
+        // only its smallest shape fits in 16 KiB.
+        EXPECT_GE(fit.size(), k == Kernel::AttentionSplit ? 1u : 4u);
         EXPECT_LT(fit.size(), vk::candidates(k, big).size());
         for (const vk::Variant& v : fit) EXPECT_EQ(vk::invalid_reason(k, v, small), "");
         for (int64_t rows : {1, 16, 40, 300, 5000}) {

@@ -1,4 +1,4 @@
-// Every variant of every tunable matmul-family shader (vulkan_tuning.h) against the CPU backend.
+// Every variant of every tunable shader family (vulkan_tuning.h) against the CPU backend.
 // Without tuning a device only ever runs the few built-in defaults, but `tmx tune` may pick any
 // candidate, and TMX_VULKAN_FORCE_VARIANT forces one: each must compute the same product, on
 // shapes that are no multiple of any tile (partial tiles in every dimension), in every layout,
@@ -519,6 +519,19 @@ TEST_F(VulkanVariants, AttentionTiledSubgroup) {
             check_attention(17, 2, 1, 128, 9, 9, {0, 30}, true);
         },
         [](const vk::Variant& v) { return v.spec[3] == 1; });
+}
+
+// Decoding's attention (a few queries), every shape: a wrapped cache with a window longer than
+// several slices and sequences whose windows leave slices empty, GQA groups of 4 and 1 (a
+// group's heads sharing one read of each key), head_dim 64 and 24, 1 and 3 queries a sequence,
+// plain attention of 2 tokens; each result the same bits when run again.
+TEST_F(VulkanVariants, AttentionSplit) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::AttentionSplit, [&] {
+        check_attention(1, 8, 2, 64, 300, 400, {1234, 100, 0}, true);
+        check_attention(3, 4, 4, 24, 0, 90, {50, 7}, true);
+        check_attention(2, 8, 2, 64, 40, 0, {0}, true);
+    });
 }
 
 // Where the device has subgroup shuffles, the attention candidates hold variants of SG 1 whose
