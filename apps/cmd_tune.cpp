@@ -1,4 +1,4 @@
-// tmx tune: measures the shapes of a GPU backend's matmul and prefill-attention kernels on this
+// tmx tune: measures the shapes of a GPU backend's matmul and attention kernels on this
 // device at a model's real shapes (engine/report/tune.h) and saves the fastest that match the
 // CPU as the device's tuning, which the backend loads whenever it starts there.
 #include <algorithm>
@@ -90,7 +90,7 @@ void add_tune_command(CLI::App& app, CommonOptions& common) {
     CLI::App* sub = app.add_subcommand(
         "tune",
         "Measures every shape (tile, workgroup, register block) of the GPU backend's matmul and "
-        "prefill-attention kernels at a model's real shapes on this device, keeps the fastest "
+        "attention kernels at a model's real shapes on this device, keeps the fastest "
         "that match the CPU, and saves them as this device's tuning (used whenever the backend "
         "starts here)");
     auto* model =
