@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/rng.h"
@@ -13,6 +14,20 @@
 
 namespace tmx::bench_detail {
 namespace {
+
+// `steps` steps of `batch` sequences that `work` runs, profiled on `be` (which can_profile()).
+StepProfile profile_steps(Backend& be, int64_t batch, int64_t steps,
+                          const std::function<void()>& work) {
+    StepProfile p{.batch = batch, .steps = steps};
+    be.synchronize();
+    be.begin_profile();
+    const auto t0 = std::chrono::steady_clock::now();
+    work();
+    p.commands = be.end_profile();
+    p.barriers = be.profiled_barriers();
+    p.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return p;
+}
 
 int32_t argmax(const float* x, int64_t n) {
     return static_cast<int32_t>(std::max_element(x, x + n) - x);
@@ -131,18 +146,9 @@ class ModelRunner {
   private:
     StepProfile profile_decode(const KvCache& cache, const std::vector<int32_t>& firsts,
                                const std::vector<int32_t>& starts) {
-        StepProfile p;
-        p.batch = cache.batch();
-        p.steps = decode_steps();
-        be_.synchronize();
-        be_.begin_profile();
-        const auto t0 = std::chrono::steady_clock::now();
-        decode(cache, firsts, starts, p.steps, nullptr);
-        p.commands = be_.end_profile();
-        p.barriers = be_.profiled_barriers();
-        p.wall_seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return p;
+        const int64_t steps = decode_steps();
+        return profile_steps(be_, cache.batch(), steps,
+                             [&] { decode(cache, firsts, starts, steps, nullptr); });
     }
 
     int64_t decode_steps() const {
@@ -200,16 +206,7 @@ TrainBench measure_training(const ModelConfig& c, const std::vector<float>& weig
     r.peak_bytes = be.memory_stats().peak_bytes;
     if (o.profile && be.can_profile()) {
         if (o.progress) o.progress(be.name() + ": profiled training step");
-        StepProfile p{.batch = B, .steps = 1};
-        be.synchronize();
-        be.begin_profile();
-        const auto t0 = std::chrono::steady_clock::now();
-        train_step();
-        p.commands = be.end_profile();
-        p.barriers = be.profiled_barriers();
-        p.wall_seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        r.profile = std::move(p);
+        r.profile = profile_steps(be, B, 1, train_step);
     }
     r.engine_bytes = training_memory(c, B, T, r.precision, /*with_validation=*/false).total();
     r.measured = true;
