@@ -30,6 +30,8 @@ endforeach()
 # Prefill attention with a query's row in registers, reduced through subgroup shuffles
 # (shaders/attention_tiled.comp, variants ".sg1"): a module of its own for the same reason.
 list(APPEND TMX_SHADER_VARIANTS attention_tiled:sg:TMX_ATTENTION_SUBGROUP)
+# Prefill attention's register-blocked form (variants ".rb4").
+list(APPEND TMX_SHADER_VARIANTS attention_tiled:rb:TMX_ATTENTION_BLOCKED)
 
 function(tmx_embed_shaders out_var)
   cmake_parse_arguments(ARG "" "SHADER_DIR" "" ${ARGN})

@@ -172,12 +172,16 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
                                                 .heads = H,
                                                 .kv_heads = Hkv});
         const uint32_t bq = shape.spec[1];
-        // SG (vk::Variant) picks the module; the subgroup form's 4th constant is SEPARATE_V.
-        const bool subgroup = shape.spec[3] == 1;
+        // SG (vk::Variant) picks the module; the subgroup form's 4th constant is SEPARATE_V, the
+        // blocked form's the head_dim its tiles are sized for.
+        const bool subgroup = shape.spec[3] == 1, blocked = shape.spec[3] == vk::kAttentionBlocked;
         std::vector<uint32_t> spec(shape.spec.begin(), shape.spec.begin() + 3);
         if (subgroup) spec.push_back(vk::attention_separate_values(shape, ctx_->info()) ? 1 : 0);
-        run(subgroup ? "attention_tiled_sg" : "attention_tiled", spec,
-            {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,
+        if (blocked) spec.push_back(vk::blocked_attention_head_dim(shape, hd));
+        run(subgroup  ? "attention_tiled_sg"
+            : blocked ? "attention_tiled_rb"
+                      : "attention_tiled",
+            spec, {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(out_t)}, p,
             static_cast<uint32_t>((T + bq - 1) / bq), static_cast<uint32_t>(H),
             static_cast<uint32_t>(B));
         return;

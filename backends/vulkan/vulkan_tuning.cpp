@@ -91,6 +91,17 @@ constexpr std::array<std::array<uint32_t, 3>, 16> kAttentionSubgroupTiles = {{
     {128, 8, 32},
     {256, 16, 32},
 }};
+// Blocked attention candidates {BQ, BK} (WG = BQ * BK / 16): from 32 invocations to 256, few
+// queries a tile for short prompts (more workgroups), many for long ones.
+constexpr std::array<std::array<uint32_t, 2>, 7> kAttentionBlockedTiles = {{
+    {16, 32},
+    {16, 64},
+    {32, 32},
+    {32, 64},
+    {64, 32},
+    {64, 64},
+    {128, 32},
+}};
 // Decode attention candidates {WG, SL}: every pair of these. Short slices run more workgroups,
 // each walking fewer keys with more invocations a key (a GPU's taste); long ones fewer, longer
 // workgroups (a CPU driver's).
@@ -108,6 +119,19 @@ uint64_t split_shared_floats(uint64_t wg, uint64_t sl) {
 // place, up to MAX_HEAD_DIM floats a row.
 uint64_t attention_subgroup_shared_floats(uint64_t bk, bool separate_values) {
     return (separate_values ? 2 : 1) * bk * kAttentionTiledMaxHeadDim;
+}
+
+// matmul_tile.glsl's arrays for one operand's slice (`side` rows or columns, BK deep, T of them
+// an invocation's): runs of 4 (T a multiple of 4) in vec4s at a pitch of side + 4, else floats at
+// side + 1; the form not taken still declares one element.
+uint64_t tile_shared_floats(uint64_t side, uint64_t bk, uint64_t t) {
+    return t % 4 == 0 ? bk * (side + 4) + 1 : bk * (side + 1) + 4;
+}
+
+// attention_tiled.comp's blocked form (".rb4"), its tiles sized for head_dim hd: the query and
+// key tiles 16 channels deep, the value tile 16 keys deep, the scores, and the statistics.
+uint64_t blocked_attention_shared_floats(uint64_t bq, uint64_t bk, uint64_t hd) {
+    return 16 * (bq + 4) + 16 * (bk + 4) + 16 * (hd + 4) + bk * (bq + 4) + bk * bq / 4 + 3 * bq;
 }
 
 enum class Form { Tiled, Gemv, Attention, Split };
@@ -154,10 +178,12 @@ std::string Variant::name(Kernel k) const {
         return spec.size() == 2 ? "wg" + std::to_string(spec[0]) + ".sl" + std::to_string(spec[1])
                                 : "?";
     if (form_of(k) == Form::Attention)
-        return spec.size() == 4
-                   ? "wg" + std::to_string(spec[0]) + ".bq" + std::to_string(spec[1]) + ".bk" +
-                         std::to_string(spec[2]) + (spec[3] ? ".sg" + std::to_string(spec[3]) : "")
-                   : "?";
+        return spec.size() == 4 ? "wg" + std::to_string(spec[0]) + ".bq" + std::to_string(spec[1]) +
+                                      ".bk" + std::to_string(spec[2]) +
+                                      (spec[3] == kAttentionBlocked ? ".rb4"
+                                       : spec[3] ? ".sg" + std::to_string(spec[3])
+                                                 : "")
+                                : "?";
     if (is_gemv(k))
         return spec.size() == 3 ? "wg" + std::to_string(spec[0]) + ".nr" + std::to_string(spec[1]) +
                                       (spec[2] ? ".sg" + std::to_string(spec[2]) : "")
@@ -175,13 +201,17 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
         : form == Form::Attention ? std::vector<std::string>{"wg", "bq", "bk"}
         : form == Form::Split     ? std::vector<std::string>{"wg", "sl"}
                                   : std::vector<std::string>{"bm", "bn", "bk", "tm", "tn"};
-    // A matrix-vector or prefill attention name may end in ".sg1" (vulkan_tuning.h); without it
-    // SG is 0.
+    // A matrix-vector or prefill attention name may end in ".sg1", a prefill attention name in
+    // ".rb4" (vulkan_tuning.h); without either SG is 0.
     const bool has_sg = form == Form::Gemv || form == Form::Attention;
     uint32_t sg = 0;
     if (has_sg && name.size() > 4 && name.substr(name.size() - 4) == ".sg1") {
         name.remove_suffix(4);
         sg = 1;
+    } else if (form == Form::Attention && name.size() > 4 &&
+               name.substr(name.size() - 4) == ".rb4") {
+        name.remove_suffix(4);
+        sg = kAttentionBlocked;
     }
     std::vector<uint32_t> values;
     size_t at = 0;
@@ -226,12 +256,19 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
                    " heads";
         shared_floats = split_shared_floats(wg, v.spec[1]);
     } else if (form_of(k) == Form::Attention) {
-        if (v.spec.size() != 4 || v.spec[3] > 1) return "not an attention variant";
+        if (v.spec.size() != 4 || v.spec[3] > kAttentionBlocked) return "not an attention variant";
         const uint64_t bq = v.spec[1], bk = v.spec[2];
         if (bq == 0 || bk == 0 || wg % bq != 0)
             return "its workgroup is not a multiple of its queries per tile";
         const uint64_t lanes = wg / bq;
-        if (v.spec[3] == 1) {
+        if (v.spec[3] == kAttentionBlocked) {
+            // A 4 x 4 block of scores an invocation; whole runs of 4 output channels each at
+            // every head_dim the tiles are sized for (32, 64, 128: at least BK).
+            if (bq % 4 != 0 || (bk != 32 && bk != 64) || wg != bq * bk / 16)
+                return "its tile is not 4 x 4 blocks of a workgroup (BK 32 or 64, WG = BQ * BK "
+                       "/ 16)";
+            shared_floats = blocked_attention_shared_floats(bq, bk, kAttentionTiledMaxHeadDim);
+        } else if (v.spec[3] == 1) {
             if (std::string why = subgroup_refusal(d); !why.empty()) return why;
             // A query's invocations must be consecutive in one subgroup, and its butterfly
             // pairs them by xor: a power of two dividing the subgroup, in whole subgroups.
@@ -269,7 +306,7 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
         if (tm == 0 || tn == 0 || bm % tm != 0 || bn % tn != 0 || wg != (bm / tm) * (bn / tn))
             return "its workgroup does not match its tile and register block";
         if (tm * tn > 128) return "its register block is over 128 accumulators";
-        shared_floats = uint64_t{bk} * (bm + 1) + uint64_t{bk} * bn;  // matmul_tile.glsl
+        shared_floats = tile_shared_floats(bm, bk, tm) + tile_shared_floats(bn, bk, tn);
     }
     if (wg == 0 || wg > d.max_workgroup_invocations || wg > d.max_workgroup_size_x)
         return "its workgroup of " + std::to_string(wg) + " invocations is over the device's " +
@@ -280,6 +317,12 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
     return "";
 }
 
+uint32_t blocked_attention_head_dim(const Variant& v, int64_t hd) {
+    uint32_t sized = std::max<uint32_t>(32, v.spec[2]);
+    while (sized < hd) sized *= 2;
+    return sized;
+}
+
 std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
     std::vector<Variant> all;
     if (form_of(k) == Form::Split) {
@@ -288,6 +331,8 @@ std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
     } else if (form_of(k) == Form::Attention) {
         for (const auto& t : kAttentionTiles) all.push_back({{t[0], t[1], t[2], 0}});
         for (const auto& t : kAttentionSubgroupTiles) all.push_back({{t[0], t[1], t[2], 1}});
+        for (const auto& t : kAttentionBlockedTiles)
+            all.push_back({{t[0] * t[1] / 16, t[0], t[1], kAttentionBlocked}});
     } else if (is_gemv(k)) {
         for (uint32_t sg : kGemvReductions)
             for (uint32_t wg : kGemvWg)
@@ -341,11 +386,14 @@ TuningTable::TuningTable(const DeviceInfo& d) : device_(&d) {
     small_ = wide ? tile(64, 64, 16, 4, 4) : tile(64, 64, 16, 4, 8);
     skinny_ = tile(16, 64, 16, 2, 4);
     gemv_ = {{64, 4, 0}};
-    // 16 queries x 32 keys; on a device with less shared memory than that needs, the tile
-    // that fits Vulkan's minimum.
-    attention_ = {{64, 16, 32, 0}};
-    if (!invalid_reason(Kernel::AttentionTiled, attention_, d).empty())
-        attention_ = {{32, 8, 16, 0}};
+    // Register-blocked, 32 queries x 32 keys (on lavapipe 8x faster than the shared-memory
+    // form's 16 x 32, docs/performance.md); on a device with less shared memory than it needs,
+    // the shared-memory form, and below that the tile that fits Vulkan's minimum.
+    for (const Variant& v : {Variant{{64, 32, 32, kAttentionBlocked}}, Variant{{64, 16, 32, 0}},
+                             Variant{{32, 8, 16, 0}}}) {
+        attention_ = v;
+        if (invalid_reason(Kernel::AttentionTiled, v, d).empty()) break;
+    }
     grouped_gemv_ = gemv_;
     // 64 keys a slice, one invocation a key; on a device with less shared memory than that
     // needs, the smallest variant (none fits below about 16 KiB: attention takes another path).

@@ -48,6 +48,8 @@ std::optional<Kernel> kernel_from_name(std::string_view name);
 bool is_gemv(Kernel k);
 // attention_tiled.comp's longest head (its MAX_HEAD_DIM), which its shared memory is sized for.
 inline constexpr uint32_t kAttentionTiledMaxHeadDim = 128;
+// The SG of prefill attention's register-blocked form (".rb4", below).
+inline constexpr uint32_t kAttentionBlocked = 2;
 // attention_split.comp's bounds: heads per group (MAX_GROUP), and the floats of a group's
 // queries (MAX_GROUP_DIM) and of the chunk's keys (MAX_CHUNK_DIM) in its shared memory.
 inline constexpr uint32_t kSplitMaxGroup = 16, kSplitGroupDim = 2048, kSplitChunkDim = 1024;
@@ -59,17 +61,22 @@ inline constexpr uint32_t kSplitMaxGroup = 16, kSplitGroupDim = 2048, kSplitChun
 // matrix-vector, 0 the workgroup's sum in a shared-memory tree, 1 through subgroup shuffles
 // first (the *_sg modules, shaders/gemv_reduce.glsl); attention, 0 the query tile and the
 // scores in shared memory, 1 a query's row in the registers of WG / BQ consecutive invocations
-// of a subgroup, its scores summed through shuffles (attention_tiled_sg). Decode attention
+// of a subgroup, its scores summed through shuffles (attention_tiled_sg), 2
+// (kAttentionBlocked) both products register-blocked, 4 x 4 per invocation, WG = BQ * BK / 16
+// (attention_tiled_rb; the host adds the head_dim its tiles are sized for). Decode attention
 // {WG, SL} (attention_split.comp): SL keys at most per slice of a query's window, each key
 // taking ceil(WG / SL) invocations.
 struct Variant {
     std::vector<uint32_t> spec;
     // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it), "wg64.nr4" (SG 0: the
     // names of tuning files written before SG existed), "wg64.nr4.sg1", "wg64.bq16.bk32" (SG 0
-    // likewise), "wg64.bq16.bk32.sg1", or "wg64.sl64".
+    // likewise), "wg64.bq16.bk32.sg1", "wg128.bq32.bk64.rb4", or "wg64.sl64".
     std::string name(Kernel k) const;
     bool operator==(const Variant&) const = default;
 };
+// The head_dim a blocked prefill attention variant's tiles are sized for at a call's head_dim hd
+// (at most kAttentionTiledMaxHeadDim): 32, 64 or 128, and at least its BK.
+uint32_t blocked_attention_head_dim(const Variant& v, int64_t hd);
 // Parses Variant::name(); nullopt when it is not a name of that kernel's form.
 std::optional<Variant> parse_variant(Kernel k, std::string_view name);
 // Empty when the variant can run on the device, else why not.

@@ -152,13 +152,58 @@ TEST(VulkanTuning, NvidiaDefaultsAreTheH200TunesNearestToEveryShapesBest) {
     EXPECT_EQ(name(nvidia, Kernel::AttentionTiled, 512, 64, 256, 8), "wg256.bq16.bk32");
     EXPECT_EQ(name(nvidia, Kernel::MatmulGemv, 1, 32000, 512, 2), "wg128.nr1");
     EXPECT_EQ(name(nvidia, Kernel::GroupedMatmulGemv, 2, 2048, 512, 8), "wg64.nr2");
-    EXPECT_EQ(name(other, Kernel::AttentionTiled, 512, 64, 256, 8), "wg64.bq16.bk32");
+    EXPECT_EQ(name(other, Kernel::AttentionTiled, 512, 64, 256, 8), "wg64.bq32.bk32.rb4");
     EXPECT_EQ(name(other, Kernel::MatmulGemv, 1, 32000, 512, 2), "wg64.nr4");
     EXPECT_EQ(name(other, Kernel::GroupedMatmulGemv, 2, 2048, 512, 8), "wg64.nr4");
     // A device whose workgroups hold fewer invocations keeps what it can run.
     const vk::TuningTable narrow(device(128, 48 * 1024, 0x10DE));
-    EXPECT_EQ(name(narrow, Kernel::AttentionTiled, 512, 64, 256, 8), "wg64.bq16.bk32");
+    EXPECT_EQ(name(narrow, Kernel::AttentionTiled, 512, 64, 256, 8), "wg64.bq32.bk32.rb4");
     EXPECT_EQ(name(narrow, Kernel::MatmulGemv, 1, 32000, 512, 2), "wg128.nr1");
+}
+
+// Prefill attention's register-blocked variants (".rb4"): 4 x 4 blocks, so WG = BQ * BK / 16,
+// and BK 32 or 64; names read back; their tiles sized for head_dim 128 must fit the device's
+// shared memory. The default where they fit (lavapipe: 8x the shared-memory form's speed);
+// elsewhere the forms that fit. Their tiles' head_dim: 32, 64 or 128, at least BK.
+TEST(VulkanTuning, BlockedAttentionVariantsAreWholeBlocksThatFit) {
+    const Kernel k = Kernel::AttentionTiled;
+    const vk::DeviceInfo big = device(1024, 48 * 1024), lavapipe = device(1024, 32 * 1024),
+                         minimum = device(128, 16 * 1024);
+    const std::optional<vk::Variant> v = vk::parse_variant(k, "wg128.bq32.bk64.rb4");
+    ASSERT_TRUE(v);
+    EXPECT_EQ(v->spec, (std::vector<uint32_t>{128, 32, 64, vk::kAttentionBlocked}));
+    EXPECT_EQ(v->name(k), "wg128.bq32.bk64.rb4");
+    EXPECT_EQ(vk::invalid_reason(k, *v, big), "");
+    for (const char* name : {"wg64.bq32.bk64.rb4", "wg64.bq16.bk16.rb4", "wg24.bq6.bk64.rb4",
+                             "wg128.bq16.bk128.rb4"}) {
+        const std::optional<vk::Variant> bad = vk::parse_variant(k, name);
+        ASSERT_TRUE(bad) << name;
+        EXPECT_NE(vk::invalid_reason(k, *bad, big).find("4 x 4 blocks"), std::string::npos) << name;
+    }
+    EXPECT_FALSE(vk::parse_variant(k, "wg128.bq32.bk64.rb2"));
+    // 128 queries x 32 keys needs about 41 KiB.
+    const vk::Variant tall = *vk::parse_variant(k, "wg256.bq128.bk32.rb4");
+    EXPECT_EQ(vk::invalid_reason(k, tall, big), "");
+    EXPECT_NE(vk::invalid_reason(k, tall, lavapipe).find("shared memory"), std::string::npos);
+
+    for (const auto& [d, expected] : {std::pair{big, 7}, {lavapipe, 5}, {minimum, 1}}) {
+        const std::vector<vk::Variant> all = vk::candidates(k, d);
+        const auto blocked = std::count_if(all.begin(), all.end(), [](const vk::Variant& c) {
+            return c.spec[3] == vk::kAttentionBlocked;
+        });
+        EXPECT_EQ(blocked, expected) << d.shared_memory_bytes << " bytes of shared memory";
+        for (const vk::Variant& c : all) EXPECT_EQ(*vk::parse_variant(k, c.name(k)), c);
+    }
+    EXPECT_EQ(vk::TuningTable(big).default_variant(k, 512, 64, 256, 8).name(k),
+              "wg64.bq32.bk32.rb4");
+    EXPECT_EQ(vk::TuningTable(minimum).default_variant(k, 512, 64, 256, 8).name(k),
+              "wg32.bq8.bk16");
+
+    const vk::Variant narrow = *vk::parse_variant(k, "wg64.bq32.bk32.rb4");
+    EXPECT_EQ(vk::blocked_attention_head_dim(narrow, 24), 32u);
+    EXPECT_EQ(vk::blocked_attention_head_dim(narrow, 40), 64u);
+    EXPECT_EQ(vk::blocked_attention_head_dim(narrow, 128), 128u);
+    EXPECT_EQ(vk::blocked_attention_head_dim(*v, 24), 64u);
 }
 
 vk::TuningFile sample_file(const vk::DeviceInfo& d) {
@@ -245,7 +290,7 @@ TEST(VulkanTuning, SubgroupAttentionVariantsNeedShufflesAndQueriesWithinASubgrou
     for (const char* bad :
          {"wg64.bq16.bk32.sg2", "wg64.bq16.bk32.sg0", "wg64.bq16.bk32.sg", "wg64.bq16.sg1"})
         EXPECT_FALSE(vk::parse_variant(k, bad)) << bad;
-    EXPECT_EQ(vk::TuningTable(with).default_variant(k, 512, 64, 256, 8), *plain);
+    EXPECT_NE(vk::TuningTable(with).default_variant(k, 512, 64, 256, 8).spec[3], 1u);
 
     const std::vector<vk::Variant> all = vk::candidates(k, with);
     EXPECT_EQ(all.size(), vk::candidates(k, without).size() + 16);

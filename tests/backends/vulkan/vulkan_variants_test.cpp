@@ -286,14 +286,29 @@ class VulkanVariants : public VulkanTest {
 };
 
 // Tiled dense matmul (M > 16 rows): M, N, K past no tile's multiple, every layout, with bias;
-// accumulating; and linear().
+// accumulating; K within one slice and K a whole number of slices; and linear().
 TEST_F(VulkanVariants, Matmul) {
     SCOPED_TRACE(trace());
     for_each_variant(vk::Kernel::Matmul, [&] {
         for (bool ta : {false, true})
             for (bool tb : {false, true}) check_matmul(37, 70, 45, ta, tb, false);
         check_matmul(37, 70, 45, true, false, true);
+        check_matmul(37, 70, 7, false, true, false);
+        check_matmul(64, 64, 64, true, false, false);
         check_linear(33, 70, 45);
+    });
+}
+
+// The tiled dense matmul reading each weight format, at a word's start and half-way into one,
+// and x off a 16-byte boundary (prefill's products read the fp16 copies so).
+TEST_F(VulkanVariants, MatmulWeightFormats) {
+    SCOPED_TRACE(trace());
+    for_each_variant(vk::Kernel::Matmul, [&] {
+        for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0}) {
+            const int64_t half_word = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
+            check_linear_stored(t, half_word, 1, 37, 70, 64);
+            if (t != DType::Q8_0) check_linear_stored(t, 0, 0, 33, 70, 45);
+        }
     });
 }
 
@@ -399,12 +414,16 @@ TEST_F(VulkanVariants, SubgroupCandidatesAreTriedWhereTheDeviceHasThem) {
     }
 }
 
-// Tiled grouped matmul (more than 32 slots): uneven experts, one without slots.
+// Tiled grouped matmul (more than 32 slots): uneven experts, one without slots; each weight
+// format half-way into a word, x off a 16-byte boundary.
 TEST_F(VulkanVariants, GroupedMatmul) {
     SCOPED_TRACE(trace());
     for_each_variant(vk::Kernel::GroupedMatmul, [&] {
         for (bool with_bias : {false, true}) check_grouped({40, 0, 30}, 33, 20, with_bias);
         check_grouped({40, 0, 30}, 33, 21, true);
+        for (DType t : {DType::F16, DType::BF16, DType::Q8_0})
+            check_grouped_stored(t, t == DType::Q8_0 ? kQ8_0BlockValues : 1, 1, {40, 0, 30}, 33,
+                                 64);
     });
 }
 
@@ -519,6 +538,26 @@ TEST_F(VulkanVariants, AttentionTiledSubgroup) {
             check_attention(17, 2, 1, 128, 9, 9, {0, 30}, true);
         },
         [](const vk::Variant& v) { return v.spec[3] == 1; });
+}
+
+// The register-blocked prefill attention variants (".rb4"), each: causal with and without a
+// window, plain and after a rolling cache (wrapped, and holding the window or all of the past),
+// GQA groups of 4 and 1, head_dim 64, 40, 24, 32 and 128 (tiles sized 32 to 128 channels, and
+// channels past head_dim), partial query and key tiles, more queries than a tile; each result
+// the same bits when run again.
+TEST_F(VulkanVariants, AttentionTiledBlocked) {
+    SCOPED_TRACE(trace());
+    for_each_variant(
+        vk::Kernel::AttentionTiled,
+        [&] {
+            check_attention(37, 8, 2, 64, 16, 0, {0, 0}, true);
+            check_attention(37, 4, 4, 40, 0, 0, {0, 0}, true);
+            check_attention(21, 8, 2, 24, 16, 16, {5, 70}, true);
+            check_attention(33, 4, 1, 64, 0, 48, {100, 7}, true);
+            check_attention(17, 2, 1, 128, 9, 9, {0, 30}, true);
+            check_attention(150, 2, 1, 32, 100, 0, {0}, true);
+        },
+        [](const vk::Variant& v) { return v.spec[3] == vk::kAttentionBlocked; });
 }
 
 // Decoding's attention (a few queries), every shape: a wrapped cache with a window longer than
