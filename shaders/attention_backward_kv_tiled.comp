@@ -1,34 +1,32 @@
 // Backward of causal sliding-window GQA attention, pass 2 of 2, tiled: the key side of
 // attention_backward_kv.comp (same outputs) for head_dim <= MAX_HEAD_DIM. One workgroup per
-// (tile of BK consecutive keys j0.., kv head, sequence b) stages the tile's key and value rows
-// in shared memory, then walks every (query i, head h) pair that sees one of its keys: i from
+// (tile of BK consecutive keys j0.., kv head, sequence b) walks every (query i, head h) pair
+// that sees one of its keys: i from
 // j0 to the last key's last query (j + window - 1, or T - 1), each of the group's query heads,
 // numbered i-major (n = (i - j0) G + h - kvh G: the group's rows of one query are adjacent in
-// q and d_out). Tiles of BQ pairs are staged in shared memory (q row, d_out row and pass 1's
-// statistics m_i, l_i, D_i from stats [B, H, T, 3]); for each pair and key it recomputes
+// q and d_out), BQ pairs a tile (with pass 1's statistics m_i, l_i, D_i from stats [B, H, T,
+// 3]); for each pair and key it recomputes
 //   s_ij = scale q_i . k_j,  dP_ij = dO_i . v_j,  P_ij = exp(s_ij - m_i) / l_i,
 //   dS_ij = P_ij (dP_ij - D_i) scale  (0 where the causal or sliding-window mask hides j)
 // and sums d_k_j += sum dS_ij q_i, d_v_j += sum P_ij dO_i over the pairs in order. No T x T
 // matrix exists anywhere.
 //
-// LANES = WG / BK invocations share a key. Lane `lane` scores pairs lane, lane + LANES, ... of
-// every pair tile and owns d_k and d_v columns lane, lane + LANES, ... of its key: each output
-// has one writer and every sum a fixed order (no atomics), so results are bitwise reproducible.
-// Shared rows are padded as in attention_backward_tiled.comp.
+// Every product is register-blocked (as attention_backward_tiled.comp's), WG = (BK/4) * (BQ/4):
+// invocation (ty, tx) computes s and dP of keys 4ty..4ty+3 and pairs 4tx..4tx+3 from k, v, q
+// and dO staged 16 channels at a time, transposed; its P and dS go to shared memory by pair;
+// then, with the pairs' q and dO rows staged 8 at a time, it adds dS q to d_k and P dO to d_v
+// of its 4 keys at channels 4tx.. (runs of 4, then BQ further on). Each output has one writer
+// and every sum a fixed order (no atomics), so results are bitwise reproducible. MAX_HEAD_DIM
+// is a multiple of BQ (the host's choice, attention.cpp).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
-layout(constant_id = 0) const uint WG = 64;  // a multiple of BK
-layout(constant_id = 1) const uint BQ = 16;  // (query, head) pairs per tile, a multiple of WG / BK
-layout(constant_id = 2) const uint BK = 16;  // keys per tile
+layout(constant_id = 0) const uint WG = 64;            // (BK / 4) * (BQ / 4)
+layout(constant_id = 1) const uint BQ = 32;            // (query, head) pairs per tile
+layout(constant_id = 2) const uint BK = 32;            // keys per tile, a multiple of 4
 layout(constant_id = 3) const uint MAX_HEAD_DIM = 64;  // sizes the tiles; pc.hd is at most this
-const uint LANES = WG / BK;
-const uint PAIRS_PER_LANE = BQ / LANES;
-const uint PER_LANE = (MAX_HEAD_DIM + LANES - 1) / LANES;
-const uint ROW_MAX = MAX_HEAD_DIM + 1;  // the longest padded row
-const uint PROW = BQ + LANES;           // a padded row of P or dS
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
@@ -45,35 +43,20 @@ layout(push_constant) uniform Push {
     float scale;
 } pc;
 
-// The host's shared-memory need (attention.cpp, backward_tiled_shared_bytes) counts these.
-shared float ks[BK * ROW_MAX];     // the key tile
-shared float vs[BK * ROW_MAX];     // its value rows
-shared float qs[BQ * ROW_MAX];     // the pair tile's q rows
-shared float dos[BQ * ROW_MAX];    // its d_out rows
-shared float prob[BK * PROW];      // P per (key, pair)
-shared float dscore[BK * PROW];    // dS per (key, pair)
-shared float pair_stats[BQ * 3];   // m, 1 / l, D per pair
-
-// s = scale q . k and dP = dO . v of tile key kx and this lane's pairs of the tile (y = lane,
-// lane + LANES, ...), into lane_s and lane_dp: each key and value element read serves every
-// pair.
-float lane_s[PAIRS_PER_LANE], lane_dp[PAIRS_PER_LANE];
-void lane_scores(uint kx, uint lane, uint row) {
-    for (uint r = 0; r < PAIRS_PER_LANE; ++r) lane_s[r] = lane_dp[r] = 0.0;
-    for (uint c = 0; c < pc.hd; ++c) {
-        const float kc = ks[kx * row + c], vc = vs[kx * row + c];
-        for (uint r = 0; r < PAIRS_PER_LANE; ++r) {
-            const uint y = lane + r * LANES;
-            lane_s[r] += qs[y * row + c] * kc;
-            lane_dp[r] += dos[y * row + c] * vc;
-        }
-    }
-    for (uint r = 0; r < PAIRS_PER_LANE; ++r) lane_s[r] *= pc.scale;
-}
+const uint CH = 16;    // channels of k, v, q and dO staged at a time
+const uint ROWS = 8;   // pair rows staged at a time for d_k and d_v
+const uint QP = BQ + 4, KP = BK + 4, RP = MAX_HEAD_DIM + 4;  // padded row pitches
+const uint TD = 4 * MAX_HEAD_DIM / BQ;  // d_k and d_v channels per invocation, in runs of 4
+// The host's shared-memory need (attention.cpp, blocked_backward_shared_bytes) counts these.
+shared vec4 k_t[CH * KP / 4], v_t[CH * KP / 4];    // [c][x]: channel c of key x
+shared vec4 q_t[CH * QP / 4], do_t[CH * QP / 4];   // [c][y]: channel c of pair y
+shared vec4 q_rows[ROWS * RP / 4], do_rows[ROWS * RP / 4];  // [y][c]: the pairs' rows
+shared vec4 p_t[BQ * KP / 4], ds_t[BQ * KP / 4];   // [y][x]: P and dS of pair y and key x
+shared vec4 m_p[BQ / 4], il_p[BQ / 4], d_p[BQ / 4];  // per 4 pairs: m, 1 / l, D
 
 void main() {
     const uint j0 = gl_WorkGroupID.x * BK, kvh = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    const uint t = gl_LocalInvocationID.x, kx = t / LANES, lane = t % LANES;
+    const uint t = gl_LocalInvocationID.x, tx = t % (BQ / 4), ty = t / (BQ / 4);
     const uint G = pc.H / pc.Hkv;
     const uint nk = min(BK, pc.T - j0);
     // The last query that sees the tile's last key (window > T - key: none past the end).
@@ -81,72 +64,135 @@ void main() {
     const uint last =
         pc.window > 0 && pc.window < pc.T - last_key ? last_key + pc.window - 1 : pc.T - 1;
     const uint n_pairs = (last - j0 + 1) * G;
-    const uint row = pc.hd | 1u;  // odd
-
-    for (uint e = t; e < BK * pc.hd; e += WG) {
-        const uint x = e / pc.hd, c = e % pc.hd;
-        const uint at = ((b * pc.T + j0 + x) * pc.Hkv + kvh) * pc.hd + c;
-        ks[x * row + c] = x < nk ? k[pc.off_k + at] : 0.0;
-        vs[x * row + c] = x < nk ? v[pc.off_v + at] : 0.0;
-    }
-    const bool valid = kx < nk;
-    const uint j = j0 + kx;
-    // Element offset of pair 0's q / d_out row (query j0, the group's first head); the pairs'
-    // rows follow each other.
+    // Element offset of pair 0's q / d_out row (query j0, the group's first head); pair n's row:
+    // query j0 + n / G, head kvh G + n % G.
     const uint pair0 = ((b * pc.T + j0) * pc.H + kvh * G) * pc.hd;
 
-    float acc_k[PER_LANE], acc_v[PER_LANE];
-    for (uint r = 0; r < PER_LANE; ++r) acc_k[r] = acc_v[r] = 0.0;
+    float acc_k[4 * TD], acc_v[4 * TD];
+    for (uint e = 0; e < 4 * TD; ++e) acc_k[e] = acc_v[e] = 0.0;
     for (uint n0 = 0; n0 < n_pairs; n0 += BQ) {
         const uint np = min(BQ, n_pairs - n0);
-        barrier();  // the previous pair tile, P and dS are no longer read (and keys are staged)
-        for (uint e = t; e < BQ * pc.hd; e += WG) {
-            const uint y = e / pc.hd, c = e % pc.hd;
-            const uint n = n0 + y;
-            // Pair n's row: query j0 + n / G, head kvh G + n % G.
-            const uint at = pair0 + ((n / G) * pc.H + n % G) * pc.hd + c;
-            qs[y * row + c] = y < np ? q[pc.off_q + at] : 0.0;
-            dos[y * row + c] = y < np ? d_out[pc.off_do + at] : 0.0;
-        }
-        for (uint y = t; y < np; y += WG) {
-            const uint n = n0 + y, i = j0 + n / G, h = kvh * G + n % G;
-            const uint s_row = pc.off_stats + ((b * pc.H + h) * pc.T + i) * 3;
-            pair_stats[y * 3] = stats[s_row];
-            pair_stats[y * 3 + 1] = 1.0 / stats[s_row + 1];
-            pair_stats[y * 3 + 2] = stats[s_row + 2];
-        }
-        barrier();
-        lane_scores(kx, lane, row);
-        for (uint r = 0; r < PAIRS_PER_LANE; ++r) {
-            const uint y = lane + r * LANES, i = j0 + (n0 + y) / G;
-            float p = 0.0, d = 0.0;
-            if (valid && y < np && i >= j && (pc.window == 0 || i - j < pc.window)) {
-                p = exp(lane_s[r] - pair_stats[y * 3]) * pair_stats[y * 3 + 1];
-                d = p * (lane_dp[r] - pair_stats[y * 3 + 2]) * pc.scale;
+        // s (scaled) and dP of keys 4ty.. and pairs 4tx.., element 4 key + pair.
+        float s[16], dp[16];
+        for (uint e = 0; e < 16; ++e) s[e] = dp[e] = 0.0;
+        for (uint c0 = 0; c0 < MAX_HEAD_DIM; c0 += CH) {
+            barrier();  // the previous chunk, rows, P and dS are no longer read
+            if (c0 == 0 && t < BQ / 4) {
+                vec4 m = vec4(0.0), il = vec4(0.0), d = vec4(0.0);
+                for (uint e = 0; e < 4; ++e) {
+                    const uint y = 4 * t + e, n = n0 + y;
+                    if (y >= np) break;
+                    const uint i = j0 + n / G, h = kvh * G + n % G;
+                    const uint s_row = pc.off_stats + ((b * pc.H + h) * pc.T + i) * 3;
+                    m[e] = stats[s_row];
+                    il[e] = 1.0 / stats[s_row + 1];
+                    d[e] = stats[s_row + 2];
+                }
+                m_p[t] = m;
+                il_p[t] = il;
+                d_p[t] = d;
             }
-            prob[kx * PROW + y] = p;
-            dscore[kx * PROW + y] = d;
+            // A unit: 4 keys (pairs) at one channel; consecutive invocations, consecutive
+            // channels.
+            for (uint u = t; u < CH * BK / 4; u += WG) {
+                const uint c = u % CH, r = u / CH, gc = c0 + c;
+                vec4 kv = vec4(0.0), vv = vec4(0.0);
+                for (uint e = 0; e < 4; ++e) {
+                    const uint x = 4 * r + e;
+                    if (x < nk && gc < pc.hd) {
+                        const uint at = ((b * pc.T + j0 + x) * pc.Hkv + kvh) * pc.hd + gc;
+                        kv[e] = k[pc.off_k + at];
+                        vv[e] = v[pc.off_v + at];
+                    }
+                }
+                k_t[c * (KP / 4) + r] = kv;
+                v_t[c * (KP / 4) + r] = vv;
+            }
+            for (uint u = t; u < CH * BQ / 4; u += WG) {
+                const uint c = u % CH, r = u / CH, gc = c0 + c;
+                vec4 qv = vec4(0.0), dv = vec4(0.0);
+                for (uint e = 0; e < 4; ++e) {
+                    const uint y = 4 * r + e, n = n0 + y;
+                    if (y < np && gc < pc.hd) {
+                        const uint at = pair0 + ((n / G) * pc.H + n % G) * pc.hd + gc;
+                        qv[e] = q[pc.off_q + at];
+                        dv[e] = d_out[pc.off_do + at];
+                    }
+                }
+                q_t[c * (QP / 4) + r] = qv;
+                do_t[c * (QP / 4) + r] = dv;
+            }
+            barrier();
+            for (uint c = 0; c < CH; ++c) {
+                const vec4 kb = k_t[c * (KP / 4) + ty], vb = v_t[c * (KP / 4) + ty];
+                const vec4 qa = q_t[c * (QP / 4) + tx], da = do_t[c * (QP / 4) + tx];
+                for (uint x = 0; x < 4; ++x)
+                    for (uint y = 0; y < 4; ++y) {
+                        s[x * 4 + y] += kb[x] * qa[y];
+                        dp[x * 4 + y] += vb[x] * da[y];
+                    }
+            }
         }
-        barrier();
-        if (valid) {
-            // Pairs outside, columns inside: each P and dS read serves all of the lane's columns.
-            for (uint y = 0; y < np; ++y) {
-                const float p = prob[kx * PROW + y], d = dscore[kx * PROW + y];
-                for (uint r = 0; r < PER_LANE; ++r) {
-                    const uint c = lane + r * LANES;
-                    if (c >= pc.hd) break;
-                    acc_k[r] += d * qs[y * row + c];
-                    acc_v[r] += p * dos[y * row + c];
+        // P and dS (0 where the mask hides the key from the pair's query), stored by pair.
+        const vec4 m = m_p[tx], il = il_p[tx], dd = d_p[tx];
+        for (uint y = 0; y < 4; ++y) {
+            const uint py = 4 * tx + y, i = j0 + (n0 + py) / G;
+            vec4 pv, dv;
+            for (uint x = 0; x < 4; ++x) {
+                const uint kx = 4 * ty + x, j = j0 + kx;
+                const bool seen =
+                    kx < nk && py < np && i >= j && (pc.window == 0 || i - j < pc.window);
+                const float p = exp(s[x * 4 + y] * pc.scale - m[y]) * il[y];
+                pv[x] = seen ? p : 0.0;
+                dv[x] = seen ? p * (dp[x * 4 + y] - dd[y]) * pc.scale : 0.0;
+            }
+            p_t[py * (KP / 4) + ty] = pv;
+            ds_t[py * (KP / 4) + ty] = dv;
+        }
+        for (uint y0 = 0; y0 < BQ; y0 += ROWS) {
+            barrier();  // P and dS are written, the previous rows are no longer read
+            for (uint u = t; u < ROWS * MAX_HEAD_DIM / 4; u += WG) {
+                const uint r = u % (MAX_HEAD_DIM / 4), y = u / (MAX_HEAD_DIM / 4);
+                const uint n = n0 + y0 + y;
+                vec4 qv = vec4(0.0), dv = vec4(0.0);
+                if (y0 + y < np) {
+                    const uint at = pair0 + ((n / G) * pc.H + n % G) * pc.hd;
+                    for (uint e = 0; e < 4; ++e)
+                        if (4 * r + e < pc.hd) {
+                            qv[e] = q[pc.off_q + at + 4 * r + e];
+                            dv[e] = d_out[pc.off_do + at + 4 * r + e];
+                        }
+                }
+                q_rows[y * (RP / 4) + r] = qv;
+                do_rows[y * (RP / 4) + r] = dv;
+            }
+            barrier();
+            for (uint y = 0; y < ROWS; ++y) {
+                const vec4 pv = p_t[(y0 + y) * (KP / 4) + ty], dv = ds_t[(y0 + y) * (KP / 4) + ty];
+                for (uint rr = 0; rr < TD / 4; ++rr) {
+                    const vec4 qr = q_rows[y * (RP / 4) + rr * (BQ / 4) + tx];
+                    const vec4 dr = do_rows[y * (RP / 4) + rr * (BQ / 4) + tx];
+                    for (uint x = 0; x < 4; ++x)
+                        for (uint e = 0; e < 4; ++e) {
+                            acc_k[x * TD + rr * 4 + e] += dv[x] * qr[e];
+                            acc_v[x * TD + rr * 4 + e] += pv[x] * dr[e];
+                        }
                 }
             }
         }
     }
-    if (!valid) return;
-    const uint kv_row = ((b * pc.T + j) * pc.Hkv + kvh) * pc.hd;
-    for (uint r = 0; r < PER_LANE; ++r) {
-        const uint c = lane + r * LANES;
-        if (c >= pc.hd) break;
-        d_k[pc.off_dk + kv_row + c] += acc_k[r];
-        d_v[pc.off_dv + kv_row + c] += acc_v[r];
+    for (uint x = 0; x < 4; ++x) {
+        const uint kx = 4 * ty + x;
+        if (kx >= nk) break;
+        const uint kv_row = ((b * pc.T + j0 + kx) * pc.Hkv + kvh) * pc.hd;
+        for (uint rr = 0; rr < TD / 4; ++rr)
+            for (uint e = 0; e < 4; ++e) {
+                const uint c = rr * BQ + 4 * tx + e;
+                if (c < pc.hd) {
+                    d_k[pc.off_dk + kv_row + c] += acc_k[x * TD + rr * 4 + e];
+                    d_v[pc.off_dv + kv_row + c] += acc_v[x * TD + rr * 4 + e];
+                }
+            }
     }
 }
+

@@ -1,8 +1,7 @@
 // Backward of causal sliding-window GQA attention, pass 1 of 2, tiled: the query side of
 // attention_backward.comp (same outputs) for head_dim <= MAX_HEAD_DIM. One workgroup per (tile
-// of BQ consecutive queries, head h, sequence b) stages the tile's q and dO rows in shared
-// memory, then walks the keys the tile needs (the first query's first key to the last query)
-// in tiles of BK keys, each staged with its values in shared memory, twice:
+// of BQ consecutive queries, head h, sequence b) walks the keys the tile needs (the first
+// query's first key to the last query) in tiles of BK keys, twice:
 //   1. softmax statistics: m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i) and
 //      D_i = sum_j P_ij dP_ij, with s_ij = scale q_i . k_j and dP_ij = dO_i . v_j;
 //   2. dS_ij = P_ij (dP_ij - D_i) scale with P_ij = exp(s_ij - m_i) / l_i, and
@@ -11,29 +10,24 @@
 // attention_backward_kv.comp: the layout is the same). The causal and sliding-window mask is
 // applied per (query, key); no T x T matrix exists anywhere.
 //
-// LANES = WG / BQ invocations share a query. Lane `lane` scores keys lane, lane + LANES, ... of
-// every key tile (its scores stay in its registers) and owns d_q columns lane, lane + LANES, ...
-// In sweep 1 each lane keeps online statistics over its own keys, merged in lane order at the
-// end. Every sum runs in a fixed order and every output has one writer (no atomics), so results
-// are bitwise reproducible.
-//
-// Shared rows are padded as in attention_tiled.comp: q, dO, key and value rows have an odd
-// stride (pc.hd | 1), dS rows a stride of BK + LANES, so that a subgroup's invocations, reading
-// one column of several rows at once, hit different banks.
+// Every product is register-blocked (as attention_tiled.comp's blocked form), WG = (BQ/4) *
+// (BK/4): invocation (ty, tx) computes s and dP of queries 4ty..4ty+3 and keys 4tx..4tx+3 from
+// q, dO, k and v staged 16 channels at a time, transposed (a channel's queries, or keys, side by
+// side: two vec4 reads per channel and product, for 16 products each). In sweep 1 the tile's s
+// and dP go to shared memory by key, where BK/4 invocations per 4 queries fold them into the
+// statistics. In sweep 2 the invocation forms its dS in registers and, with the key rows staged
+// 8 at a time, adds dS k to d_q of its 4 queries at channels 4tx.. (runs of 4, then BK further
+// on). Every sum runs in a fixed order and every output has one writer (no atomics), so results
+// are bitwise reproducible. MAX_HEAD_DIM is a multiple of BK (the host's choice, attention.cpp).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
-layout(constant_id = 0) const uint WG = 64;            // a multiple of BQ
-layout(constant_id = 1) const uint BQ = 16;            // queries per tile
-layout(constant_id = 2) const uint BK = 16;            // keys per tile, a multiple of WG / BQ
+layout(constant_id = 0) const uint WG = 64;            // (BQ / 4) * (BK / 4)
+layout(constant_id = 1) const uint BQ = 32;            // queries per tile, a multiple of 4
+layout(constant_id = 2) const uint BK = 32;            // keys per tile, a multiple of 4
 layout(constant_id = 3) const uint MAX_HEAD_DIM = 64;  // sizes the tiles; pc.hd is at most this
-const uint LANES = WG / BQ;
-const uint KEYS_PER_LANE = BK / LANES;
-const uint PER_LANE = (MAX_HEAD_DIM + LANES - 1) / LANES;
-const uint ROW_MAX = MAX_HEAD_DIM + 1;  // the longest padded row
-const uint SROW = BK + LANES;           // a padded row of dS
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
@@ -49,156 +43,208 @@ layout(push_constant) uniform Push {
     float scale;
 } pc;
 
-// The host's shared-memory need (attention.cpp, backward_tiled_shared_bytes) counts these.
-shared float qs[BQ * ROW_MAX];   // the query tile
-shared float dos[BQ * ROW_MAX];  // its d_out rows
-shared float ks[BK * ROW_MAX];   // the key tile
-shared float vs[BK * ROW_MAX];   // its value rows
-shared float ds[BQ * SROW];      // sweep 2: dS of the tiles
-shared float lane_stats[BQ * LANES * 3];  // sweep 1's m, l, D numerator per (query, lane)
-
 // The oldest key query i sees.
 uint first_key(uint i) { return pc.window > 0 && i + 1 > pc.window ? i + 1 - pc.window : 0u; }
 
-// Stages keys and values [j0, j0 + nk) (element offset of key 0's row: kv0); rows past nk are 0.
-void stage_keys(uint kv0, uint j0, uint nk, uint row) {
-    const uint kv_stride = pc.Hkv * pc.hd;
-    for (uint e = gl_LocalInvocationID.x; e < BK * pc.hd; e += WG) {
-        const uint x = e / pc.hd, c = e % pc.hd;
-        const uint at = kv0 + (j0 + x) * kv_stride + c;
-        ks[x * row + c] = x < nk ? k[pc.off_k + at] : 0.0;
-        vs[x * row + c] = x < nk ? v[pc.off_v + at] : 0.0;
-    }
-}
+const uint CH = 16;    // channels of q, dO, k and v staged at a time
+const uint ROWS = 8;   // key rows staged at a time for d_q
+const uint QP = BQ + 4, KP = BK + 4, RP = MAX_HEAD_DIM + 4;  // padded row pitches
+const uint TD = 4 * MAX_HEAD_DIM / BK;  // d_q channels per invocation, in runs of 4
+const uint PARTS = BK / 4;              // invocations per 4 queries for their statistics
+// The host's shared-memory need (attention.cpp, blocked_backward_shared_bytes) counts these.
+shared vec4 q_t[CH * QP / 4], do_t[CH * QP / 4];  // [c][i]: channel c of query i
+shared vec4 k_t[CH * KP / 4], v_t[CH * KP / 4];   // [c][x]: channel c of key x
+shared vec4 k_rows[ROWS * RP / 4];                // [x][c]: key rows, for d_q
+shared vec4 s_t[BK * QP / 4], dp_t[BK * QP / 4];  // [x][i]: s (sweep 2: dS) and dP
+shared vec4 part_m[PARTS * BQ / 4], part_l[PARTS * BQ / 4], part_dn[PARTS * BQ / 4];
+shared vec4 m_q[BQ / 4], l_q[BQ / 4], dn_q[BQ / 4];  // per 4 queries; after sweep 1 D in dn_q
 
-// s = scale q . k and dP = dO . v of tile query qi and this lane's keys of the tile (x = lane,
-// lane + LANES, ...), into lane_s and lane_dp: each q and dO element read serves every key.
-float lane_s[KEYS_PER_LANE], lane_dp[KEYS_PER_LANE];
-void lane_scores(uint qi, uint lane, uint row) {
-    for (uint n = 0; n < KEYS_PER_LANE; ++n) lane_s[n] = lane_dp[n] = 0.0;
-    for (uint c = 0; c < pc.hd; ++c) {
-        const float qc = qs[qi * row + c], dc = dos[qi * row + c];
-        for (uint n = 0; n < KEYS_PER_LANE; ++n) {
-            const uint x = lane + n * LANES;
-            lane_s[n] += qc * ks[x * row + c];
-            lane_dp[n] += dc * vs[x * row + c];
+// s (scaled) and dP of queries 4ty.. and keys 4tx.. of the tile at key j0 (nk keys; the
+// others 0), element 4 query + key.
+void block_scores(uint b, uint h, uint kvh, uint i0, uint nq, uint j0, uint nk, uint t, uint tx,
+                  uint ty, out float s[16], out float dp[16]) {
+    for (uint e = 0; e < 16; ++e) s[e] = dp[e] = 0.0;
+    const uint kv_stride = pc.Hkv * pc.hd;
+    for (uint c0 = 0; c0 < MAX_HEAD_DIM; c0 += CH) {
+        barrier();  // the previous chunk is no longer read
+        // A unit: 4 queries (keys) at one channel; consecutive invocations, consecutive
+        // channels.
+        for (uint u = t; u < CH * BQ / 4; u += WG) {
+            const uint c = u % CH, r = u / CH, gc = c0 + c;
+            vec4 qv = vec4(0.0), dv = vec4(0.0);
+            for (uint e = 0; e < 4; ++e) {
+                const uint i = 4 * r + e;
+                if (i < nq && gc < pc.hd) {
+                    const uint at = ((b * pc.T + i0 + i) * pc.H + h) * pc.hd + gc;
+                    qv[e] = q[pc.off_q + at];
+                    dv[e] = d_out[pc.off_do + at];
+                }
+            }
+            q_t[c * (QP / 4) + r] = qv;
+            do_t[c * (QP / 4) + r] = dv;
+        }
+        for (uint u = t; u < CH * BK / 4; u += WG) {
+            const uint c = u % CH, r = u / CH, gc = c0 + c;
+            vec4 kv = vec4(0.0), vv = vec4(0.0);
+            for (uint e = 0; e < 4; ++e) {
+                const uint x = 4 * r + e;
+                if (x < nk && gc < pc.hd) {
+                    const uint at = ((b * pc.T + j0 + x) * pc.Hkv + kvh) * pc.hd + gc;
+                    kv[e] = k[pc.off_k + at];
+                    vv[e] = v[pc.off_v + at];
+                }
+            }
+            k_t[c * (KP / 4) + r] = kv;
+            v_t[c * (KP / 4) + r] = vv;
+        }
+        barrier();
+        for (uint c = 0; c < CH; ++c) {
+            const vec4 qa = q_t[c * (QP / 4) + ty], da = do_t[c * (QP / 4) + ty];
+            const vec4 kb = k_t[c * (KP / 4) + tx], vb = v_t[c * (KP / 4) + tx];
+            for (uint i = 0; i < 4; ++i)
+                for (uint x = 0; x < 4; ++x) {
+                    s[i * 4 + x] += qa[i] * kb[x];
+                    dp[i * 4 + x] += da[i] * vb[x];
+                }
         }
     }
-    for (uint n = 0; n < KEYS_PER_LANE; ++n) lane_s[n] *= pc.scale;
+    for (uint e = 0; e < 16; ++e) s[e] *= pc.scale;
+}
+
+// Whether query i0 + qi (of nq) sees key j0 + x (of nk).
+bool pair_seen(uint i0, uint qi, uint nq, uint j0, uint x, uint nk) {
+    const uint i = i0 + qi, j = j0 + x;
+    return qi < nq && x < nk && j >= first_key(i) && j <= i;
 }
 
 void main() {
     const uint i0 = gl_WorkGroupID.x * BQ, h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    const uint t = gl_LocalInvocationID.x, qi = t / LANES, lane = t % LANES;
+    const uint t = gl_LocalInvocationID.x, tx = t % (BK / 4), ty = t / (BK / 4);
     const uint kvh = h / (pc.H / pc.Hkv);
     const uint nq = min(BQ, pc.T - i0);
     // The union of the tile's windows: first_key grows with the query.
     const uint lo = first_key(i0), hi = i0 + nq - 1;
-    const uint row = pc.hd | 1u;  // odd
-    const uint kv0 = (b * pc.T * pc.Hkv + kvh) * pc.hd;
-
-    for (uint e = t; e < BQ * pc.hd; e += WG) {
-        const uint r = e / pc.hd, c = e % pc.hd;
-        const uint at = ((b * pc.T + i0 + r) * pc.H + h) * pc.hd + c;
-        qs[r * row + c] = r < nq ? q[pc.off_q + at] : 0.0;
-        dos[r * row + c] = r < nq ? d_out[pc.off_do + at] : 0.0;
+    // For the statistics: queries 4 quad .. 4 quad + 3, keys part, part + PARTS, ... of a tile.
+    const uint quad = t % (BQ / 4), part = t / (BQ / 4);
+    if (t < BQ / 4) {
+        m_q[t] = vec4(NEG_INF);
+        l_q[t] = dn_q[t] = vec4(0.0);
     }
-    const bool valid = qi < nq;
-    const uint i = i0 + qi, first = first_key(i);
+    float s[16], dp[16];
 
-    // Sweep 1: this lane's m, l and D numerator sum exp(s - m) dP over its keys, rescaled as m
-    // grows.
-    float m = NEG_INF, l = 0.0, dn = 0.0;
+    // Sweep 1: m, l and the D numerator sum exp(s - m) dP per query, rescaled as m grows.
     for (uint j0 = lo; j0 <= hi; j0 += BK) {
         const uint nk = min(BK, hi + 1 - j0);
-        barrier();  // the previous tiles are no longer read (and the query tile is written)
-        stage_keys(kv0, j0, nk, row);
-        barrier();
-        lane_scores(qi, lane, row);
-        float tile_max = NEG_INF;
-        for (uint n = 0; n < KEYS_PER_LANE; ++n) {
-            const uint x = lane + n * LANES, j = j0 + x;
-            if (!valid || x >= nk || j < first || j > i) lane_s[n] = NEG_INF;  // masked
-            tile_max = max(tile_max, lane_s[n]);
-        }
-        if (tile_max != NEG_INF) {  // some of this lane's keys are in this tile
-            const float m_new = max(m, tile_max);
-            float sum_e = 0.0, sum_edp = 0.0;
-            for (uint n = 0; n < KEYS_PER_LANE; ++n) {
-                if (lane_s[n] == NEG_INF) continue;
-                const float e = exp(lane_s[n] - m_new);
-                sum_e += e;
-                sum_edp += e * lane_dp[n];
+        block_scores(b, h, kvh, i0, nq, j0, nk, t, tx, ty, s, dp);
+        for (uint x = 0; x < 4; ++x) {
+            vec4 sc, d;
+            for (uint i = 0; i < 4; ++i) {
+                const bool seen = pair_seen(i0, 4 * ty + i, nq, j0, 4 * tx + x, nk);
+                sc[i] = seen ? s[i * 4 + x] : NEG_INF;
+                d[i] = dp[i * 4 + x];
             }
+            s_t[(4 * tx + x) * (QP / 4) + ty] = sc;
+            dp_t[(4 * tx + x) * (QP / 4) + ty] = d;
+        }
+        barrier();
+        vec4 mx = vec4(NEG_INF);
+        for (uint x = part; x < BK; x += PARTS) mx = max(mx, s_t[x * (QP / 4) + quad]);
+        part_m[part * (BQ / 4) + quad] = mx;
+        barrier();
+        vec4 m_new = m_q[quad];
+        for (uint r = 0; r < PARTS; ++r) m_new = max(m_new, part_m[r * (BQ / 4) + quad]);
+        vec4 sum_e = vec4(0.0), sum_edp = vec4(0.0);
+        for (uint x = part; x < BK; x += PARTS) {
+            const vec4 sc = s_t[x * (QP / 4) + quad], d = dp_t[x * (QP / 4) + quad];
+            for (uint i = 0; i < 4; ++i) {
+                const float e = sc[i] == NEG_INF ? 0.0 : exp(sc[i] - m_new[i]);
+                sum_e[i] += e;
+                sum_edp[i] += e * d[i];
+            }
+        }
+        part_l[part * (BQ / 4) + quad] = sum_e;
+        part_dn[part * (BQ / 4) + quad] = sum_edp;
+        barrier();
+        if (part == 0) {
             // Nothing seen yet (m = -inf): l and dn are 0, the factor must not be NaN.
-            const float alpha = m == NEG_INF ? 0.0 : exp(m - m_new);
-            l = l * alpha + sum_e;
-            dn = dn * alpha + sum_edp;
-            m = m_new;
+            const vec4 m_old = m_q[quad];
+            vec4 alpha, l = vec4(0.0), dn = vec4(0.0);
+            for (uint i = 0; i < 4; ++i)
+                alpha[i] = m_old[i] == NEG_INF ? 0.0 : exp(m_old[i] - m_new[i]);
+            for (uint r = 0; r < PARTS; ++r) {
+                l += part_l[r * (BQ / 4) + quad];
+                dn += part_dn[r * (BQ / 4) + quad];
+            }
+            l_q[quad] = l_q[quad] * alpha + l;
+            dn_q[quad] = dn_q[quad] * alpha + dn;
+            m_q[quad] = m_new;
         }
     }
-    // Merge the lanes' statistics, lane 0 first (a lane may have seen no key: m = -inf).
-    lane_stats[t * 3] = m;
-    lane_stats[t * 3 + 1] = l;
-    lane_stats[t * 3 + 2] = dn;
     barrier();
-    const uint q_lanes = qi * LANES * 3;
-    float m_all = NEG_INF;
-    for (uint r = 0; r < LANES; ++r) m_all = max(m_all, lane_stats[q_lanes + r * 3]);
-    float l_all = 0.0, dn_all = 0.0;
-    for (uint r = 0; r < LANES; ++r) {
-        const float m_r = lane_stats[q_lanes + r * 3];
-        if (m_r == NEG_INF) continue;
-        const float f = exp(m_r - m_all);
-        l_all += lane_stats[q_lanes + r * 3 + 1] * f;
-        dn_all += lane_stats[q_lanes + r * 3 + 2] * f;
+    if (part == 0) {
+        // A valid query sees at least itself: l >= 1. Its statistics for pass 2; dn_q becomes D.
+        const vec4 m = m_q[quad], l = l_q[quad], D = dn_q[quad] / l;
+        for (uint i = 0; i < 4; ++i) {
+            const uint qi = 4 * quad + i;
+            if (qi >= nq) break;
+            const uint s_row = pc.off_stats + ((b * pc.H + h) * pc.T + i0 + qi) * 3;
+            stats[s_row] = m[i];
+            stats[s_row + 1] = l[i];
+            stats[s_row + 2] = D[i];
+        }
+        dn_q[quad] = D;
     }
-    // A valid query sees at least itself: l_all >= 1.
-    const float inv_l = valid ? 1.0 / l_all : 0.0;
-    const float D = dn_all * inv_l;
-    if (valid && lane == 0) {
-        const uint s_row = pc.off_stats + ((b * pc.H + h) * pc.T + i) * 3;
-        stats[s_row] = m_all;
-        stats[s_row + 1] = l_all;
-        stats[s_row + 2] = D;
-    }
+    barrier();
+    const vec4 m_all = m_q[ty], inv_l = 1.0 / l_q[ty], D = dn_q[ty];
 
     // Sweep 2: dS of the tile's pairs (0 where masked), then d_q_i += sum_j dS_ij k_j, keys in
     // order.
-    float acc[PER_LANE];
-    for (uint r = 0; r < PER_LANE; ++r) acc[r] = 0.0;
+    float acc[4 * TD];
+    for (uint e = 0; e < 4 * TD; ++e) acc[e] = 0.0;
     for (uint j0 = lo; j0 <= hi; j0 += BK) {
         const uint nk = min(BK, hi + 1 - j0);
-        barrier();  // the previous tiles and dS are no longer read
-        stage_keys(kv0, j0, nk, row);
-        barrier();
-        lane_scores(qi, lane, row);
-        for (uint n = 0; n < KEYS_PER_LANE; ++n) {
-            const uint x = lane + n * LANES, j = j0 + x;
-            float d = 0.0;
-            if (valid && x < nk && j >= first && j <= i) {
-                const float p = exp(lane_s[n] - m_all) * inv_l;
-                d = p * (lane_dp[n] - D) * pc.scale;
+        block_scores(b, h, kvh, i0, nq, j0, nk, t, tx, ty, s, dp);
+        for (uint x = 0; x < 4; ++x) {
+            vec4 d;
+            for (uint i = 0; i < 4; ++i) {
+                const bool seen = pair_seen(i0, 4 * ty + i, nq, j0, 4 * tx + x, nk);
+                const float p = exp(s[i * 4 + x] - m_all[i]) * inv_l[i];
+                d[i] = seen ? p * (dp[i * 4 + x] - D[i]) * pc.scale : 0.0;
             }
-            ds[qi * SROW + x] = d;
+            s_t[(4 * tx + x) * (QP / 4) + ty] = d;
         }
-        barrier();
-        if (valid) {
-            // Keys outside, columns inside: each dS read serves all of the lane's columns.
-            for (uint x = 0; x < nk; ++x) {
-                const float d = ds[qi * SROW + x];
-                for (uint r = 0; r < PER_LANE; ++r) {
-                    const uint c = lane + r * LANES;
-                    if (c >= pc.hd) break;
-                    acc[r] += d * ks[x * row + c];
+        for (uint x0 = 0; x0 < BK; x0 += ROWS) {
+            barrier();  // dS is written, the previous rows are no longer read
+            for (uint u = t; u < ROWS * MAX_HEAD_DIM / 4; u += WG) {
+                const uint r = u % (MAX_HEAD_DIM / 4), x = u / (MAX_HEAD_DIM / 4);
+                vec4 kv = vec4(0.0);
+                if (x0 + x < nk) {
+                    const uint at = ((b * pc.T + j0 + x0 + x) * pc.Hkv + kvh) * pc.hd;
+                    for (uint e = 0; e < 4; ++e)
+                        if (4 * r + e < pc.hd) kv[e] = k[pc.off_k + at + 4 * r + e];
+                }
+                k_rows[x * (RP / 4) + r] = kv;
+            }
+            barrier();
+            for (uint x = 0; x < ROWS; ++x) {
+                const vec4 d = s_t[(x0 + x) * (QP / 4) + ty];
+                for (uint rr = 0; rr < TD / 4; ++rr) {
+                    const vec4 kr = k_rows[x * (RP / 4) + rr * (BK / 4) + tx];
+                    for (uint i = 0; i < 4; ++i)
+                        for (uint e = 0; e < 4; ++e) acc[i * TD + rr * 4 + e] += d[i] * kr[e];
                 }
             }
         }
     }
-    if (!valid) return;
-    const uint q_row = pc.off_dq + ((b * pc.T + i) * pc.H + h) * pc.hd;
-    for (uint r = 0; r < PER_LANE; ++r) {
-        const uint c = lane + r * LANES;
-        if (c < pc.hd) d_q[q_row + c] += acc[r];
+    for (uint i = 0; i < 4; ++i) {
+        const uint qi = 4 * ty + i;
+        if (qi >= nq) break;
+        const uint q_row = pc.off_dq + ((b * pc.T + i0 + qi) * pc.H + h) * pc.hd;
+        for (uint rr = 0; rr < TD / 4; ++rr)
+            for (uint e = 0; e < 4; ++e) {
+                const uint c = rr * BK + 4 * tx + e;
+                if (c < pc.hd) d_q[q_row + c] += acc[i * TD + rr * 4 + e];
+            }
     }
 }
+

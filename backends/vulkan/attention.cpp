@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "backends/vulkan/vulkan_backend.h"
@@ -195,35 +196,31 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
 namespace {
 
 // attention_backward_tiled.comp (the query side) and attention_backward_kv_tiled.comp (the key
-// side) share one shape: workgroup size, queries (or query-head pairs) and keys per tile, and the
-// head_dim bound that sizes their shared tiles (MAX_HEAD_DIM: 32, 64 or 128, so that a small
-// head_dim does not pay for 128-wide tiles). Fixed, with 8 keys per tile at bound 128 so that
-// either shader needs at most 26 KiB: within the 32 KiB of lavapipe and MoltenVK, and the 48 KiB
-// and more of NVIDIA, AMD and Intel.
+// side) share one shape: BQ queries (or query-head pairs) and BK keys a tile in 4 x 4 register
+// blocks (WG = BQ * BK / 16), the tiles sized for a head_dim (MAX_HEAD_DIM: 32, 64 or 128, a
+// multiple of both), so that a small head_dim does not pay for 128-wide tiles.
 constexpr int64_t kBackwardTiledMaxHeadDim = 128;
 struct BackwardTiles {
-    uint32_t wg = 64, queries = 16, keys = 16, max_hd = 32;
+    uint32_t wg = 0, queries = 0, keys = 0, max_hd = 0;
     std::vector<uint32_t> spec() const { return {wg, queries, keys, max_hd}; }
 };
 
-BackwardTiles backward_tiles(int64_t hd) {
-    BackwardTiles tiles;
+// 32 queries (or pairs) and 32 keys a tile, 64 invocations, sized for the head_dim: at most
+// at most 27 KiB (head_dim 128), within the 32 KiB of lavapipe and MoltenVK, where it is tested.
+// None past head_dim 128 or on a device with less shared memory.
+std::optional<BackwardTiles> backward_tiles(int64_t hd, uint64_t shared_bytes) {
+    if (hd > kBackwardTiledMaxHeadDim) return std::nullopt;
+    BackwardTiles tiles{64, 32, 32, 32};
     while (tiles.max_hd < hd) tiles.max_hd *= 2;
-    if (tiles.max_hd > 64) tiles.keys = 8;
+    // The arrays at the top of each shader, in floats.
+    const uint64_t qp = tiles.queries + 4, kp = tiles.keys + 4, rp = tiles.max_hd + 4;
+    const uint64_t parts = tiles.keys / 4;
+    const uint64_t query_side = 32 * qp + 32 * kp + 8 * rp + 2 * tiles.keys * qp +
+                                3 * parts * tiles.queries + 3 * tiles.queries;
+    const uint64_t key_side =
+        32 * kp + 32 * qp + 2 * 8 * rp + 2 * tiles.queries * kp + 3 * tiles.queries;
+    if (std::max(query_side, key_side) * 4 > shared_bytes) return std::nullopt;
     return tiles;
-}
-
-// Bytes of shared memory the larger of the two tiled shaders declares: the arrays at the top of
-// each.
-uint64_t backward_tiled_shared_bytes(const BackwardTiles& tiles) {
-    const uint64_t bq = tiles.queries, bk = tiles.keys, row = tiles.max_hd + 1;
-    const uint64_t query_lanes = tiles.wg / bq, key_lanes = tiles.wg / bk;
-    // q, dO, key and value tiles; dS rows; the lanes' statistics.
-    const uint64_t query_side =
-        2 * bq * row + 2 * bk * row + bq * (bk + query_lanes) + bq * query_lanes * 3;
-    // key, value, q and dO tiles; P and dS rows; the pairs' statistics.
-    const uint64_t key_side = 2 * bk * row + 2 * bq * row + 2 * bk * (bq + key_lanes) + bq * 3;
-    return std::max(query_side, key_side) * 4;
 }
 
 }  // namespace
@@ -255,16 +252,14 @@ void VulkanBackend::attention_backward_impl(const Tensor& q, const Tensor& k, co
     // Per (b, h, i): the softmax max m, denominator l and D = sum_j P_ij dP_ij, written by pass
     // 1 and read by pass 2.
     Tensor stats = alloc({B * H * T * 3});
-    const BackwardTiles tiles = backward_tiles(hd);
-    if (hd <= kBackwardTiledMaxHeadDim &&
-        backward_tiled_shared_bytes(tiles) <= ctx_->info().shared_memory_bytes) {
-        run("attention_backward_tiled", tiles.spec(),
+    if (const auto tiles = backward_tiles(hd, ctx_->info().shared_memory_bytes)) {
+        run("attention_backward_tiled", tiles->spec(),
             {in(q), in(k), in(v), in(d_out), inout(d_q), out(stats)}, p,
-            static_cast<uint32_t>((T + tiles.queries - 1) / tiles.queries),
+            static_cast<uint32_t>((T + tiles->queries - 1) / tiles->queries),
             static_cast<uint32_t>(H), static_cast<uint32_t>(B));
-        run("attention_backward_kv_tiled", tiles.spec(),
+        run("attention_backward_kv_tiled", tiles->spec(),
             {in(q), in(k), in(v), in(d_out), in(stats), inout(d_k), inout(d_v)}, p,
-            static_cast<uint32_t>((T + tiles.keys - 1) / tiles.keys), static_cast<uint32_t>(Hkv),
+            static_cast<uint32_t>((T + tiles->keys - 1) / tiles->keys), static_cast<uint32_t>(Hkv),
             static_cast<uint32_t>(B));
         return;
     }
