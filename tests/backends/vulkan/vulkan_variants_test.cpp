@@ -283,6 +283,19 @@ class VulkanVariants : public VulkanTest {
         const int64_t keys = window ? window : S + T;
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(std::max(hd, keys))));
     }
+
+    // The prefill attention forms' cases: causal with and without a window, plain and after a
+    // rolling cache (wrapped, and holding the window or all of the past), GQA groups of 4 and 1,
+    // head_dim 64, 40, 24, 128 and 32, partial query and key tiles, more queries than any tile;
+    // each result the same bits when run again.
+    void check_prefill_attention_forms() {
+        check_attention(37, 8, 2, 64, 16, 0, {0, 0}, true);
+        check_attention(37, 4, 4, 40, 0, 0, {0, 0}, true);
+        check_attention(21, 8, 2, 24, 16, 16, {5, 70}, true);
+        check_attention(33, 4, 1, 64, 0, 48, {100, 7}, true);
+        check_attention(17, 2, 1, 128, 9, 9, {0, 30}, true);
+        check_attention(150, 2, 1, 32, 100, 0, {0}, true);
+    }
 };
 
 // Tiled dense matmul (M > 16 rows): M, N, K past no tile's multiple, every layout, with bias;
@@ -521,42 +534,23 @@ TEST_F(VulkanVariants, AttentionTiled) {
         [](const vk::Variant& v) { return v.spec[3] == 0; });
 }
 
-// The prefill attention variants holding a query's row in registers (".sg1"), each: causal
-// with and without a window, plain and after a rolling cache (wrapped, and holding the window
-// or all of the past), GQA groups of 4 and 1, head_dim 64, 40, 24 and 128, partial query and key
-// tiles; each result the same bits when run again.
+// The prefill attention variants holding a query's row in registers (".sg1"), each, at
+// check_prefill_attention_forms' shapes.
 TEST_F(VulkanVariants, AttentionTiledSubgroup) {
     SCOPED_TRACE(trace());
     if (!vk().context().info().subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles";
     for_each_variant(
-        vk::Kernel::AttentionTiled,
-        [&] {
-            check_attention(37, 8, 2, 64, 16, 0, {0, 0}, true);
-            check_attention(37, 4, 4, 40, 0, 0, {0, 0}, true);
-            check_attention(21, 8, 2, 24, 16, 16, {5, 70}, true);
-            check_attention(33, 4, 1, 64, 0, 48, {100, 7}, true);
-            check_attention(17, 2, 1, 128, 9, 9, {0, 30}, true);
-        },
+        vk::Kernel::AttentionTiled, [&] { check_prefill_attention_forms(); },
         [](const vk::Variant& v) { return v.spec[3] == 1; });
 }
 
-// The register-blocked prefill attention variants (".rb4"), each: causal with and without a
-// window, plain and after a rolling cache (wrapped, and holding the window or all of the past),
-// GQA groups of 4 and 1, head_dim 64, 40, 24, 32 and 128 (tiles sized 32 to 128 channels, and
-// channels past head_dim), partial query and key tiles, more queries than a tile; each result
-// the same bits when run again.
+// The register-blocked prefill attention variants (".rb4"), each, at
+// check_prefill_attention_forms' shapes (tiles sized for 32 to 128 channels, channels past
+// head_dim).
 TEST_F(VulkanVariants, AttentionTiledBlocked) {
     SCOPED_TRACE(trace());
     for_each_variant(
-        vk::Kernel::AttentionTiled,
-        [&] {
-            check_attention(37, 8, 2, 64, 16, 0, {0, 0}, true);
-            check_attention(37, 4, 4, 40, 0, 0, {0, 0}, true);
-            check_attention(21, 8, 2, 24, 16, 16, {5, 70}, true);
-            check_attention(33, 4, 1, 64, 0, 48, {100, 7}, true);
-            check_attention(17, 2, 1, 128, 9, 9, {0, 30}, true);
-            check_attention(150, 2, 1, 32, 100, 0, {0}, true);
-        },
+        vk::Kernel::AttentionTiled, [&] { check_prefill_attention_forms(); },
         [](const vk::Variant& v) { return v.spec[3] == vk::kAttentionBlocked; });
 }
 
