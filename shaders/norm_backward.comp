@@ -3,10 +3,15 @@
 //   PASS 0, one workgroup per row: the row's mean and rstd as the forward computes them, then
 //     d_x += rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)) (the first mean only for
 //     LayerNorm, whose output ignores a shift of x); mean and rstd go to stats[2n], stats[2n+1].
-//   PASS 1, one invocation per column i: d_weight[i] += sum_n g * xhat, d_bias[i] += sum_n g,
-//     the rows added in order from the stats.
-// Every sum has a fixed order (a fixed reduction tree, or one invocation's loop): the same bits
-// on every run.
+//   PASS 1, one invocation per (column i, chunk of pc.chunk_rows rows): sum_n g * xhat and
+//     sum_n g over the chunk's rows in order, from the stats; with one chunk added to
+//     d_weight[i] and d_bias[i], else written to the chunk's partials (after the stats in the
+//     stats buffer: chunk c's 2d floats at 2N + 2dc, the weight's then the bias's);
+//   PASS 2, one invocation per column (only with several chunks): the chunks' partials added to
+//     d_weight[i] and d_bias[i] in chunk order.
+// Many rows (a training step's 16,384) thus spread over chunks x columns / WG workgroups rather
+// than columns / WG. Every sum has a fixed order (a fixed reduction tree, or one invocation's
+// loop): the same bits on every run.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -30,6 +35,7 @@ layout(push_constant) uniform Push {
     uint N, d;
     float eps;
     uint layernorm;  // 0: rmsnorm (no mean, no bias)
+    uint chunk_rows, chunks;  // PASS 1 and 2
 } pc;
 
 void rows_pass() {
@@ -71,14 +77,34 @@ void rows_pass() {
 }
 
 void columns_pass() {
-    const uint i = group_index() * WG + gl_LocalInvocationID.x;
+    const uint i = gl_WorkGroupID.x * WG + gl_LocalInvocationID.x, chunk = gl_WorkGroupID.y;
     if (i >= pc.d) return;
+    const uint first = chunk * pc.chunk_rows, end = min(pc.N, first + pc.chunk_rows);
     float sw = 0.0, sb = 0.0;
-    for (uint n = 0; n < pc.N; ++n) {
+    for (uint n = first; n < end; ++n) {
         const float gv = g[pc.off_g + n * pc.d + i];
         const float mean = stats[pc.off_stats + 2 * n], rstd = stats[pc.off_stats + 2 * n + 1];
         sw += gv * (x[pc.off_x + n * pc.d + i] - mean) * rstd;
         sb += gv;
+    }
+    if (pc.chunks == 1) {
+        dw[pc.off_dw + i] += sw;
+        if (pc.layernorm != 0) db[pc.off_db + i] += sb;
+        return;
+    }
+    const uint partial = pc.off_stats + 2 * pc.N + 2 * pc.d * chunk + i;
+    stats[partial] = sw;
+    stats[partial + pc.d] = sb;
+}
+
+void fold_pass() {
+    const uint i = group_index() * WG + gl_LocalInvocationID.x;
+    if (i >= pc.d) return;
+    float sw = 0.0, sb = 0.0;
+    for (uint c = 0; c < pc.chunks; ++c) {
+        const uint partial = pc.off_stats + 2 * pc.N + 2 * pc.d * c + i;
+        sw += stats[partial];
+        sb += stats[partial + pc.d];
     }
     dw[pc.off_dw + i] += sw;
     if (pc.layernorm != 0) db[pc.off_db + i] += sb;
@@ -86,5 +112,6 @@ void columns_pass() {
 
 void main() {
     if (PASS == 0) rows_pass();
-    else columns_pass();
+    else if (PASS == 1) columns_pass();
+    else fold_pass();
 }

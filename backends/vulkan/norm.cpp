@@ -2,6 +2,8 @@
 // pass over rows (d_x, and each row's statistics) and one over columns (d_weight, d_bias;
 // shaders/norm_backward.comp). norm_linear at decoding's few rows: the norm as a prologue of the
 // linear's matrix-vector product, in its dispatch (shaders/matmul_gemv.comp).
+#include <algorithm>
+
 #include "backends/vulkan/vulkan_backend.h"
 
 namespace tmx {
@@ -53,14 +55,29 @@ void VulkanBackend::norm_backward_impl(NormType type, const Tensor& x, const Ten
                                        const Tensor& d_weight, const Tensor& d_bias) {
     const int64_t N = x.dim(0), d = x.dim(1);
     if (N == 0 || d == 0) return;
-    const Tensor stats = alloc({N, 2});  // each row's mean and rstd, from pass 0 to pass 1
-    const NormPush p = norm_push(type, N, d, eps);
+    // The column sums in chunks of rows (norm_backward.comp), at least 256 rows each and at most
+    // 65,535 chunks (a dispatch's y): a training step's rows spread over chunks x d / WG
+    // workgroups, where one pass over all rows would run d / WG of them.
+    const int64_t chunk_rows = std::max<int64_t>(256, (N + 65534) / 65535);
+    const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
+    // Each row's mean and rstd, from pass 0 to pass 1; then each chunk's partial sums.
+    const Tensor stats = alloc({N * 2 + (chunks > 1 ? chunks * 2 * d : 0)});
+    const struct {
+        NormPush norm;
+        uint32_t chunk_rows, chunks;
+    } p{norm_push(type, N, d, eps), static_cast<uint32_t>(chunk_rows),
+        static_cast<uint32_t>(chunks)};
     const auto bindings = {in(x),           in(weight),    in(d_out),   inout(d_x),
                            inout(d_weight), inout(d_bias), inout(stats)};
     auto [rx, ry] = grid(static_cast<uint64_t>(N), 1);
     run("norm_backward", {tuning_.row_wg, 0}, bindings, p, rx, ry);
-    auto [cx, cy] = grid(static_cast<uint64_t>(d), tuning_.column_wg);
-    run("norm_backward", {tuning_.column_wg, 1}, bindings, p, cx, cy);
+    const auto column_blocks =
+        static_cast<uint32_t>((d + tuning_.column_wg - 1) / tuning_.column_wg);
+    run("norm_backward", {tuning_.column_wg, 1}, bindings, p, column_blocks,
+        static_cast<uint32_t>(chunks));
+    if (chunks == 1) return;
+    auto [fx, fy] = grid(static_cast<uint64_t>(d), tuning_.column_wg);
+    run("norm_backward", {tuning_.column_wg, 2}, bindings, p, fx, fy);
 }
 
 }  // namespace tmx
