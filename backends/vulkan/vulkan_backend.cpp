@@ -269,17 +269,23 @@ void VulkanBackend::gather_rows_impl(const Tensor& x, const Tensor& rows, const 
         {x_read.binding, in(rows), out(out_t), stream_->status_binding()}, push, gx, gy);
 }
 
-// gather_rows_backward.comp: one invocation per column, walking the rows in order.
+// gather_rows_backward.comp: one invocation per (column, range of d_x's rows), each walking the
+// slots in order. About 256 slots a range on average (a range's invocations walk every slot
+// but add only their own rows'), at most 65,535 ranges (a dispatch's y) and never more than
+// rows.
 void VulkanBackend::gather_rows_backward_impl(const Tensor& rows, const Tensor& d_out,
                                               const Tensor& d_x) {
     const uint32_t S = static_cast<uint32_t>(rows.dim(0)), d = static_cast<uint32_t>(d_x.dim(1));
+    const auto n_rows = static_cast<uint32_t>(d_x.dim(0));
     if (S == 0 || d == 0) return;
+    const uint32_t max_ranges = std::max(1u, std::min(n_rows, 65535u));
+    const uint32_t ranges = std::clamp((S + 255) / 256, 1u, max_ranges);
     struct {
-        uint32_t S, d, n_rows;
-    } push{S, d, static_cast<uint32_t>(d_x.dim(0))};
-    auto [gx, gy] = grid(d, tuning_.column_wg);
+        uint32_t S, d, n_rows, range_rows;
+    } push{S, d, n_rows, std::max(1u, (n_rows + ranges - 1) / ranges)};
     run("gather_rows_backward", {tuning_.column_wg},
-        {in(rows), in(d_out), inout(d_x), stream_->status_binding()}, push, gx, gy);
+        {in(rows), in(d_out), inout(d_x), stream_->status_binding()}, push,
+        (d + tuning_.column_wg - 1) / tuning_.column_wg, ranges);
 }
 
 void VulkanBackend::run_elementwise(const std::string& shader, uint32_t op, uint64_t n,

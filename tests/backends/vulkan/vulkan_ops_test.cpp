@@ -5,6 +5,7 @@
 #ifdef TMX_HAS_VULKAN
 
 #include "backends/registry.h"
+#include "tests/backends/backend_pair_fixture.h"  // BitwiseEqual
 #include "tests/backends/vulkan/vulkan_fixture.h"
 
 namespace tmx::test {
@@ -293,6 +294,32 @@ TEST_F(VulkanOps, BadIdsThrowAtTheSyncPointAndTheBackendStaysUsable) {
     Tensor logits = up(vk(), normal(2 * 4), {2, 4}), losses = vk().alloc({2});
     vk().cross_entropy(logits, up_ids(vk(), std::vector<int32_t>{0, 4}, {2}), losses);
     EXPECT_THROW(down(vk(), losses), Error);
+}
+
+// gather_rows_backward with rows past the table (and negative) among 600 slots (several row
+// ranges, gather_rows_backward.comp): the first bad row is reported at the sync point, once,
+// and every good slot is still added, in slot order.
+TEST_F(VulkanOps, BadRowsInGatherBackwardThrowAndTheGoodOnesAreAdded) {
+    SCOPED_TRACE(trace());
+    const int64_t N = 5, d = 3, S = 600;
+    std::vector<int32_t> rows = ints(S, 0, static_cast<int32_t>(N));
+    rows[1] = 5;
+    rows[300] = -1;
+    const std::vector<float> d_out = normal(S * d), init = normal(N * d);
+    Tensor d_x = up(vk(), init, {N, d});
+    vk().gather_rows_backward(up_ids(vk(), rows, {S}), up(vk(), d_out, {S, d}), d_x);
+    try {
+        vk().synchronize();
+        ADD_FAILURE() << "a row past the table did not throw";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("row 5 outside [0, 5)"), std::string::npos)
+            << e.what();
+    }
+    std::vector<float> want = init;
+    for (int64_t s = 0; s < S; ++s)
+        if (rows[s] >= 0 && rows[s] < N)
+            for (int64_t c = 0; c < d; ++c) want[rows[s] * d + c] += d_out[s * d + c];
+    EXPECT_TRUE(BitwiseEqual(down(vk(), d_x), want));
 }
 
 TEST_F(VulkanOps, CopyAndFillIncludingOverlappingViews) {
