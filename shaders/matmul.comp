@@ -1,6 +1,11 @@
 // out[M, N] (+)= op(a) . op(b) (+ bias), tiled (matmul_tile.glsl). Transposes are strides:
 // op(a)(m, k) = a[m * a_sm + k * a_sk], op(b)(k, n) = b[k * b_sk + n * b_sn]. Also built
 // reading b in 16- and 8-bit formats (weights.glsl).
+//
+// Split along k (pc.k_split > 0; the host's choice for few tiles and a long k, such as a weight's
+// gradient over a training step's tokens): workgroup z multiplies k in [z k_split, (z + 1)
+// k_split) and writes its tile, without bias, to partial z of `o` (z M N onwards);
+// matmul_split_sum.comp then adds the partials in z order.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #define WEIGHT_BINDING 1
@@ -25,14 +30,18 @@ layout(push_constant) uniform Push {
     uint a_sm, a_sk, b_sk, b_sn;
     uint has_bias, accumulate;
     uint b_adjust;  // weights.glsl
+    uint k_split;   // 0: the whole of k
 } pc;
 
 #include "matmul_tile.glsl"
 
 void main() {
     const uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
-    tile_gemm(row0, min(BM, pc.M - row0), col0, min(BN, pc.N - col0), pc.K, pc.off_a, pc.a_sm,
-              pc.a_sk, weight_origin(pc.off_b, pc.b_adjust), 0, pc.b_sk, pc.b_sn);
+    const uint k0 = gl_WorkGroupID.z * pc.k_split;
+    const uint depth = pc.k_split == 0 ? pc.K : min(pc.k_split, pc.K - k0);
+    tile_gemm(row0, min(BM, pc.M - row0), col0, min(BN, pc.N - col0), depth,
+              pc.off_a + k0 * pc.a_sk, pc.a_sm, pc.a_sk, weight_origin(pc.off_b, pc.b_adjust),
+              k0 * pc.b_sk, pc.b_sk, pc.b_sn);
     for (uint i = 0; i < TM; ++i) {
         const uint m = row0 + tile_row(i);
         if (m >= pc.M) break;
@@ -40,6 +49,10 @@ void main() {
             const uint n = col0 + tile_col(j);
             if (n >= pc.N) break;
             float r = acc[i * TN + j];
+            if (pc.k_split != 0) {
+                o[pc.off_o + gl_WorkGroupID.z * pc.M * pc.N + m * pc.N + n] = r;
+                continue;
+            }
             if (pc.has_bias != 0) r += bias[pc.off_bias + n];
             const uint at = pc.off_o + m * pc.N + n;
             o[at] = pc.accumulate != 0 ? o[at] + r : r;

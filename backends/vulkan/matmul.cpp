@@ -28,6 +28,21 @@ uint32_t ceil_div(int64_t a, int64_t b) {
     return static_cast<uint32_t>((a + b - 1) / b);
 }
 
+// A tiled product of few tiles and a long k (a weight's gradient over a training step's tokens:
+// 512 x 512 from 16,384 rows is 64 tiles of 64 x 64, each walking all 16,384) is split along k
+// into up to kMaxSplits parts of at least kMinSplitDepth each, so that about kSplitTargetTiles
+// workgroups run, then summed in split order (matmul_split_sum.comp). Returns k per split, a
+// multiple of the tile's depth bk, or 0 for no split.
+constexpr int64_t kSplitTargetTiles = 256, kMinSplitDepth = 512, kMaxSplits = 64;
+int64_t split_depth(int64_t tiles, int64_t K, int64_t bk) {
+    if (tiles * 2 > kSplitTargetTiles || K < 2 * kMinSplitDepth) return 0;
+    const int64_t splits =
+        std::min({int64_t{ceil_div(kSplitTargetTiles, tiles)}, K / kMinSplitDepth, kMaxSplits});
+    if (splits < 2) return 0;
+    const int64_t depth = (ceil_div(K, splits) + bk - 1) / bk * bk;
+    return depth < K ? depth : 0;
+}
+
 // A matrix-vector variant {WG, NR, SG} (vk::Variant) as run: SG 1 picks the module that sums
 // through subgroups, "<family>_sg" before the weight format's suffix; WG and NR are its
 // specialization constants.
@@ -149,8 +164,26 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         return;
     }
     const vk::Variant t = choose(vk::Kernel::Matmul, call);
-    run(shader, t.spec, {in(a), b_read.binding, in(bias), o}, p, ceil_div(N, t.spec[2]),
-        ceil_div(M, t.spec[1]));
+    const uint32_t gx = ceil_div(N, t.spec[2]), gy = ceil_div(M, t.spec[1]);
+    const int64_t depth = split_depth(int64_t{gx} * gy, K, t.spec[3]);
+    struct {
+        decltype(p) base;
+        uint32_t k_split;
+    } pt{p, static_cast<uint32_t>(depth)};
+    if (depth == 0) {
+        run(shader, t.spec, {in(a), b_read.binding, in(bias), o}, pt, gx, gy);
+        return;
+    }
+    const int64_t splits = (K + depth - 1) / depth;
+    const Tensor partials = alloc({splits * M * N});
+    pt.base.has_bias = pt.base.accumulate = 0;
+    run(shader, t.spec, {in(a), b_read.binding, in(bias), out(partials)}, pt, gx, gy,
+        static_cast<uint32_t>(splits));
+    struct {
+        uint32_t M, N, splits, has_bias, accumulate;
+    } ps{p.M, p.N, static_cast<uint32_t>(splits), p.has_bias, p.accumulate};
+    auto [sx, sy] = grid(static_cast<uint64_t>(M * N), tuning_.elementwise_wg);
+    run("matmul_split_sum", {tuning_.elementwise_wg}, {in(partials), in(bias), o}, ps, sx, sy);
 }
 
 void VulkanBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {

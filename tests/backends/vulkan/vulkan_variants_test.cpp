@@ -309,7 +309,32 @@ TEST_F(VulkanVariants, Matmul) {
         check_matmul(37, 70, 7, false, true, false);
         check_matmul(64, 64, 64, true, false, false);
         check_linear(33, 70, 45);
+        // Few tiles and a long k: split along k (a weight gradient's shape, accumulated).
+        check_matmul(40, 70, 2100, true, false, true);
+        check_matmul(37, 33, 1500, false, true, false);
     });
+}
+
+// A product of few tiles and a long k runs as partial products split along k and their sum (two
+// dispatches), the same bits every run; one with many tiles or a short k as one dispatch.
+TEST_F(VulkanVariants, FewTilesOfALongDepthSplitAlongK) {
+    SCOPED_TRACE(trace());
+    const auto dispatches = [&](int64_t M, int64_t N, int64_t K) {
+        const auto a = normal(K * M), b = normal(K * N);
+        Tensor ta = up(vk(), a, {K, M}), tb = up(vk(), b, {K, N});
+        std::array<std::vector<float>, 2> runs;
+        const uint64_t before = vk().counters().dispatches;
+        for (auto& r : runs) {
+            Tensor out = output(vk(), {M, N});
+            vk().matmul(ta, tb, out, {.trans_a = true});
+            r = down(vk(), out);
+        }
+        EXPECT_TRUE(BitwiseEqual(runs[0], runs[1])) << "M,N,K " << dims({M, N, K});
+        return (vk().counters().dispatches - before) / 2;
+    };
+    EXPECT_EQ(dispatches(64, 64, 4096), 2u);
+    EXPECT_EQ(dispatches(64, 64, 512), 1u);
+    EXPECT_EQ(dispatches(32, 4608, 1024), 1u);  // 144 of the default's 16 x 64 tiles
 }
 
 // The tiled dense matmul reading each weight format, at a word's start and half-way into one,
