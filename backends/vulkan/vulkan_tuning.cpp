@@ -319,7 +319,7 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
 
 uint32_t blocked_attention_head_dim(const Variant& v, int64_t hd) {
     uint32_t sized = std::max<uint32_t>(32, v.spec[2]);
-    while (sized < hd) sized *= 2;
+    while (sized < hd && sized < kAttentionTiledMaxHeadDim) sized *= 2;
     return sized;
 }
 
