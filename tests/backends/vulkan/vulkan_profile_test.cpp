@@ -29,11 +29,12 @@ class VulkanProfile : public VulkanTest {
 
 TEST_F(VulkanProfile, CountsEveryCommandUnderItsShaderAndTimesWithinTheWallTime) {
     SCOPED_TRACE(trace());
-    // A matmul of 2 * 200 * 3000 * 250 = 300 MFLOP, then additions of 50,000 numbers: the
+    // A matmul of 2 * 200 * 1000 * 250 = 100 MFLOP, then additions of 50,000 numbers: the
     // matmul takes far longer on any device (on a large GPU, its few 64x64 output tiles each
-    // run 3000 steps, while an addition costs about a dispatch's latency), which shows each
-    // time is charged to its command.
-    const int64_t M = 200, K = 3000, N = 250;
+    // run 1000 steps, while an addition costs about a dispatch's latency), which shows each
+    // time is charged to its command. (A depth of 1,024 or more would split it along k into
+    // two commands, matmul.cpp.)
+    const int64_t M = 200, K = 1000, N = 250;
     Tensor a = up(vk(), normal(M * K), {M, K}), b = up(vk(), normal(K * N), {K, N});
     Tensor c = vk().alloc({M, N}), d = vk().alloc({M, N});
     vk().synchronize();
