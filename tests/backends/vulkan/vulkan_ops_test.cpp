@@ -271,18 +271,22 @@ TEST_F(VulkanOps, DependentOpsInOneSubmitAreOrderedWithBarriersOnlyWhereNeeded) 
     EXPECT_EQ(vk().counters().submits, before.submits + 1);
 }
 
+// The next sync point throws the error a shader reported, naming `what`.
+void expect_bad_row_at_sync(VulkanBackend& vk, const std::string& what) {
+    try {
+        vk.synchronize();
+        ADD_FAILURE() << "a row past the table did not throw";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+}
+
 TEST_F(VulkanOps, BadIdsThrowAtTheSyncPointAndTheBackendStaysUsable) {
     SCOPED_TRACE(trace());
     Tensor table = up(vk(), normal(5 * 3), {5, 3});
     Tensor out = vk().alloc({2, 3});
     vk().gather_rows(table, up_ids(vk(), std::vector<int32_t>{1, 5}, {2}), out);
-    try {
-        vk().synchronize();
-        ADD_FAILURE() << "a row past the table did not throw";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("row 5 outside [0, 5)"), std::string::npos)
-            << e.what();
-    }
+    expect_bad_row_at_sync(vk(), "row 5 outside [0, 5)");
     // The error is reported once; later work runs normally.
     auto x = normal(7);
     Tensor y = vk().alloc({7});
@@ -308,13 +312,7 @@ TEST_F(VulkanOps, BadRowsInGatherBackwardThrowAndTheGoodOnesAreAdded) {
     const std::vector<float> d_out = normal(S * d), init = normal(N * d);
     Tensor d_x = up(vk(), init, {N, d});
     vk().gather_rows_backward(up_ids(vk(), rows, {S}), up(vk(), d_out, {S, d}), d_x);
-    try {
-        vk().synchronize();
-        ADD_FAILURE() << "a row past the table did not throw";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("row 5 outside [0, 5)"), std::string::npos)
-            << e.what();
-    }
+    expect_bad_row_at_sync(vk(), "row 5 outside [0, 5)");
     std::vector<float> want = init;
     for (int64_t s = 0; s < S; ++s)
         if (rows[s] >= 0 && rows[s] < N)
