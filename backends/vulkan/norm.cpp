@@ -36,13 +36,15 @@ void VulkanBackend::norm_linear_impl(NormType type, const Tensor& x, const Tenso
                                      const Tensor& w, const Tensor& b, const Tensor& y) {
     // A decode step is bound by its number of commands: where the linear is a matrix-vector
     // product, each of its workgroups normalizes the few rows it reads (the statistics cost a
-    // pass over them), which saves the norm's dispatch and the barrier after it. Many rows (the
-    // tiled product), an empty operand, or so many output columns that the workgroups'
-    // repeated statistics may cost more than that dispatch (the classifier's 32,000 columns
-    // are 8,000 workgroups each computing them; unmeasured on a GPU): the sequence.
+    // pass over them), which saves the norm's dispatch and the barrier after it. More rows than
+    // Tuning::norm_prologue_max_rows (the repeated statistics cost more than the dispatch), an
+    // empty operand, or so many output columns that the workgroups' repeated statistics may
+    // cost more than that dispatch (the classifier's 32,000 columns are 8,000 workgroups each
+    // computing them; unmeasured on a GPU): the sequence.
     constexpr int64_t kPrologueMaxColumns = 4096;
     const int64_t N = x.dim(0), d = x.dim(1);
-    if (N == 0 || d == 0 || y.dim(1) == 0 || y.dim(1) > kPrologueMaxColumns || !dense_gemv(N)) {
+    if (N == 0 || d == 0 || y.dim(1) == 0 || y.dim(1) > kPrologueMaxColumns ||
+        N > tuning_.norm_prologue_max_rows || !dense_gemv(N)) {
         Backend::norm_linear_impl(type, x, norm_weight, norm_bias, eps, normed, w, b, y);
         return;
     }

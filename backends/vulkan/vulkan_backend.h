@@ -88,6 +88,13 @@ class VulkanBackend final : public Backend, public KernelTuning {
         // tiles (attention_tiled.comp), shaped by the tuning table (vulkan_tuning.h).
         uint32_t attention_tile_min_t = 16;
         uint32_t group_wg = 256;  // moe_group, router_aux_loss: one workgroup in all
+        // norm_linear with the norm in the matrix-vector product's dispatch (its prologue) up to
+        // this many rows, above it the norm's own dispatch: every workgroup of the product
+        // computes its rows' statistics, a cost that grows with the rows. On an H200
+        // (docs/gpu-results.md, 2026-11-28) the prologue saved 50 us a batch-1 decode step and
+        // cost 28 us more than the norms at batch 8 (about 54 us + 11 us a row against 103 us
+        // for the step's 16 norm dispatches: even near 5 rows).
+        uint32_t norm_prologue_max_rows = 4;
     };
     const Tuning& tuning() const { return tuning_; }
 
