@@ -116,6 +116,8 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // weights are on).
     void linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                      bool accumulate) override;
+    // On the device (shaders/argmax_rows.comp, sampling.cpp).
+    void argmax_rows_impl(const Tensor& logits, int32_t* tokens) override;
     // Fused forward ops, fewer dispatches at decoding's few rows (else Backend's sequence):
     // moe_route as one workgroup (moe_route.comp, moe.cpp); rope_attention_cached_store with
     // q and k rotated as the split path reads them and the cache write inside its merge

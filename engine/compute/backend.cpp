@@ -2,7 +2,9 @@
 #include "engine/compute/backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "engine/core/checked_math.h"
 #include "engine/core/errors.h"
@@ -425,6 +427,33 @@ void Backend::router_aux_loss(const Tensor& logits, const Tensor& indices, const
     if (indices.dim(0) != logits.dim(0)) c.fail("indices and logits have different row counts");
     c.shape(out, "out", {1});
     router_aux_loss_impl(logits, indices, out);
+}
+
+std::vector<int32_t> Backend::argmax_rows(const Tensor& logits) {
+    OpCheck c{"argmax_rows"};
+    c.rank(logits, "logits", 2);
+    if (logits.dim(1) == 0) c.fail("logits has no columns");
+    std::vector<int32_t> tokens(static_cast<size_t>(logits.dim(0)));
+    if (!tokens.empty()) argmax_rows_impl(logits, tokens.data());
+    return tokens;
+}
+
+void Backend::argmax_rows_impl(const Tensor& logits, int32_t* tokens) {
+    const int64_t N = logits.dim(0), V = logits.dim(1);
+    std::vector<float> host(static_cast<size_t>(logits.numel()));
+    download_impl(logits, host.data());
+    for (int64_t n = 0; n < N; ++n) {
+        const float* row = host.data() + n * V;
+        // Every value checked, so the loop has no early exit and vectorises.
+        bool finite = true;
+        float best = row[0];
+#pragma omp simd reduction(&& : finite) reduction(max : best)
+        for (int64_t v = 0; v < V; ++v) {
+            finite = finite && std::isfinite(row[v]);
+            best = row[v] > best ? row[v] : best;
+        }
+        tokens[n] = finite ? static_cast<int32_t>(std::find(row, row + V, best) - row) : -1;
+    }
 }
 
 // ---- fused forward ops

@@ -283,6 +283,13 @@ class Backend {
     // logits [N, E], indices [N, k] (I32).
     void router_aux_loss(const Tensor& logits, const Tensor& indices, const Tensor& out);
 
+    // Greedy decoding's token per row, on the host: element n is the first index of the
+    // largest value of logits[n, :], or -1 where the row holds a NaN or an infinity (which no
+    // draw may pass over silently). logits [N, V] F32, V >= 1. A backend may take the argmax
+    // on its device and download N tokens rather than N rows of logits (Vulkan); by default
+    // the host downloads the logits.
+    std::vector<int32_t> argmax_rows(const Tensor& logits);
+
     // ---- fused forward ops
     // Each is the sequence of forward ops its comment names, on the same tensors, and equals
     // it within those ops' tolerances: one op so that a backend may run it as fewer commands
@@ -420,6 +427,9 @@ class Backend {
                                       const Tensor& d_x, const Tensor& d_w, const Tensor& d_b);
     // The fused forward ops: by default each runs its sequence's *_impl functions.
     TMX_BACKEND_FUSED_OPS(TMX_BACKEND_DECLARE_DEFAULT_IMPL)
+    // Writes logits.dim(0) tokens to `tokens` (host memory); by default from the downloaded
+    // logits.
+    virtual void argmax_rows_impl(const Tensor& logits, int32_t* tokens);
     // The backward and optimizer ops. A backend that does not train leaves them alone: each
     // throws tmx::Error ("<op> is not available on the <name> backend ...").
     TMX_BACKEND_TRAINING_OPS(TMX_BACKEND_DECLARE_DEFAULT_IMPL)

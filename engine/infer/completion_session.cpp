@@ -300,6 +300,7 @@ std::shared_ptr<Completion> CompletionSession::start(const CompletionParams& par
             q.on_token = [completion, i](int32_t token, std::span<const float> logits) {
                 return completion->token_drawn(i, token, logits);
             };
+            q.on_token_reads_logits = params.logprobs >= 0;  // token_drawn's only use of them
             if (score_prompt && scored_from < ids.size())
                 q.on_prompt_logits = [completion, i, scored_from, ids](
                                          int64_t position, std::span<const float> logits) {

@@ -23,12 +23,14 @@ uint64_t generation_stream_seed(uint64_t seed, const std::vector<int32_t>& promp
 
 namespace {
 
-// generate_tokens, each sequence drawing under `constraint` where one is given.
+// generate_tokens, each sequence drawing under `constraint` where one is given; with
+// on_token_reads_logits false, on_token may be given no logits (SequenceRequest's field).
 std::vector<TokenGeneration> run_batch(Model& model,
                                        const std::vector<std::vector<int32_t>>& prompts,
                                        const GenerationOptions& options,
                                        const TokenCallback& on_token,
-                                       const std::shared_ptr<TokenConstraint>& constraint) {
+                                       const std::shared_ptr<TokenConstraint>& constraint,
+                                       bool on_token_reads_logits) {
     validate(options.sampling);
     if (options.max_new_tokens < 0) throw UsageError(opt("max_new_tokens") + " must be >= 0");
     std::vector<TokenGeneration> results(prompts.size());
@@ -54,6 +56,7 @@ std::vector<TokenGeneration> run_batch(Model& model,
             r.on_token = [&on_token, b](int32_t token, std::span<const float> logits) {
                 return on_token(b, token, logits);
             };
+        r.on_token_reads_logits = on_token_reads_logits;
         r.on_done = [&results, b](TokenGeneration&& g) { results[b] = std::move(g); };
         try {
             scheduler.submit(std::move(r));
@@ -76,7 +79,7 @@ std::vector<TokenGeneration> generate_tokens(Model& model,
                                              const TokenCallback& on_token) {
     if (options.json_grammar)
         throw std::logic_error("generate_tokens: structured output needs generate_text");
-    return run_batch(model, prompts, options, on_token, nullptr);
+    return run_batch(model, prompts, options, on_token, nullptr, /*on_token_reads_logits=*/true);
 }
 
 namespace {
@@ -146,7 +149,8 @@ std::vector<TextGeneration> generate_text(Model& model, const Tokenizer& tokeniz
                                                        std::make_shared<TokenVocabulary>(tokenizer),
                                                        token_options.end_ids);
     std::vector<TokenGeneration> tokens =
-        run_batch(model, prompt_ids, token_options, on_token, constraint);
+        run_batch(model, prompt_ids, token_options, on_token, constraint,
+                  /*on_token_reads_logits=*/false);
 
     std::vector<TextGeneration> results;
     for (size_t b = 0; b < prompts.size(); ++b) {

@@ -125,6 +125,14 @@ bool adjusts_logits(const SamplingOptions& o) {
            !o.logit_bias.empty();
 }
 
+}  // namespace
+
+bool draws_argmax(const SamplingOptions& options) {
+    return options.temperature == 0.0 && !adjusts_logits(options);
+}
+
+namespace {
+
 const Truncation& truncate(const float* logits, int64_t vocab, const SamplingOptions& o,
                            const std::vector<int32_t>& history, size_t drawn,
                            const TokenMask* allowed) {
@@ -293,8 +301,7 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
                      const TokenMask* allowed) {
     const double u = rng.uniform();
     // Greedy on the logits as they are: the first largest, with no copy of the row.
-    if (options.temperature == 0.0 && !adjusts_logits(options) && !allowed)
-        return static_cast<int32_t>(first_max(logits, vocab));
+    if (draws_argmax(options) && !allowed) return static_cast<int32_t>(first_max(logits, vocab));
     const Truncation& t = truncate(logits, vocab, options, history, drawn, allowed);
     if (t.kept.size() == 1) return t.kept[0];
     // Inverse CDF over the kept tokens in id order (any fixed order samples the same

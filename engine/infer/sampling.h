@@ -60,6 +60,11 @@ std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
                                           const std::vector<int32_t>& history, size_t drawn,
                                           const TokenMask* allowed = nullptr);
 
+// Whether sample_token() draws the first largest logit whatever the history: temperature 0 and
+// nothing that changes the logits (penalties, bias). Such a draw (without a mask) is the argmax
+// of the logits, which a backend may take on its device (Backend::argmax_rows).
+bool draws_argmax(const SamplingOptions& options);
+
 // Draws the next token. Takes exactly one number from `rng` whatever the options, so a
 // sequence's random stream advances the same way under every setting.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,

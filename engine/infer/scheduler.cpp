@@ -137,6 +137,8 @@ int32_t Scheduler::pick(size_t slot, const float* logits) {
                         allowed);
 }
 
+// logits: the row the token was drawn from, or null where the backend took the argmax on the
+// device (never for a token < 0: a non-finite row's logits are downloaded to be named).
 void Scheduler::accept(size_t slot, const float* logits, int32_t token) {
     Sequence& s = *slots_[slot];
     const int64_t vocab = model_.config().vocab_size;
@@ -152,18 +154,23 @@ void Scheduler::accept(size_t slot, const float* logits, int32_t token) {
         const int64_t v =
             std::find_if(logits, logits + vocab, [](float x) { return !std::isfinite(x); }) -
             logits;
+        // The device's argmax saw a value the download no longer holds (a device fault): the
+        // row is named without it.
+        const std::string which =
+            v < vocab ? " (token " + std::to_string(v) + ": " + std::to_string(logits[v]) + ")"
+                      : "";
         finish(slot, StopReason::Failed,
                "the model's logits at position " + std::to_string(s.next_position - 1) +
-                   " are not finite (token " + std::to_string(v) + ": " +
-                   std::to_string(logits[v]) + ")");
+                   " are not finite" + which);
         return;
     }
     s.history.push_back(token);
     s.result.ids.push_back(token);
     bool stop = false;
     if (s.request.on_token)
-        stop =
-            s.request.on_token(token, std::span<const float>(logits, static_cast<size_t>(vocab)));
+        stop = s.request.on_token(
+            token, logits ? std::span<const float>(logits, static_cast<size_t>(vocab))
+                          : std::span<const float>());
     const auto& ends = s.request.end_ids;
     const bool end = std::find(ends.begin(), ends.end(), token) != ends.end();
     if (s.request.constraint && !end) {
@@ -245,23 +252,47 @@ void Scheduler::decode() {
             s->decode_start = now;
         }
     Tensor out = model_.forward_cached(tokens, B, 1, start, cache_);
-    model_.backend().download(out, logits_.data());
-    // Every slot's token at once (each draw reads only its own sequence; a vocabulary's row
-    // takes tens of microseconds, a batch of them as long as a GPU's decode step), then the
-    // callbacks one slot after another, in slot order.
     std::vector<int32_t> drawn(static_cast<size_t>(B), -1);
     int decoding = 0;
-    for (int64_t b = 0; b < B; ++b) decoding += slots_[b] && slots_[b]->decoding;
+    bool argmax_only = true;
+    for (int64_t b = 0; b < B; ++b) {
+        const Sequence* s = slots_[b].get();
+        if (!s || !s->decoding) continue;
+        ++decoding;
+        argmax_only = argmax_only && draws_argmax(s->request.sampling) && !s->request.constraint &&
+                      !(s->request.on_token && s->request.on_token_reads_logits);
+    }
+    // Greedy draws that nobody reads the logits of: the backend's argmax, a token a row (rows
+    // whose sequence is not decoding are ignored). A non-finite row (-1) fails its sequence,
+    // which names the value: then the logits come down after all.
+    bool have_logits = false;
+    if (argmax_only) {
+        drawn = model_.backend().argmax_rows(out);
+        for (int64_t b = 0; b < B; ++b)
+            if (slots_[b] && slots_[b]->decoding) {
+                slots_[b]->rng.uniform();  // as sample_token would: one number a draw
+                if (drawn[b] < 0 && !have_logits) {
+                    model_.backend().download(out, logits_.data());
+                    have_logits = true;
+                }
+            }
+    } else {
+        model_.backend().download(out, logits_.data());
+        have_logits = true;
+        // Every slot's token at once (each draw reads only its own sequence; a vocabulary's
+        // row takes tens of microseconds, a batch of them as long as a GPU's decode step), then
+        // the callbacks one slot after another, in slot order.
 #pragma omp parallel for schedule(dynamic) if (decoding > 1)
-    for (int64_t b = 0; b < B; ++b)
-        if (slots_[b] && slots_[b]->decoding)
-            drawn[b] = pick(static_cast<size_t>(b), logits_.data() + b * V);
+        for (int64_t b = 0; b < B; ++b)
+            if (slots_[b] && slots_[b]->decoding)
+                drawn[b] = pick(static_cast<size_t>(b), logits_.data() + b * V);
+    }
     for (int64_t b = 0; b < B; ++b) {
         Sequence* s = slots_[b].get();
         if (!s || !s->decoding) continue;
         ++s->next_position;
         ++s->result.decode_steps;
-        accept(static_cast<size_t>(b), logits_.data() + b * V, drawn[b]);
+        accept(static_cast<size_t>(b), have_logits ? logits_.data() + b * V : nullptr, drawn[b]);
     }
 }
 

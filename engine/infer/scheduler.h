@@ -58,6 +58,10 @@ struct SequenceRequest {
     // Each drawn token with the logits it was drawn from; returning true ends the sequence
     // (StopReason::Stop), e.g. when a stop string completed.
     std::function<bool(int32_t token, std::span<const float> logits)> on_token;
+    // false: on_token does not read its logits, and may be given none (an empty span): a
+    // decode step whose every sequence draws greedily (draws_argmax, no constraint) and reads
+    // no logits takes the tokens on the device (Backend::argmax_rows) and downloads only them.
+    bool on_token_reads_logits = true;
     // Where set, the logits at every prompt position as the prefill computes them, in order:
     // position p's logits predict prompt[p + 1] (the last position's, the first drawn token).
     // For scoring text (the server's echo with logprobs); costs a LM head over every position.

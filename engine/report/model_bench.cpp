@@ -5,6 +5,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "engine/core/errors.h"
 #include "engine/core/rng.h"
 #include "engine/model/adamw.h"
 #include "engine/model/kv_cache.h"
@@ -62,21 +63,28 @@ class ModelRunner {
     }
 
     // Greedy decode of `steps` tokens for every sequence of `cache` after prompts of the given
-    // lengths, starting from `first` tokens; records batch-1 logits into `run` when given.
+    // lengths, starting from `first` tokens. Without `run`, as greedy generation takes its
+    // tokens (Backend::argmax_rows: on the device where the backend can); with it, from the
+    // downloaded logits, recording the batch-1 logits and tokens into `run`.
     void decode(const KvCache& cache, std::vector<int32_t> tokens, std::vector<int32_t> start,
                 int64_t steps, ModelRun* run) {
         const int64_t B = cache.batch(), V = c_.vocab_size;
         for (int64_t s = 0; s < steps; ++s) {
-            const std::vector<float> logits =
-                download(be_, m_.forward_cached(tokens, B, 1, start, cache));
-            for (int64_t b = 0; b < B; ++b) {
-                tokens[b] = argmax(logits.data() + b * V, V);
-                ++start[b];
-            }
+            const Tensor out = m_.forward_cached(tokens, B, 1, start, cache);
             if (run) {
+                const std::vector<float> logits = download(be_, out);
+                for (int64_t b = 0; b < B; ++b) tokens[b] = argmax(logits.data() + b * V, V);
                 run->step_logits.push_back(logits);
                 run->greedy.push_back(tokens[0]);
+            } else {
+                tokens = be_.argmax_rows(out);
+                for (int64_t b = 0; b < B; ++b)
+                    if (tokens[b] < 0)
+                        throw Error(be_.name() + ": the logits of decode step " +
+                                    std::to_string(s + 1) + " are not finite (sequence " +
+                                    std::to_string(b + 1) + ")");
             }
+            for (int64_t b = 0; b < B; ++b) ++start[b];
         }
     }
 
@@ -104,14 +112,14 @@ class ModelRunner {
         const int32_t first = argmax(run.prefill_logits.data(), c_.vocab_size);
         auto reset = [&] { prefill(cache, prompt_); };
         const double t_decode = median_seconds(
-            be_,
-            [&] {
-                run.step_logits.clear();
-                run.greedy.clear();
-                decode(cache, {first}, {static_cast<int32_t>(P_)}, D, &run);
-            },
-            o_.warmup, o_.repeats, reset);
+            be_, [&] { decode(cache, {first}, {static_cast<int32_t>(P_)}, D, nullptr); }, o_.warmup,
+            o_.repeats, reset);
         r.decode_tokens_per_s = static_cast<double>(D) / t_decode;
+        // The logits the comparison with the CPU reads, untimed.
+        reset();
+        run.step_logits.clear();
+        run.greedy.clear();
+        decode(cache, {first}, {static_cast<int32_t>(P_)}, D, &run);
 
         if (o_.progress)
             o_.progress(be_.name() + ": batch-" + std::to_string(o_.batch) + " decode");

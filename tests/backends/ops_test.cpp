@@ -885,6 +885,50 @@ TEST_P(OpTest, CrossEntropyWithLargeLogits) {
     EXPECT_EQ(got[4], 0.0f);
 }
 
+// ---------------------------------------------------------------- argmax_rows (greedy tokens)
+
+// The first largest value's index per row, or -1 for a row holding a NaN or an infinity:
+// random rows of several lengths (one value, fewer than a workgroup, several workgroups' worth,
+// a vocabulary) with ties placed ahead of and behind each other, a row all equal, the largest
+// value first or last, and each non-finite value alone among finite ones.
+TEST_P(OpTest, ArgmaxRows) {
+    SCOPED_TRACE(trace());
+    const float inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t V : {1, 7, 300, 32000}) {
+        SCOPED_TRACE("V " + std::to_string(V));
+        const int64_t N = 9;
+        std::vector<float> logits = normal(static_cast<size_t>(N * V), 3.0);
+        auto row = [&](int64_t n) { return logits.begin() + n * V; };
+        const auto at = [&] {
+            return std::min<int64_t>(V - 1, static_cast<int64_t>(rng_.uniform() * V));
+        };
+        // Row 1: its largest value twice, at a random place and later; row 2: all equal.
+        const float top = *std::max_element(row(1), row(2)) + 1.0f;
+        const int64_t first = at(), second = std::min(V - 1, first + 1 + (V - first) / 2);
+        *(row(1) + second) = top;
+        *(row(1) + first) = top;
+        std::fill(row(2), row(3), -0.5f);
+        // Rows 3 and 4: the largest value first, last.
+        *row(3) = *std::max_element(row(3), row(4)) + 1.0f;
+        *(row(5) - 1) = *std::max_element(row(4), row(5)) + 1.0f;
+        // Rows 5 to 7: a NaN, +inf, -inf at a random place; row 8 stays random.
+        *(row(5) + at()) = nan;
+        *(row(6) + at()) = inf;
+        *(row(7) + at()) = -inf;
+        Ids want(static_cast<size_t>(N));
+        for (int64_t n = 0; n < N; ++n) {
+            const bool finite =
+                std::all_of(row(n), row(n + 1), [](float x) { return std::isfinite(x); });
+            want[static_cast<size_t>(n)] =
+                finite ? static_cast<int32_t>(std::max_element(row(n), row(n + 1)) - row(n)) : -1;
+        }
+        EXPECT_EQ(want[1], static_cast<int32_t>(first));
+        EXPECT_EQ(want[2], 0);
+        EXPECT_EQ(be().argmax_rows(up(logits, {N, V})), want);
+    }
+}
+
 // ---------------------------------------------------------------- contract violations
 
 // A shape or dtype mismatch is an engine bug: the op throws std::logic_error naming itself.
@@ -908,6 +952,9 @@ TEST_P(OpTest, BadShapesThrowLogicError) {
 
     EXPECT_THROW(be().gather_rows(f({7, 5}), f({3}), f({3, 5})), std::logic_error);  // F32 rows
     EXPECT_THROW(be().gather_rows(f({7, 5}), i({3}), f({3, 4})), std::logic_error);
+    EXPECT_THROW(be().argmax_rows(f({15})), std::logic_error);
+    EXPECT_THROW(be().argmax_rows(f({3, 0})), std::logic_error);
+    EXPECT_THROW(be().argmax_rows(i({3, 5})), std::logic_error);
 
     EXPECT_THROW(be().norm(NormType::RmsNorm, f({3, 8}), f({7}), {}, 1e-5f, f({3, 8})),
                  std::logic_error);

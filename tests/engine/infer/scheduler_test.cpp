@@ -380,14 +380,25 @@ TEST(Scheduler, ThePrefillBudgetTakesTheOldestPromptsFirstAndAtLeastOneChunk) {
 
 // The CPU backend with faults on demand at the logits' download (the host's read of a step's
 // results): a NaN written into one sequence's row, or an exception as a failing device gives.
+// Counts the logits downloads the scheduler makes and its argmax_rows calls (whose host
+// default downloads the logits too, not counted).
 struct FaultyCpu : CpuBackend {
     int64_t vocab = 0;
     int64_t nan_row = -1;           // in the next logits download
     int throws = 0;                 // logits downloads left to fail
     std::atomic<bool> hold{false};  // while true, a logits download waits (a step in progress)
+    int64_t logits_downloads = 0, argmax_calls = 0;
+
   protected:
+    void argmax_rows_impl(const Tensor& logits, int32_t* tokens) override {
+        ++argmax_calls;
+        in_argmax_ = true;
+        CpuBackend::argmax_rows_impl(logits, tokens);
+        in_argmax_ = false;
+    }
     void download_impl(const Tensor& src, void* host) override {
         const bool logits = src.rank() >= 1 && src.dim(-1) == vocab;
+        logits_downloads += logits && !in_argmax_;
         while (logits && hold) std::this_thread::yield();
         if (logits && throws > 0) {
             --throws;
@@ -399,6 +410,9 @@ struct FaultyCpu : CpuBackend {
             nan_row = -1;
         }
     }
+
+  private:
+    bool in_argmax_ = false;
 };
 
 // A test-tiny-swiglu model (window 8) on a FaultyCpu.
@@ -415,16 +429,23 @@ struct FaultyModel {
     }
 };
 
-TEST(Scheduler, NonFiniteLogitsFailThatSequenceAloneAndTheOthersGoOn) {
+// Three sequences of 2, 3 and 4 prompt tokens in as many slots, on a FaultyModel.
+class FaultyScheduler : public ::testing::Test {
+  protected:
+    FaultyScheduler() {
+        for (int i = 0; i < 3; ++i) prompts.push_back(fm.prompt(rng, 2 + i));
+        so.slots = 3;
+    }
     const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
-    FaultyModel fm(seed);
+    FaultyModel fm{seed};
     FaultyCpu& be = fm.be;
-    Rng rng(seed);
+    Rng rng{seed};
     std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 3; ++i) prompts.push_back(fm.prompt(rng, 2 + i));
     SchedulerOptions so;
-    so.slots = 3;
+};
+
+TEST_F(FaultyScheduler, NonFiniteLogitsFailThatSequenceAloneAndTheOthersGoOn) {
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
     Scheduler s(*fm.model, so);
     std::vector<Recorded> r(3);
     for (int i = 0; i < 3; ++i) s.submit(request(prompts[i], 12, 10 + i, r[i]));
@@ -444,6 +465,52 @@ TEST(Scheduler, NonFiniteLogitsFailThatSequenceAloneAndTheOthersGoOn) {
         fresh.run_until_idle();
         expect_same(r[static_cast<size_t>(i)], alone);
     }
+}
+
+// Greedy sequences whose on_token reads no logits: each decode step takes their tokens from
+// the backend's argmax_rows and downloads no logits (only each prompt's last position's, for
+// the first token), on_token sees none, and the tokens are those the host draws from the
+// downloaded logits. A NaN in one row fails that sequence alone, as on the host's path.
+TEST_F(FaultyScheduler, GreedySequencesThatReadNoLogitsTakeTheBackendsArgmax) {
+    SCOPED_TRACE("TMX_TEST_SEED=" + std::to_string(seed));
+    const int64_t max_new = 10;
+    auto run = [&](bool reads_logits, int64_t nan_row) {
+        std::vector<Recorded> r(prompts.size());
+        Scheduler s(*fm.model, so);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            SequenceRequest q = request(prompts[i], max_new, 10 + i, r[i]);
+            q.sampling.temperature = 0.0;
+            q.on_token_reads_logits = reads_logits;
+            s.submit(std::move(q));
+        }
+        be.logits_downloads = be.argmax_calls = 0;
+        s.step();  // prefills, first tokens, one decode step
+        be.nan_row = nan_row;
+        s.run_until_idle();
+        return r;
+    };
+    const std::vector<Recorded> host = run(true, -1);
+    EXPECT_EQ(be.argmax_calls, 0);
+    EXPECT_EQ(be.logits_downloads, 3 + (max_new - 1));  // the prefills', every decode step's
+    const std::vector<Recorded> device = run(false, -1);
+    EXPECT_EQ(be.argmax_calls, max_new - 1);
+    EXPECT_EQ(be.logits_downloads, 3);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        SCOPED_TRACE("sequence " + std::to_string(i));
+        ASSERT_TRUE(device[i].done);
+        EXPECT_EQ(device[i].result.ids, host[i].result.ids);
+        EXPECT_EQ(device[i].result.stop_reason, host[i].result.stop_reason);
+        ASSERT_EQ(device[i].logits.size(), static_cast<size_t>(max_new));
+        EXPECT_TRUE(device[i].logits.back().empty());  // a decode step's token: no logits
+        EXPECT_EQ(host[i].logits.back().size(), static_cast<size_t>(fm.c.vocab_size));
+    }
+    // The second decode step's row of the second sequence holds a NaN.
+    const std::vector<Recorded> faulty = run(false, 1);
+    EXPECT_EQ(faulty[1].result.stop_reason, StopReason::Failed);
+    EXPECT_NE(faulty[1].result.error.find("not finite"), std::string::npos)
+        << faulty[1].result.error;
+    EXPECT_EQ(faulty[1].result.ids.size(), 2u);
+    for (size_t i : {0u, 2u}) EXPECT_EQ(faulty[i].result.ids, host[i].result.ids) << i;
 }
 
 // Requests to a ServeLoop, each recording its outcome.
