@@ -131,7 +131,13 @@ void VulkanBackend::record_attention(const Tensor& q, const Tensor& k, const Ten
                      table = rope ? rope->table : Tensor{};
         // Per (b, i, h, slice): [m, l, acc[hd]]; phase 2 reads it after phase 1 wrote it.
         Tensor partials = alloc({B * T * H * n_split * (hd + 2)});
-        run("attention_split", shape.spec,
+        // The short-chain form (vulkan_tuning.h) where its vec4 rows fit the head, with head_dim
+        // and the group's heads as constants; else the first form of the same shape.
+        const bool rows = shape.spec[2] == vk::kSplitRows && hd % 4 == 0 &&
+                          hd <= 4 * static_cast<int64_t>(shape.spec[0]);
+        std::vector<uint32_t> spec(shape.spec.begin(), shape.spec.begin() + 2);
+        if (rows) spec.insert(spec.end(), {static_cast<uint32_t>(hd), heads});
+        run(rows ? "attention_split_rows" : "attention_split", spec,
             {in(q), in(k), in(v), in(k_cache), in(v_cache), in(start), out(partials), in(positions),
              in(table)},
             p, p.n_split, static_cast<uint32_t>(H / heads), static_cast<uint32_t>(B * T));

@@ -114,6 +114,12 @@ uint64_t split_shared_floats(uint64_t wg, uint64_t sl) {
     return uint64_t{kSplitGroupDim} + kSplitChunkDim + kSplitMaxGroup * (sl + 2) +
            kSplitMaxGroup * wg;
 }
+// attention_split_rows.comp's (".v4"), for a group of 16: the queries and the chunk's keys as
+// above, the scores, the trees' rows (or the value pass's parts of 4 * WG), the statistics.
+uint64_t split_rows_shared_floats(uint64_t wg, uint64_t sl) {
+    return uint64_t{kSplitGroupDim} + kSplitChunkDim + kSplitMaxGroup * sl +
+           std::max(kSplitMaxGroup * sl, 4 * wg) + 2 * kSplitMaxGroup;
+}
 
 // attention_tiled.comp's subgroup form: the key tile, and the value tile beside it or in its
 // place, up to MAX_HEAD_DIM floats a row.
@@ -175,7 +181,8 @@ bool is_gemv(Kernel k) {
 
 std::string Variant::name(Kernel k) const {
     if (form_of(k) == Form::Split)
-        return spec.size() == 2 ? "wg" + std::to_string(spec[0]) + ".sl" + std::to_string(spec[1])
+        return spec.size() == 3 ? "wg" + std::to_string(spec[0]) + ".sl" + std::to_string(spec[1]) +
+                                      (spec[2] == kSplitRows ? ".v4" : "")
                                 : "?";
     if (form_of(k) == Form::Attention)
         return spec.size() == 4 ? "wg" + std::to_string(spec[0]) + ".bq" + std::to_string(spec[1]) +
@@ -203,15 +210,20 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
                                   : std::vector<std::string>{"bm", "bn", "bk", "tm", "tn"};
     // A matrix-vector or prefill attention name may end in ".sg1", a prefill attention name in
     // ".rb4" (vulkan_tuning.h); without either SG is 0.
-    const bool has_sg = form == Form::Gemv || form == Form::Attention;
+    // A decode attention name may end in ".v4" (kSplitRows), else its form is 0.
+    const bool has_sg = form == Form::Gemv || form == Form::Attention || form == Form::Split;
     uint32_t sg = 0;
-    if (has_sg && name.size() > 4 && name.substr(name.size() - 4) == ".sg1") {
+    if ((form == Form::Gemv || form == Form::Attention) && name.size() > 4 &&
+        name.substr(name.size() - 4) == ".sg1") {
         name.remove_suffix(4);
         sg = 1;
     } else if (form == Form::Attention && name.size() > 4 &&
                name.substr(name.size() - 4) == ".rb4") {
         name.remove_suffix(4);
         sg = kAttentionBlocked;
+    } else if (form == Form::Split && name.size() > 3 && name.substr(name.size() - 3) == ".v4") {
+        name.remove_suffix(3);
+        sg = kSplitRows;
     }
     std::vector<uint32_t> values;
     size_t at = 0;
@@ -248,13 +260,16 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
     const uint32_t wg = v.spec.empty() ? 0 : v.spec[0];
     uint64_t shared_floats = 0;
     if (form_of(k) == Form::Split) {
-        if (v.spec.size() != 2) return "not a decode attention variant";
+        if (v.spec.size() != 3 || v.spec[2] > kSplitRows) return "not a decode attention variant";
         if (v.spec[1] == 0 || v.spec[1] > 256) return "its slices are not of 1 to 256 keys";
         // One invocation per head of a group sums its scores (a group holds up to 16 heads).
         if (wg < kSplitMaxGroup)
             return "its workgroup is smaller than a group's " + std::to_string(kSplitMaxGroup) +
                    " heads";
-        shared_floats = split_shared_floats(wg, v.spec[1]);
+        if (v.spec[2] == kSplitRows && !std::has_single_bit(v.spec[1]))
+            return "its slices' trees need a power of two keys";
+        shared_floats = v.spec[2] == kSplitRows ? split_rows_shared_floats(wg, v.spec[1])
+                                                : split_shared_floats(wg, v.spec[1]);
     } else if (form_of(k) == Form::Attention) {
         if (v.spec.size() != 4 || v.spec[3] > kAttentionBlocked) return "not an attention variant";
         const uint64_t bq = v.spec[1], bk = v.spec[2];
@@ -326,8 +341,9 @@ uint32_t blocked_attention_head_dim(const Variant& v, int64_t hd) {
 std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
     std::vector<Variant> all;
     if (form_of(k) == Form::Split) {
-        for (uint32_t sl : kSplitKeys)
-            for (uint32_t wg : kSplitWg) all.push_back({{wg, sl}});
+        for (uint32_t form : {0u, kSplitRows})
+            for (uint32_t sl : kSplitKeys)
+                for (uint32_t wg : kSplitWg) all.push_back({{wg, sl, form}});
     } else if (form_of(k) == Form::Attention) {
         for (const auto& t : kAttentionTiles) all.push_back({{t[0], t[1], t[2], 0}});
         for (const auto& t : kAttentionSubgroupTiles) all.push_back({{t[0], t[1], t[2], 1}});
@@ -397,8 +413,11 @@ TuningTable::TuningTable(const DeviceInfo& d) : device_(&d) {
     grouped_gemv_ = gemv_;
     // 64 keys a slice, one invocation a key; on a device with less shared memory than that
     // needs, the smallest variant (none fits below about 16 KiB: attention takes another path).
-    split_ = {{64, 64}};
-    if (!invalid_reason(Kernel::AttentionSplit, split_, d).empty()) split_ = {{32, 16}};
+    // Decode attention in the short-chain form (".v4"): at the same slices, 1.4x (batch 1) and
+    // 1.8x (batch 4) faster than the first form on lavapipe (the demo model's shapes, tmx tune
+    // on 2026-11-29); unmeasured on a GPU, where the first form's 64-read chains cost most.
+    split_ = {{64, 64, kSplitRows}};
+    if (!invalid_reason(Kernel::AttentionSplit, split_, d).empty()) split_ = {{32, 16, kSplitRows}};
     if (d.vendor_id == kVendorNvidia) {
         // On NVIDIA the 8x8 register block of the 128x128 tile is 2-11x slower than the 64x64
         // tile's 4x4 on most products (H100, docs/gpu-results.md, 2026-11-23; H200 tune,

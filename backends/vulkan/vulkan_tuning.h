@@ -50,6 +50,8 @@ bool is_gemv(Kernel k);
 inline constexpr uint32_t kAttentionTiledMaxHeadDim = 128;
 // The SG of prefill attention's register-blocked form (".rb4", below).
 inline constexpr uint32_t kAttentionBlocked = 2;
+// The form of decode attention's short-chain variants (".v4", attention_split_rows.comp).
+inline constexpr uint32_t kSplitRows = 1;
 // attention_split.comp's bounds: heads per group (MAX_GROUP), and the floats of a group's
 // queries (MAX_GROUP_DIM) and of the chunk's keys (MAX_CHUNK_DIM) in its shared memory.
 inline constexpr uint32_t kSplitMaxGroup = 16, kSplitGroupDim = 2048, kSplitChunkDim = 1024;
@@ -64,13 +66,16 @@ inline constexpr uint32_t kSplitMaxGroup = 16, kSplitGroupDim = 2048, kSplitChun
 // of a subgroup, its scores summed through shuffles (attention_tiled_sg), 2
 // (kAttentionBlocked) both products register-blocked, 4 x 4 per invocation, WG = BQ * BK / 16
 // (attention_tiled_rb; the host adds the head_dim its tiles are sized for). Decode attention
-// {WG, SL} (attention_split.comp): SL keys at most per slice of a query's window, each key
-// taking ceil(WG / SL) invocations.
+// {WG, SL, FORM}: SL keys at most per slice of a query's window; FORM 0 (attention_split.comp)
+// each key taking ceil(WG / SL) invocations, FORM 1 (kSplitRows, ".v4",
+// attention_split_rows.comp) a key per invocation in vec4 reads, trees for the slice's
+// statistics, SL a power of two (the host adds head_dim and the group's heads, and takes FORM
+// 0 for a head_dim that is no multiple of 4 or over 4 * WG).
 struct Variant {
     std::vector<uint32_t> spec;
     // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it), "wg64.nr4" (SG 0: the
     // names of tuning files written before SG existed), "wg64.nr4.sg1", "wg64.bq16.bk32" (SG 0
-    // likewise), "wg64.bq16.bk32.sg1", "wg128.bq32.bk64.rb4", or "wg64.sl64".
+    // likewise), "wg64.bq16.bk32.sg1", "wg128.bq32.bk64.rb4", "wg64.sl64" or "wg64.sl64.v4".
     std::string name(Kernel k) const;
     bool operator==(const Variant&) const = default;
 };

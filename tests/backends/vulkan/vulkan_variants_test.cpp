@@ -286,6 +286,38 @@ class VulkanVariants : public VulkanTest {
         EXPECT_TRUE(Close(results[0], results[1], reduction_tol(std::max(hd, keys))));
     }
 
+    // rope_attention_cached_store (a decode step's attention: RoPE on q and k, attention
+    // against the cache, the chunk stored in it) against the CPU's sequence of those ops: the
+    // output and both caches after the store. Starts as check_attention's, positions from them.
+    void check_rope_attention_store(int64_t T, int64_t H, int64_t Hkv, int64_t hd, int64_t window,
+                                    int64_t S, const std::vector<int32_t>& start) {
+        SCOPED_TRACE("rope_attention_cached_store T,H,Hkv,hd,window,S " +
+                     dims({T, H, Hkv, hd, window, S}));
+        const int64_t B = static_cast<int64_t>(start.size()), row = Hkv * hd;
+        const auto q = normal(B * T * H * hd, 1.5), k = normal(B * T * row, 1.5),
+                   v = normal(B * T * row), kc = normal(B * S * row, 1.5), vc = normal(B * S * row);
+        std::vector<int32_t> positions;
+        for (int32_t p : start)
+            for (int64_t t = 0; t < T; ++t) positions.push_back(p + static_cast<int32_t>(t));
+        std::array<std::vector<float>, 2> out, k_cache, v_cache;
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor kct = up(*be, kc, {B, S, Hkv, hd}), vct = up(*be, vc, {B, S, Hkv, hd}),
+                   o = output(*be, {B, T, H, hd});
+            be->rope_attention_cached_store(up(*be, q, {B, T, H, hd}), up(*be, k, {B, T, Hkv, hd}),
+                                            up(*be, v, {B, T, Hkv, hd}),
+                                            up_ids(*be, positions, {B * T}), 10000.0, kct, vct,
+                                            up_ids(*be, start, {B}), o, window);
+            out[i] = down(*be, o);
+            k_cache[i] = down(*be, kct);
+            v_cache[i++] = down(*be, vct);
+        }
+        const int64_t keys = window ? window : S + T;
+        EXPECT_TRUE(Close(out[0], out[1], reduction_tol(std::max(hd, keys)))) << "out";
+        EXPECT_TRUE(Close(k_cache[0], k_cache[1], 1e-5)) << "k_cache";
+        EXPECT_TRUE(BitwiseEqual(v_cache[0], v_cache[1])) << "v_cache";
+    }
+
     // The prefill attention forms' cases: causal with and without a window, plain and after a
     // rolling cache (wrapped, and holding the window or all of the past), GQA groups of 4 and 1,
     // head_dim 64, 40, 24, 128 and 32, partial query and key tiles, more queries than any tile;
@@ -586,13 +618,17 @@ TEST_F(VulkanVariants, AttentionTiledBlocked) {
 // Decoding's attention (a few queries), every shape: a wrapped cache with a window longer than
 // several slices and sequences whose windows leave slices empty, GQA groups of 4 and 1 (a
 // group's heads sharing one read of each key), head_dim 64 and 24, 1 and 3 queries a sequence,
-// plain attention of 2 tokens; each result the same bits when run again.
+// plain attention of 2 tokens; each result the same bits when run again. Head_dim 6, no
+// multiple of 4, which the ".v4" shapes leave to the first form's shader. With RoPE and the
+// cache write (rope_attention_cached_store), whose q and chunk keys the split rotates.
 TEST_F(VulkanVariants, AttentionSplit) {
     SCOPED_TRACE(trace());
     for_each_variant(vk::Kernel::AttentionSplit, [&] {
         check_attention(1, 8, 2, 64, 300, 400, {1234, 100, 0}, true);
         check_attention(3, 4, 4, 24, 0, 90, {50, 7}, true);
         check_attention(2, 8, 2, 64, 40, 0, {0}, true);
+        check_attention(1, 2, 1, 6, 0, 20, {9}, true);
+        check_rope_attention_store(2, 8, 2, 32, 48, 64, {130, 5});
     });
 }
 
