@@ -92,6 +92,10 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
         std::printf("  logits vs cpu: max error %.1e; greedy tokens matching cpu %lld of %lld\n",
                     m.logits_error, static_cast<long long>(m.greedy_matching),
                     static_cast<long long>(m.greedy_steps));
+        if (m.prefill_profile)
+            print_profile("prefill profile, " + std::to_string(m.prefill_profile->tokens) +
+                              " tokens in one step",
+                          *m.prefill_profile);
         for (const StepProfile& p : m.profiles)
             print_profile("decode profile, batch " + std::to_string(p.batch) + ", " +
                               std::to_string(p.steps) + " steps",
@@ -132,6 +136,7 @@ nlohmann::json profile_json(const StepProfile& p) {
                         {"commands", commands}};
     // The barriers over all the steps, where the backend counts them.
     if (p.barriers) j["barriers"] = *p.barriers;
+    if (p.tokens > 0) j["tokens"] = p.tokens;  // the prefill's
     return j;
 }
 
@@ -169,6 +174,8 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
                                  {"logits_max_error_vs_cpu", m.logits_error},
                                  {"greedy_matching", m.greedy_matching},
                                  {"greedy_steps", m.greedy_steps}});
+        if (m.prefill_profile)
+            j["backends"].back()["prefill_profile"] = profile_json(*m.prefill_profile);
         for (const StepProfile& p : m.profiles)
             j["backends"].back()["decode_profiles"].push_back(profile_json(p));
         const TrainBench& t = r.train;
@@ -278,9 +285,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
         ->check(in_range<uint64_t>(0))
         ->capture_default_str();
     sub->add_flag("--profile", b.profile,
-                  "Also profile the batch-1 and batch-N decode steps, and one training step with "
-                  "--train-batch: device time per shader (Vulkan: timestamps after every "
-                  "command; other backends are not profiled)");
+                  "Also profile the prompt's prefill, the batch-1 and batch-N decode steps, and "
+                  "one training step with --train-batch: device time per shader (Vulkan: "
+                  "timestamps after every command; other backends are not profiled)");
     sub->add_flag("--json", opts->json, "Print one JSON object instead of the table");
     add_common_options(*sub, common);
 

@@ -72,11 +72,12 @@ struct OpBench {
     std::string skipped;
 };
 
-// Steps profiled (--profile): decode steps of `batch` sequences, or one training step of
-// `batch` sequences; wall time (host and device, with the profiler's timestamps) and the
-// device's time per kind of command, summed over the steps.
+// Steps profiled (--profile): one prefill of the prompt (1 step, batch 1), decode steps of
+// `batch` sequences, or one training step of `batch` sequences; wall time (host and device, with
+// the profiler's timestamps) and the device's time per kind of command, summed over the steps.
 struct StepProfile {
     int64_t batch = 0, steps = 0;
+    int64_t tokens = 0;  // the prefill's: the prompt's tokens (0 for the others)
     double wall_seconds = 0;
     std::vector<Backend::ProfiledCommands> commands;
     std::optional<int64_t> barriers;  // Backend::profiled_barriers(), summed over the steps
@@ -88,6 +89,7 @@ struct ModelBench {
     int64_t greedy_matching = 0;        // greedy batch-1 decode steps that chose the CPU's token,
     int64_t greedy_steps = 0;           // out of this many (counted up to the first difference)
     std::vector<StepProfile> profiles;  // --profile: batch 1, then batch N
+    std::optional<StepProfile> prefill_profile;  // --profile: the prompt's prefill
 };
 
 // One training step: forward with kept activations, backward, the global gradient norm, and

@@ -142,7 +142,10 @@ class ModelRunner {
 
         if (o_.profile && be_.can_profile()) {
             if (o_.progress)
-                o_.progress(be_.name() + ": profiled decode, batch 1 and " + std::to_string(B));
+                o_.progress(be_.name() + ": profiled prefill, and decode at batch 1 and " +
+                            std::to_string(B));
+            r.prefill_profile = profile_steps(be_, 1, 1, [&] { prefill(cache, prompt_); });
+            r.prefill_profile->tokens = P_;
             reset();
             r.profiles.push_back(profile_decode(cache, {first}, {static_cast<int32_t>(P_)}));
             reset_batch();

@@ -61,8 +61,27 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
         // six steps each; each kind of command once, its device time within the wall time.
         if (name == "cpu") {
             EXPECT_FALSE(b.contains("decode_profiles"));
+            EXPECT_FALSE(b.contains("prefill_profile"));
         }
         if (name != "vulkan") continue;
+        // The prompt's prefill in one profiled step: its attention and products among the
+        // commands, their device time within its wall time.
+        {
+            const auto& p = b["prefill_profile"];
+            EXPECT_EQ(p["steps"], 1);
+            EXPECT_EQ(p["tokens"], j["prompt_tokens"]);
+            double device = 0;
+            std::set<std::string> names;
+            for (const auto& c : p["commands"]) {
+                names.insert(c["name"].get<std::string>());
+                device += c["seconds"].get<double>();
+            }
+            EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const std::string& n) {
+                return n.rfind("attention", 0) == 0;
+            })) << "attention";
+            EXPECT_GT(device, 0.0);
+            EXPECT_LE(device, p["wall_seconds"].get<double>());
+        }
         ASSERT_EQ(b["decode_profiles"].size(), 2u);
         for (size_t i = 0; i < 2; ++i) {
             const auto& p = b["decode_profiles"][i];
