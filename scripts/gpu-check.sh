@@ -226,8 +226,8 @@ if build "$build_dir" main; then
   # Vulkan's tuning (tmx tune, docs/commands.md), measurements first so that a --deadline cuts
   # the tests rather than the numbers: tiny-mixtral's shapes tuned (the device file is kept in
   # the report), its bench against CUDA tuned, untuned (TMX_VULKAN_TUNING=off) and CUDA in fp32
-  # (the training comparison), Vulkan's decode profile (tune's JSON times every matrix-vector
-  # and decode-attention candidate, the subgroup forms too) and one training step,
+  # (the training comparison), Vulkan's prefill and decode profiles (tune's JSON times every
+  # matrix-vector and decode-attention candidate, the subgroup forms too) and one training step,
   # --baseline's decode beside it; then every Vulkan test; then the same tune and benches for
   # tiny-mixtral-swiglu. On an H200 (2026-11-28) everything before the tests took 5 minutes,
   # the tunes 110 and 81 s; --quick trains at batch 8.
