@@ -5,8 +5,8 @@
 // - scores: one invocation per key, its dot products with the group's G heads over the
 //   head's HD channels in vec4 reads, a loop of HD / 4 the compiler unrolls (HD and G are
 //   specialization constants), so a key row's reads are all in flight at once;
-// - the slice's max and sum per head: pairwise trees over the SL scores (SL a power of two),
-//   log2(SL) steps, not SL serial ones;
+// - the slice's max and sum per head: pairwise trees over its n scores (padded to a power of
+//   two, at most SL), log2 steps, not n serial ones; an empty slice writes its record at once;
 // - the weighted sum of values: HD / 4 invocations per key group, each a vec4 of channels over
 //   every KG-th key, then the KG parts added in group order through shared memory.
 // Every order is fixed for a given WG, SL and HD: the same bits on every run. Needs HD a
@@ -50,10 +50,11 @@ vec4 value4(uint row, bool cached, uint c4) {
     return vec4(v[f], v[f + 1], v[f + 2], v[f + 3]);
 }
 
-// The max (sum when `add`) of each head's SL values in red, left at red[g * SL]: a pairwise
-// tree. Every invocation calls it, in uniform control flow.
-void tree(bool add) {
-    for (uint w = SL / 2; w > 0; w >>= 1) {
+// The max (sum when `add`) of each head's first `width` values in red (a power of two, at
+// most SL), left at red[g * SL]: a pairwise tree. Every invocation calls it, in uniform
+// control flow.
+void tree(bool add, uint width) {
+    for (uint w = width / 2; w > 0; w >>= 1) {
         for (uint e = gl_LocalInvocationID.x; e < G * w; e += WG) {
             const uint at = (e / w) * SL + e % w;
             red[at] = add ? red[at] + red[at + w] : max(red[at], red[at + w]);
@@ -70,6 +71,17 @@ void main() {
     const uint p0 = chunk_start(b), p = p0 + i;
     const uint lo = first_key(p0, p) + s * pc.slice_len;
     const uint n = lo > p ? 0u : min(pc.slice_len, p + 1 - lo);
+    const uint rec = HD + 2, head_stride = pc.n_split * rec;
+    const uint out_base = pc.off_o + (((b * pc.T + i) * pc.H + h0) * pc.n_split + s) * rec;
+    if (n == 0) {  // a slice past a short window's end (n is the workgroup's: no barrier skipped)
+        for (uint e = t; e < G * rec; e += WG) {
+            const uint at = e % rec;
+            o[out_base + (e / rec) * head_stride + at] = at == 0 ? NEG_INF : 0.0;
+        }
+        return;
+    }
+    // The trees' width: the slice's keys rounded up to a power of two.
+    const uint width = min(SL, n == 1 ? 1u : 2u << findMSB(n - 1));
 
     // The group's heads are adjacent in the query row.
     const uint q_base = ((b * pc.T + i) * pc.H + h0) * HD;
@@ -106,19 +118,24 @@ void main() {
     }
     barrier();
 
-    // Each head's max, then its weights exp(score - max) (0 past n) and their sum.
-    for (uint e = t; e < G * SL; e += WG) red[e] = e % SL < n ? score[e] : NEG_INF;
-    barrier();
-    tree(false);
-    if (t < G) slice_max[t] = red[t * SL];
-    barrier();
-    for (uint e = t; e < G * SL; e += WG) {
-        const float w = e % SL < n ? exp(score[e] - slice_max[e / SL]) : 0.0;
-        score[e] = w;
-        red[e] = w;
+    // Each head's max, then its weights exp(score - max) (0 past n) and their sum: over the
+    // first `width` places of each head's row.
+    for (uint e = t; e < G * width; e += WG) {
+        const uint at = (e / width) * SL + e % width;
+        red[at] = e % width < n ? score[at] : NEG_INF;
     }
     barrier();
-    tree(true);
+    tree(false, width);
+    if (t < G) slice_max[t] = red[t * SL];
+    barrier();
+    for (uint e = t; e < G * width; e += WG) {
+        const uint at = (e / width) * SL + e % width;
+        const float w = e % width < n ? exp(score[at] - slice_max[e / width]) : 0.0;
+        score[at] = w;
+        red[at] = w;
+    }
+    barrier();
+    tree(true, width);
     if (t < G) slice_sum[t] = red[t * SL];
 
     // The weighted values: channels c4 of every KG-th key from key group kg.
@@ -133,8 +150,6 @@ void main() {
             for (uint g = 0; g < G; ++g) acc[g] += score[g * SL + x] * vx;
         }
 
-    const uint rec = HD + 2, head_stride = pc.n_split * rec;
-    const uint out_base = pc.off_o + (((b * pc.T + i) * pc.H + h0) * pc.n_split + s) * rec;
     for (uint g = 0; g < G; ++g) {
         barrier();  // red is free: the sum tree's (or the last head's) reads are done
         if (kg < KG)
