@@ -14,6 +14,12 @@ foreach(module matmul matmul_gemv grouped_matmul grouped_matmul_gemv gather_rows
   list(APPEND TMX_SHADER_VARIANTS ${module}:f16w:TMX_WEIGHTS_F16 ${module}:bf16w:TMX_WEIGHTS_BF16
        ${module}:q8_0w:TMX_WEIGHTS_Q8_0)
 endforeach()
+# The tiled products on NVIDIA's cooperative matrices (shaders/matmul_tile_coopmat.glsl, variants
+# ".cm"), for fp16 weights only: modules of their own, as only a device with the extension and
+# its features enabled may create them (vulkan_tuning.cpp refuses those variants elsewhere).
+foreach(module matmul grouped_matmul)
+  list(APPEND TMX_SHADER_VARIANTS ${module}:cm_f16w:TMX_WEIGHTS_F16+TMX_MATMUL_COOPMAT)
+endforeach()
 # The matrix-vector shaders reducing through subgroup shuffles (shaders/gemv_reduce.glsl), in
 # every weight format: modules of their own, as a module using shuffles may only be created on
 # a device that has them (vulkan_tuning.cpp refuses those variants elsewhere).

@@ -6,8 +6,18 @@
 // gradient over a training step's tokens): workgroup z multiplies k in [z k_split, (z + 1)
 // k_split) and writes its tile, without bias, to partial z of `o` (z M N onwards);
 // matmul_split_sum.comp then adds the partials in z order.
+//
+// Built with TMX_MATMUL_COOPMAT (and fp16 weights), the tile's product runs on cooperative
+// matrices (matmul_tile_coopmat.glsl, the ".cm" variants) instead of matmul_tile.glsl's fp32
+// register blocks.
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef TMX_MATMUL_COOPMAT
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
 #define WEIGHT_BINDING 1
 #include "weights.glsl"
 #include "common.glsl"
@@ -33,29 +43,36 @@ layout(push_constant) uniform Push {
     uint k_split;   // 0: the whole of k
 } pc;
 
+// The tile's first row and column, and its partial of k (split along k), for emit().
+uint tile_row0, tile_col0, tile_split;
+
+// Product r of tile row i, column j: with bias and accumulated, or as a partial.
+void emit(uint i, uint j, float r) {
+    const uint m = tile_row0 + i, n = tile_col0 + j;
+    if (m >= pc.M || n >= pc.N) return;
+    if (pc.k_split != 0) {
+        o[pc.off_o + tile_split * pc.M * pc.N + m * pc.N + n] = r;
+        return;
+    }
+    if (pc.has_bias != 0) r += bias[pc.off_bias + n];
+    const uint at = pc.off_o + m * pc.N + n;
+    o[at] = pc.accumulate != 0 ? o[at] + r : r;
+}
+
+#ifdef TMX_MATMUL_COOPMAT
+#include "matmul_tile_coopmat.glsl"
+#else
 #include "matmul_tile.glsl"
+#endif
 
 void main() {
-    const uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
-    const uint k0 = gl_WorkGroupID.z * pc.k_split;
+    tile_row0 = gl_WorkGroupID.y * BM;
+    tile_col0 = gl_WorkGroupID.x * BN;
+    tile_split = gl_WorkGroupID.z;
+    const uint k0 = tile_split * pc.k_split;
     const uint depth = pc.k_split == 0 ? pc.K : min(pc.k_split, pc.K - k0);
-    tile_gemm(row0, min(BM, pc.M - row0), col0, min(BN, pc.N - col0), depth,
+    tile_gemm(tile_row0, min(BM, pc.M - tile_row0), tile_col0, min(BN, pc.N - tile_col0), depth,
               pc.off_a + k0 * pc.a_sk, pc.a_sm, pc.a_sk, weight_origin(pc.off_b, pc.b_adjust),
               k0 * pc.b_sk, pc.b_sk, pc.b_sn);
-    for (uint i = 0; i < TM; ++i) {
-        const uint m = row0 + tile_row(i);
-        if (m >= pc.M) break;
-        for (uint j = 0; j < TN; ++j) {
-            const uint n = col0 + tile_col(j);
-            if (n >= pc.N) break;
-            float r = acc[i * TN + j];
-            if (pc.k_split != 0) {
-                o[pc.off_o + gl_WorkGroupID.z * pc.M * pc.N + m * pc.N + n] = r;
-                continue;
-            }
-            if (pc.has_bias != 0) r += bias[pc.off_bias + n];
-            const uint at = pc.off_o + m * pc.N + n;
-            o[at] = pc.accumulate != 0 ? o[at] + r : r;
-        }
-    }
+    tile_store();
 }

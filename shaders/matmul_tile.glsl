@@ -15,7 +15,9 @@
 // their latency behind the arithmetic instead of waiting at every slice.
 //
 // Include after declaring: the specialization constants WG, BM, BN, BK, TM, TN and the
-// buffer `float a[]`, and include weights.glsl (b).
+// buffer `float a[]`, and include weights.glsl (b). tile_store() hands the tile's products to
+// the includer's emit(i, j, r), as matmul_tile_coopmat.glsl's does (the ".cm" variants' core);
+// an includer that reads acc itself need not define emit.
 
 const uint VM = TM % 4 == 0 ? 4 : 1, VN = TN % 4 == 0 ? 4 : 1;  // run lengths
 // The slices' row pitches in floats, padded so that invocations storing neighbouring k hit other
@@ -140,4 +142,12 @@ uint tile_row(uint i) {
 uint tile_col(uint j) {
     const uint tx = gl_LocalInvocationID.x % (BN / TN);
     return VN == 4 ? (j / 4) * (4 * (BN / TN)) + 4 * tx + j % 4 : tx + j * (BN / TN);
+}
+
+void emit(uint i, uint j, float r);
+
+// emit() for every product this invocation holds (tile row i, tile column j).
+void tile_store() {
+    for (uint i = 0; i < TM; ++i)
+        for (uint j = 0; j < TN; ++j) emit(tile_row(i), tile_col(j), acc[i * TN + j]);
 }

@@ -40,6 +40,11 @@ KernelShape kernel_shape(vk::Kernel kernel, const TunableCall& c) {
     }
 }
 
+bool is_coop(vk::Kernel k, const vk::Variant& v) {
+    return !vk::is_gemv(k) && k != vk::Kernel::AttentionTiled && k != vk::Kernel::AttentionSplit &&
+           v.spec.size() == 7 && v.spec[6] == vk::kTiledCoopmat;
+}
+
 }  // namespace
 
 vk::Variant VulkanBackend::choose(vk::Kernel kernel, TunableCall call) {
@@ -52,10 +57,16 @@ vk::Variant VulkanBackend::choose(vk::Kernel kernel, TunableCall call) {
     return table_.choose(kernel, s.rows, s.n, s.k, s.layout);
 }
 
-std::vector<std::string> VulkanBackend::variants(const std::string& kernel) const {
-    const vk::Kernel k = kernel_named(kernel);
+std::vector<std::string> VulkanBackend::variants(const TunableCall& call) const {
+    const vk::Kernel k = kernel_named(call.kernel);
+    // The cooperative-matrix form runs for fp16 weights only (a model's f16 weights or the
+    // copies of f32 ones, matmul.cpp); for other calls it would time its fp32 tile again.
+    const bool fp16_weights =
+        (call.op == TunableCall::Op::Linear || call.op == TunableCall::Op::GroupedMatmul) &&
+        (call.weight == DType::F16 || (call.weight == DType::F32 && call.reduced_weights));
     std::vector<std::string> names;
-    for (const vk::Variant& v : vk::candidates(k, ctx_->info())) names.push_back(v.name(k));
+    for (const vk::Variant& v : vk::candidates(k, ctx_->info()))
+        if (fp16_weights || !is_coop(k, v)) names.push_back(v.name(k));
     return names;
 }
 

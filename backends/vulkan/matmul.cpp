@@ -52,6 +52,17 @@ std::vector<uint32_t> gemv_module(const vk::Variant& v, std::string_view family,
     return {v.spec[0], v.spec[1]};
 }
 
+// A tiled variant {WG, BM, BN, BK, TM, TN, FORM} as run: FORM 1 (".cm") picks the
+// cooperative-matrix module, "<family>_cm" before the weight format's suffix, where the call
+// reads fp16 weights (its module is built for those only); any other call runs the variant's tile
+// in the fp32 form. Returns the module's specialization constants.
+std::vector<uint32_t> tiled_module(const vk::Variant& v, const vk::DeviceInfo& d,
+                                   std::string_view family, std::string& shader) {
+    const bool coop = v.spec[6] == vk::kTiledCoopmat && shader.ends_with("_f16w");
+    if (coop) shader.insert(family.size(), "_cm");
+    return vk::tiled_spec(v, d, coop);
+}
+
 }  // namespace
 
 VulkanBackend::WeightBinding VulkanBackend::stored_weight(const Tensor& w,
@@ -164,6 +175,7 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         return;
     }
     const vk::Variant t = choose(vk::Kernel::Matmul, call);
+    const std::vector<uint32_t> spec = tiled_module(t, ctx_->info(), "matmul", shader);
     const uint32_t gx = ceil_div(N, t.spec[2]), gy = ceil_div(M, t.spec[1]);
     const int64_t depth = split_depth(int64_t{gx} * gy, K, t.spec[3]);
     struct {
@@ -171,13 +183,13 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
         uint32_t k_split;
     } pt{p, static_cast<uint32_t>(depth)};
     if (depth == 0) {
-        run(shader, t.spec, {in(a), b_read.binding, in(bias), o}, pt, gx, gy);
+        run(shader, spec, {in(a), b_read.binding, in(bias), o}, pt, gx, gy);
         return;
     }
     const int64_t splits = (K + depth - 1) / depth;
     const Tensor partials = alloc({splits * M * N});
     pt.base.has_bias = pt.base.accumulate = 0;
-    run(shader, t.spec, {in(a), b_read.binding, in(bias), out(partials)}, pt, gx, gy,
+    run(shader, spec, {in(a), b_read.binding, in(bias), out(partials)}, pt, gx, gy,
         static_cast<uint32_t>(splits));
     struct {
         uint32_t M, N, splits, has_bias, accumulate;
@@ -218,7 +230,8 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
                            .weight = w.dtype(),
                            .reduced_weights = w_read.reduced};
     const vk::Variant t = choose(vk::Kernel::GroupedMatmul, call);
-    run(shader, t.spec, {in(x), w_read.binding, in(bias), in(offsets), out(out_t)}, p,
+    const std::vector<uint32_t> spec = tiled_module(t, ctx_->info(), "grouped_matmul", shader);
+    run(shader, spec, {in(x), w_read.binding, in(bias), in(offsets), out(out_t)}, p,
         ceil_div(Nout, t.spec[2]), ceil_div(S, t.spec[1]) + static_cast<uint32_t>(E));
 }
 
@@ -307,12 +320,14 @@ void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& 
                                .experts = E};
         const uint32_t experts = static_cast<uint32_t>(E);
         const vk::Variant tx = choose(vk::Kernel::GroupedMatmulDx, call);
-        run("grouped_matmul_backward_dx", tx.spec, {in(d_out), in(w), in(offsets), inout(d_x)}, p,
-            ceil_div(K, tx.spec[2]), ceil_div(S, tx.spec[1]) + experts);
+        run("grouped_matmul_backward_dx", vk::tiled_spec(tx, ctx_->info(), false),
+            {in(d_out), in(w), in(offsets), inout(d_x)}, p, ceil_div(K, tx.spec[2]),
+            ceil_div(S, tx.spec[1]) + experts);
         // d_w[e] [Nout, K] += d_out[e's slots]^T . x[e's slots]: a grid of tiles per expert.
         const vk::Variant tw = choose(vk::Kernel::GroupedMatmulDw, call);
-        run("grouped_matmul_backward_dw", tw.spec, {in(d_out), in(x), in(offsets), inout(d_w)}, p,
-            ceil_div(K, tw.spec[2]), ceil_div(Nout, tw.spec[1]), experts);
+        run("grouped_matmul_backward_dw", vk::tiled_spec(tw, ctx_->info(), false),
+            {in(d_out), in(x), in(offsets), inout(d_w)}, p, ceil_div(K, tw.spec[2]),
+            ceil_div(Nout, tw.spec[1]), experts);
     }
     if (d_bias.defined()) {
         // d_bias[e, n] += column sums of d_out over e's slots, one invocation per (e, n).

@@ -100,7 +100,7 @@ class VulkanBackend final : public Backend, public KernelTuning {
 
     // ---- the matmul kernels' shapes (KernelTuning; vulkan_tuning.h)
     void log_calls(std::vector<TunableCall>* log) override { call_log_ = log; }
-    std::vector<std::string> variants(const std::string& kernel) const override;
+    std::vector<std::string> variants(const TunableCall& call) const override;
     std::string default_variant(const TunableCall& call) const override;
     void force_variant(const std::string& kernel, const std::string& variant) override;
     std::string save_tuning(const std::vector<TunedChoice>& choices) override;

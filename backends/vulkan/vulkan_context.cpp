@@ -153,7 +153,42 @@ bool compute_queue_family(VkPhysicalDevice dev, uint32_t* family) {
     return true;
 }
 
-DeviceInfo describe(VkPhysicalDevice dev, uint32_t index) {
+// DeviceInfo::coopmat_columns of a device (0 unless it has the extension, its features and a
+// shape; TMX_VULKAN_COOPMAT=0 turns it off).
+uint32_t usable_coopmat_columns(VkInstance instance, VkPhysicalDevice dev, bool has_extension) {
+    if (!has_extension) return 0;
+    if (const char* env = std::getenv("TMX_VULKAN_COOPMAT"); env && std::strcmp(env, "0") == 0)
+        return 0;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV coop{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                         &coop};
+    VkPhysicalDeviceFeatures2 f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+    vkGetPhysicalDeviceFeatures2(dev, &f);
+    VkPhysicalDeviceCooperativeMatrixPropertiesNV stages{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+    VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &stages};
+    vkGetPhysicalDeviceProperties2(dev, &props);
+    if (!coop.cooperativeMatrix || !f12.shaderFloat16 || !f12.vulkanMemoryModel ||
+        !(stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT))
+        return 0;
+    auto list = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+        vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+    if (!list) return 0;
+    uint32_t n = 0;
+    if (list(dev, &n, nullptr) != VK_SUCCESS || n == 0) return 0;
+    std::vector<VkCooperativeMatrixPropertiesNV> props_nv(
+        n, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+    if (list(dev, &n, props_nv.data()) < 0) return 0;  // VK_INCOMPLETE still lists n
+    std::vector<CoopmatShape> shapes;
+    for (uint32_t i = 0; i < n; ++i) {
+        const VkCooperativeMatrixPropertiesNV& p = props_nv[i];
+        shapes.push_back({p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.DType, p.scope});
+    }
+    return coopmat_columns(shapes);
+}
+
+DeviceInfo describe(VkInstance instance, VkPhysicalDevice dev, uint32_t index) {
     VkPhysicalDeviceSubgroupProperties subgroup{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
     VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &subgroup};
@@ -223,10 +258,15 @@ DeviceInfo describe(VkPhysicalDevice dev, uint32_t index) {
     vkEnumerateDeviceExtensionProperties(dev, nullptr, &n, nullptr);
     std::vector<VkExtensionProperties> exts(n);
     vkEnumerateDeviceExtensionProperties(dev, nullptr, &n, exts.data());
-    for (const auto& e : exts)
+    bool nv_coopmat = false;
+    for (const auto& e : exts) {
         if (std::strcmp(e.extensionName, "VK_KHR_cooperative_matrix") == 0 ||
-            std::strcmp(e.extensionName, "VK_NV_cooperative_matrix") == 0)
+            std::strcmp(e.extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0)
             info.cooperative_matrix = true;
+        if (std::strcmp(e.extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0)
+            nv_coopmat = true;
+    }
+    if (info.usable) info.coopmat_columns = usable_coopmat_columns(instance, dev, nv_coopmat);
     return info;
 }
 
@@ -255,6 +295,17 @@ uint32_t choose_device(const std::vector<DeviceInfo>& devices, int requested) {
 
 }  // namespace
 
+uint32_t coopmat_columns(const std::vector<CoopmatShape>& shapes) {
+    uint32_t best = 0;
+    for (const CoopmatShape& s : shapes)
+        if (s.m == 16 && s.k == 16 && (s.n == 16 || s.n == 8) &&
+            s.a == VK_COMPONENT_TYPE_FLOAT16_NV && s.b == VK_COMPONENT_TYPE_FLOAT16_NV &&
+            s.c == VK_COMPONENT_TYPE_FLOAT32_NV && s.d == VK_COMPONENT_TYPE_FLOAT32_NV &&
+            s.scope == VK_SCOPE_SUBGROUP_NV)
+            best = std::max(best, s.n);
+    return best;
+}
+
 void fail(VkResult result, const std::string& what) {
     throw Error("Vulkan: " + what + " failed (" + result_name(result) + ")");
 }
@@ -268,7 +319,7 @@ std::vector<DeviceInfo> list_vulkan_devices() {
     std::vector<DeviceInfo> out;
     try {
         auto devs = physical_devices(instance);
-        for (uint32_t i = 0; i < devs.size(); ++i) out.push_back(describe(devs[i], i));
+        for (uint32_t i = 0; i < devs.size(); ++i) out.push_back(describe(instance, devs[i], i));
     } catch (...) {
         vkDestroyInstance(instance, nullptr);
         throw;
@@ -311,7 +362,7 @@ Context::Context(const VulkanOptions& options) {
         }
         auto devs = physical_devices(instance_);
         std::vector<DeviceInfo> infos;
-        for (uint32_t i = 0; i < devs.size(); ++i) infos.push_back(describe(devs[i], i));
+        for (uint32_t i = 0; i < devs.size(); ++i) infos.push_back(describe(instance_, devs[i], i));
         const uint32_t chosen = choose_device(infos, options.device);
         physical_ = devs[chosen];
         info_ = infos[chosen];
@@ -330,9 +381,36 @@ Context::Context(const VulkanOptions& options) {
         VkDeviceCreateInfo info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
         info.queueCreateInfoCount = 1;
         info.pQueueCreateInfos = &queue;
-        // The shaders need no optional feature: 16- and 8-bit weights are read as 32-bit words.
-        // (Cooperative-matrix pipelines will enable theirs here.)
-        check(vkCreateDevice(physical_, &info, nullptr, &device_), "vkCreateDevice");
+        // The shaders need no optional feature (16- and 8-bit weights are read as 32-bit
+        // words) but the ".cm" variants': the NV extension, cooperativeMatrix, shaderFloat16
+        // and vulkanMemoryModel. Should the device refuse them, it is created without, and
+        // those variants are not offered.
+        const char* coopmat_ext = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+        VkPhysicalDeviceCooperativeMatrixFeaturesNV coop{
+            VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+        coop.cooperativeMatrix = VK_TRUE;
+        VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                             &coop};
+        f12.shaderFloat16 = VK_TRUE;
+        f12.vulkanMemoryModel = VK_TRUE;
+        VkResult created = VK_ERROR_FEATURE_NOT_PRESENT;
+        if (info_.coopmat_columns != 0) {
+            VkDeviceCreateInfo with = info;
+            with.pNext = &f12;
+            with.enabledExtensionCount = 1;
+            with.ppEnabledExtensionNames = &coopmat_ext;
+            created = vkCreateDevice(physical_, &with, nullptr, &device_);
+            if (created != VK_SUCCESS) {
+                std::fprintf(stderr,
+                             "tmx: Vulkan: %s refused the cooperative-matrix features (%s); the "
+                             "matmuls run without them\n",
+                             info_.name.c_str(), result_name(created));
+                info_.coopmat_columns = 0;
+                device_ = VK_NULL_HANDLE;
+            }
+        }
+        if (created != VK_SUCCESS)
+            check(vkCreateDevice(physical_, &info, nullptr, &device_), "vkCreateDevice");
         vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
     } catch (...) {
         release();

@@ -52,6 +52,12 @@ struct DeviceInfo {
     uint32_t max_workgroup_invocations = 0;
     bool fp16 = false;                // shaderFloat16 and 16-bit storage buffers
     bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
+    // The columns N of the 16 x N x 16 fp16 product (fp32 accumulators, subgroup scope) that the
+    // tiled matmuls' ".cm" variants run on VK_NV_cooperative_matrix (shaders/
+    // matmul_tile_coopmat.glsl): 16 or 8, 0 where the device lacks the extension, its features
+    // (cooperativeMatrix, shaderFloat16, vulkanMemoryModel) or such a shape, where
+    // TMX_VULKAN_COOPMAT=0, or where the device could not be created with them (Context).
+    uint32_t coopmat_columns = 0;
     uint64_t max_storage_buffer_range = 0;
     uint64_t max_allocation_bytes = 0;
     uint32_t max_workgroup_size_x = 0;
@@ -61,6 +67,17 @@ struct DeviceInfo {
     uint32_t vendor_id = 0, device_id = 0, driver_version = 0;
     std::array<uint8_t, VK_UUID_SIZE> pipeline_cache_uuid{};
 };
+
+// One shape VK_NV_cooperative_matrix lists (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV).
+struct CoopmatShape {
+    uint32_t m = 0, n = 0, k = 0;
+    VkComponentTypeNV a = VK_COMPONENT_TYPE_FLOAT32_NV, b = VK_COMPONENT_TYPE_FLOAT32_NV,
+                      c = VK_COMPONENT_TYPE_FLOAT32_NV, d = VK_COMPONENT_TYPE_FLOAT32_NV;
+    VkScopeNV scope = VK_SCOPE_DEVICE_NV;
+};
+// DeviceInfo::coopmat_columns for the shapes a device lists: 16 where it has 16 x 16 x 16 with
+// fp16 inputs, fp32 accumulators and subgroup scope, else 8 for 16 x 8 x 16, else 0.
+uint32_t coopmat_columns(const std::vector<CoopmatShape>& shapes);
 
 // Every physical device the loader reports. Throws tmx::Error when Vulkan is unavailable.
 std::vector<DeviceInfo> list_vulkan_devices();

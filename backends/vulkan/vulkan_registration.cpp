@@ -59,6 +59,9 @@ DeviceListing list_devices() {
                        std::to_string(d.shared_memory_bytes / 1024) + " KiB", yes_no(d.fp16),
                        yes_no(fp16_weights),
                        yes_no(d.cooperative_matrix) +
+                           (d.coopmat_columns
+                                ? " (matmuls: 16x" + std::to_string(d.coopmat_columns) + "x16)"
+                                : "") +
                            (d.usable ? "" : "  (unusable: needs Vulkan 1.2 compute)")},
              .marked = static_cast<int>(d.index) == default_index,
              .fields = {{"index", d.index},
@@ -72,6 +75,8 @@ DeviceListing list_devices() {
                         {"fp16", d.fp16},
                         {"fp16_weights", fp16_weights},
                         {"cooperative_matrix", d.cooperative_matrix},
+                        // the ".cm" matmul variants' 16 x N x 16 shape, 0: none usable
+                        {"coopmat_columns", d.coopmat_columns},
                         {"max_storage_buffer_range", d.max_storage_buffer_range},
                         {"max_allocation_bytes", d.max_allocation_bytes},
                         {"tuning", tuning}}});
@@ -85,7 +90,9 @@ DeviceListing list_devices() {
          "fp16-weights: matmuls read f32 weights through fp16 copies (TMX_VULKAN_FP16=0 turns "
          "it off)",
          "tuned: `tmx tune` measured this device's matmul shapes (TMX_VULKAN_TUNING=off ignores "
-         "them)"});
+         "them)",
+         "coop-matrix: the device lists cooperative matrices; \"matmuls: 16xNx16\": tmx tune "
+         "also times the fp16-weight matmuls on them (TMX_VULKAN_COOPMAT=0 turns it off)"});
     // "devices" and "default" keep the names they had before CUDA's devices were listed.
     l.json_extra["default"] = default_index >= 0 ? nlohmann::json(default_index) : nlohmann::json();
     return l;

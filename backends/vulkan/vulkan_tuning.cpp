@@ -42,6 +42,25 @@ constexpr std::array<std::array<uint32_t, 5>, 16> kTiles = {{
     {16, 64, 16, 1, 4},
     {16, 128, 16, 2, 8},
 }};
+// Cooperative-matrix candidates {BM, BN, BK, TM, TN} (".cm"; TM and TN give the workgroup, and
+// the tile of the fp32 form calls without fp16 weights run): 16 x 16 blocks from 1 to 8 a
+// subgroup at NVIDIA's 32 invocations, BK 32 (two blocks deep a slice) or 16.
+constexpr std::array<std::array<uint32_t, 5>, 8> kCoopTiles = {{
+    {64, 64, 32, 4, 4},
+    {64, 64, 32, 4, 8},
+    {128, 64, 32, 8, 4},
+    {64, 128, 32, 4, 8},
+    {128, 128, 32, 8, 8},
+    {32, 64, 32, 2, 4},
+    {32, 32, 32, 4, 4},
+    {64, 64, 16, 4, 4},
+}};
+// matmul_tile_coopmat.glsl's arrays, in bytes: a's slice as two fp16 halves and b's, rows padded
+// by 8 halves, and a 16 x CN fp32 block per subgroup.
+uint64_t coop_tile_shared_bytes(uint64_t bm, uint64_t bn, uint64_t bk, uint64_t subgroups,
+                                uint64_t cn) {
+    return 2 * 2 * bm * (bk + 8) + 2 * bn * (bk + 8) + 4 * subgroups * 16 * cn;
+}
 // Matrix-vector candidates {WG, NR, SG}: WG a power of two (the shaders' reduction tree), NR
 // output columns per workgroup, SG 1 to sum within subgroups first (vulkan_tuning.h).
 constexpr uint32_t kGemvWg[] = {32, 64, 128, 256};
@@ -148,8 +167,12 @@ Form form_of(Kernel k) {
                                          : Form::Tiled;
 }
 
-Variant tile(uint32_t bm, uint32_t bn, uint32_t bk, uint32_t tm, uint32_t tn) {
-    return {{(bm / tm) * (bn / tn), bm, bn, bk, tm, tn}};
+Variant tile(uint32_t bm, uint32_t bn, uint32_t bk, uint32_t tm, uint32_t tn, uint32_t form = 0) {
+    return {{(bm / tm) * (bn / tn), bm, bn, bk, tm, tn, form}};
+}
+
+bool has_coop_form(Kernel k) {
+    return k == Kernel::Matmul || k == Kernel::GroupedMatmul;
 }
 
 bool parse_uint(std::string_view s, uint32_t& out) {
@@ -195,10 +218,16 @@ std::string Variant::name(Kernel k) const {
         return spec.size() == 3 ? "wg" + std::to_string(spec[0]) + ".nr" + std::to_string(spec[1]) +
                                       (spec[2] ? ".sg" + std::to_string(spec[2]) : "")
                                 : "?";
-    if (spec.size() != 6) return "?";
+    if (spec.size() != 7) return "?";
     return "bm" + std::to_string(spec[1]) + ".bn" + std::to_string(spec[2]) + ".bk" +
            std::to_string(spec[3]) + ".tm" + std::to_string(spec[4]) + ".tn" +
-           std::to_string(spec[5]);
+           std::to_string(spec[5]) + (spec[6] == kTiledCoopmat ? ".cm" : "");
+}
+
+std::vector<uint32_t> tiled_spec(const Variant& v, const DeviceInfo& d, bool coop) {
+    std::vector<uint32_t> spec(v.spec.begin(), v.spec.begin() + 6);
+    if (coop) spec.insert(spec.end(), {d.subgroup_size, d.coopmat_columns});
+    return spec;
 }
 
 std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
@@ -224,6 +253,9 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
     } else if (form == Form::Split && name.size() > 3 && name.substr(name.size() - 3) == ".v4") {
         name.remove_suffix(3);
         sg = kSplitRows;
+    } else if (form == Form::Tiled && name.size() > 3 && name.substr(name.size() - 3) == ".cm") {
+        name.remove_suffix(3);
+        sg = kTiledCoopmat;
     }
     std::vector<uint32_t> values;
     size_t at = 0;
@@ -241,7 +273,7 @@ std::optional<Variant> parse_variant(Kernel k, std::string_view name) {
     if (form != Form::Tiled) return Variant{values};
     const uint32_t bm = values[0], bn = values[1], tm = values[3], tn = values[4];
     if (bm % tm != 0 || bn % tn != 0) return std::nullopt;
-    return tile(bm, bn, values[2], tm, tn);
+    return tile(bm, bn, values[2], tm, tn, sg);
 }
 
 // Why a variant that sums through subgroup shuffles cannot run on the device (empty: it can):
@@ -314,7 +346,7 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
         }
         shared_floats = uint64_t{kGemvSlots} * v.spec[1] * wg;
     } else {
-        if (v.spec.size() != 6) return "not a tiled variant";
+        if (v.spec.size() != 7 || v.spec[6] > kTiledCoopmat) return "not a tiled variant";
         // 64-bit products: a variant read from a file may hold any 32-bit values.
         const uint64_t bm = v.spec[1], bn = v.spec[2], bk = v.spec[3], tm = v.spec[4],
                        tn = v.spec[5];
@@ -322,6 +354,25 @@ std::string invalid_reason(Kernel k, const Variant& v, const DeviceInfo& d) {
             return "its workgroup does not match its tile and register block";
         if (tm * tn > 128) return "its register block is over 128 accumulators";
         shared_floats = tile_shared_floats(bm, bk, tm) + tile_shared_floats(bn, bk, tn);
+        if (v.spec[6] == kTiledCoopmat) {
+            if (!has_coop_form(k))
+                return "only matmul and grouped_matmul have a cooperative-matrix form";
+            const uint64_t cn = d.coopmat_columns, sgs = d.subgroup_size;
+            if (cn == 0)
+                return "it runs on cooperative matrices, and the device has no usable "
+                       "VK_NV_cooperative_matrix (16 x 16 x 16 or 16 x 8 x 16 fp16, fp32 "
+                       "accumulators)";
+            if (sgs == 0 || wg % sgs != 0)
+                return "its workgroup (" + std::to_string(wg) + ") is not whole subgroups (" +
+                       std::to_string(sgs) + ")";
+            if (bm % 16 != 0 || bk % 16 != 0 || bn % cn != 0)
+                return "its tile is not whole 16 x " + std::to_string(cn) + " blocks, 16 deep";
+            if ((bm / 16) * (bn / cn) % (wg / sgs) != 0)
+                return "its " + std::to_string((bm / 16) * (bn / cn)) +
+                       " blocks do not divide among its " + std::to_string(wg / sgs) + " subgroups";
+            // Bytes, as floats (rounded up) for the check below.
+            shared_floats = (coop_tile_shared_bytes(bm, bn, bk, wg / sgs, cn) + 3) / 4;
+        }
     }
     if (wg == 0 || wg > d.max_workgroup_invocations || wg > d.max_workgroup_size_x)
         return "its workgroup of " + std::to_string(wg) + " invocations is over the device's " +
@@ -355,6 +406,9 @@ std::vector<Variant> candidates(Kernel k, const DeviceInfo& d) {
                 for (uint32_t nr : kGemvRows) all.push_back({{wg, nr, sg}});
     } else {
         for (const auto& t : kTiles) all.push_back(tile(t[0], t[1], t[2], t[3], t[4]));
+        if (has_coop_form(k))
+            for (const auto& t : kCoopTiles)
+                all.push_back(tile(t[0], t[1], t[2], t[3], t[4], kTiledCoopmat));
     }
     std::erase_if(all, [&](const Variant& v) { return !invalid_reason(k, v, d).empty(); });
     return all;

@@ -50,14 +50,19 @@ bool is_gemv(Kernel k);
 inline constexpr uint32_t kAttentionTiledMaxHeadDim = 128;
 // The SG of prefill attention's register-blocked form (".rb4", below).
 inline constexpr uint32_t kAttentionBlocked = 2;
+// The form of the tiled products on cooperative matrices (".cm", matmul_tile_coopmat.glsl).
+inline constexpr uint32_t kTiledCoopmat = 1;
 // The form of decode attention's short-chain variants (".v4", attention_split_rows.comp).
 inline constexpr uint32_t kSplitRows = 1;
 // attention_split.comp's bounds: heads per group (MAX_GROUP), and the floats of a group's
 // queries (MAX_GROUP_DIM) and of the chunk's keys (MAX_CHUNK_DIM) in its shared memory.
 inline constexpr uint32_t kSplitMaxGroup = 16, kSplitGroupDim = 2048, kSplitChunkDim = 1024;
 
-// A kernel's specialization constants, in constant_id order: tiled {WG, BM, BN, BK, TM, TN}
-// (matmul_tile.glsl), matrix-vector {WG, NR, SG} (matmul_gemv.comp), attention {WG, BQ, BK,
+// A kernel's specialization constants, in constant_id order: tiled {WG, BM, BN, BK, TM, TN,
+// FORM} (matmul_tile.glsl; FORM is no constant but picks the module: 0 fp32 register blocks, 1
+// (kTiledCoopmat, ".cm") cooperative matrices, for matmul and grouped_matmul reading fp16
+// weights, on a device with DeviceInfo::coopmat_columns; other calls of such a variant run its
+// tile in the fp32 form), matrix-vector {WG, NR, SG} (matmul_gemv.comp), attention {WG, BQ, BK,
 // SG} (attention_tiled.comp). The SG of a matrix-vector or attention variant is no constant but
 // picks the module, which needs a device with subgroup shuffles when it is 1 (invalid_reason):
 // matrix-vector, 0 the workgroup's sum in a shared-memory tree, 1 through subgroup shuffles
@@ -73,7 +78,8 @@ inline constexpr uint32_t kSplitMaxGroup = 16, kSplitGroupDim = 2048, kSplitChun
 // 0 for a head_dim that is no multiple of 4 or over 4 * WG).
 struct Variant {
     std::vector<uint32_t> spec;
-    // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it), "wg64.nr4" (SG 0: the
+    // "bm64.bn64.bk16.tm4.tn4" (the workgroup size follows from it; ".cm" after it for FORM
+    // 1), "wg64.nr4" (SG 0: the
     // names of tuning files written before SG existed), "wg64.nr4.sg1", "wg64.bq16.bk32" (SG 0
     // likewise), "wg64.bq16.bk32.sg1", "wg128.bq32.bk64.rb4", "wg64.sl64" or "wg64.sl64.v4".
     std::string name(Kernel k) const;
@@ -82,6 +88,10 @@ struct Variant {
 // The head_dim a blocked prefill attention variant's tiles are sized for at a call's head_dim hd
 // (at most kAttentionTiledMaxHeadDim): 32, 64 or 128, and at least its BK.
 uint32_t blocked_attention_head_dim(const Variant& v, int64_t hd);
+// The specialization constants a tiled variant's module takes: {WG, BM, BN, BK, TM, TN}, and
+// for the cooperative-matrix module (`coop`) the device's subgroup size and
+// DeviceInfo::coopmat_columns after them (matmul_tile_coopmat.glsl's SGS and CN).
+std::vector<uint32_t> tiled_spec(const Variant& v, const DeviceInfo& d, bool coop);
 // Parses Variant::name(); nullopt when it is not a name of that kernel's form.
 std::optional<Variant> parse_variant(Kernel k, std::string_view name);
 // Empty when the variant can run on the device, else why not.

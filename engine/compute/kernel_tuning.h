@@ -48,8 +48,9 @@ class KernelTuning {
     virtual ~KernelTuning() = default;
     // While `log` is set, every tunable call is appended to it (nullptr stops).
     virtual void log_calls(std::vector<TunableCall>* log) = 0;
-    // The variants of a kernel family that this device can run.
-    virtual std::vector<std::string> variants(const std::string& kernel) const = 0;
+    // The variants of the call's kernel family that this device can run for the call (a form
+    // may need, say, fp16 weights).
+    virtual std::vector<std::string> variants(const TunableCall& call) const = 0;
     // The variant the backend runs the call with when untuned (its built-in default).
     virtual std::string default_variant(const TunableCall& call) const = 0;
     // Every call of `kernel` runs `variant` ("": back to the backend's own choice).

@@ -202,7 +202,7 @@ TuneReport tune_kernels(const ModelConfig& config, Backend& be, Backend& cpu,
     std::vector<TunedChoice> choices;
     for (size_t i = 0; i < calls.size(); ++i) {
         const TunableCall& call = calls[i];
-        const std::vector<std::string> variants = kt->variants(call.kernel);
+        const std::vector<std::string> variants = kt->variants(call);
         if (o.progress)
             o.progress("[" + std::to_string(i + 1) + "/" + std::to_string(calls.size()) + "] " +
                        call.key + ": " + std::to_string(variants.size()) + " variants");

@@ -122,12 +122,85 @@ TEST(VulkanTuning, CandidatesAndDefaultsFitTheSmallestDeviceVulkanAllows) {
         }
     }
     // The reasons name the limit.
-    const vk::Variant wide{{256, 64, 64, 16, 4, 4}};
+    const vk::Variant wide{{256, 64, 64, 16, 4, 4, 0}};
     EXPECT_NE(vk::invalid_reason(Kernel::Matmul, wide, small).find("invocations"),
               std::string::npos);
-    const vk::Variant deep{{256, 64, 64, 128, 4, 4}};
+    const vk::Variant deep{{256, 64, 64, 128, 4, 4, 0}};
     EXPECT_NE(vk::invalid_reason(Kernel::Matmul, deep, big).find("shared memory"),
               std::string::npos);
+}
+
+// The ".cm" variants (shaders/matmul_tile_coopmat.glsl): offered for matmul and grouped_matmul
+// on a device with a usable NV cooperative matrix only, whole blocks shared evenly by whole
+// subgroups, within shared memory; and the module's specialization constants.
+TEST(VulkanTuning, CooperativeMatrixVariantsOnlyWhereTheDeviceHasThem) {
+    const auto coop = [](const vk::Variant& v) { return v.name(Kernel::Matmul).ends_with(".cm"); };
+    vk::DeviceInfo plain = device(1024, 48 * 1024, 0x10DE);
+    plain.subgroup_size = 32;
+    vk::DeviceInfo nvidia = plain;
+    nvidia.coopmat_columns = 16;
+    for (Kernel k : every_kernel()) {
+        SCOPED_TRACE(vk::kernel_name(k));
+        const std::vector<vk::Variant> without = vk::candidates(k, plain);
+        EXPECT_EQ(std::count_if(without.begin(), without.end(), coop), 0);
+        const std::vector<vk::Variant> with = vk::candidates(k, nvidia);
+        const bool forward = k == Kernel::Matmul || k == Kernel::GroupedMatmul;
+        EXPECT_EQ(std::count_if(with.begin(), with.end(), coop), forward ? 8 : 0);
+        EXPECT_EQ(with.size() - without.size(), forward ? 8u : 0u);
+    }
+    const vk::Variant v = *vk::parse_variant(Kernel::Matmul, "bm64.bn64.bk32.tm4.tn4.cm");
+    EXPECT_EQ(v.spec, (std::vector<uint32_t>{256, 64, 64, 32, 4, 4, vk::kTiledCoopmat}));
+    EXPECT_EQ(v.name(Kernel::Matmul), "bm64.bn64.bk32.tm4.tn4.cm");
+    EXPECT_EQ(vk::invalid_reason(Kernel::Matmul, v, nvidia), "");
+    EXPECT_EQ(vk::invalid_reason(Kernel::GroupedMatmul, v, nvidia), "");
+    EXPECT_NE(vk::invalid_reason(Kernel::Matmul, v, plain).find("VK_NV_cooperative_matrix"),
+              std::string::npos);
+    EXPECT_NE(vk::invalid_reason(Kernel::GroupedMatmulDx, v, nvidia).find("only matmul"),
+              std::string::npos);
+    // The fp32 form's constants, and the cooperative module's with SGS and CN after them.
+    EXPECT_EQ(vk::tiled_spec(v, nvidia, false), (std::vector<uint32_t>{256, 64, 64, 32, 4, 4}));
+    EXPECT_EQ(vk::tiled_spec(v, nvidia, true),
+              (std::vector<uint32_t>{256, 64, 64, 32, 4, 4, 32, 16}));
+    // 16 x 8 blocks: twice as many, still whole.
+    vk::DeviceInfo narrow = nvidia;
+    narrow.coopmat_columns = 8;
+    EXPECT_EQ(vk::invalid_reason(Kernel::Matmul, v, narrow), "");
+    // Refusals name what does not fit.
+    vk::DeviceInfo odd = nvidia;
+    odd.subgroup_size = 24;
+    EXPECT_NE(vk::invalid_reason(Kernel::Matmul, v, odd).find("whole subgroups"),
+              std::string::npos);
+    const vk::Variant few = *vk::parse_variant(Kernel::Matmul, "bm16.bn64.bk16.tm1.tn4.cm");
+    EXPECT_NE(vk::invalid_reason(Kernel::Matmul, few, nvidia).find("do not divide"),
+              std::string::npos);
+    const vk::Variant shallow = *vk::parse_variant(Kernel::Matmul, "bm64.bn64.bk8.tm4.tn4.cm");
+    EXPECT_NE(vk::invalid_reason(Kernel::Matmul, shallow, nvidia).find("16 deep"),
+              std::string::npos);
+    vk::DeviceInfo small = nvidia;
+    small.shared_memory_bytes = 32 * 1024;
+    const vk::Variant big = *vk::parse_variant(Kernel::Matmul, "bm128.bn128.bk32.tm8.tn8.cm");
+    EXPECT_EQ(vk::invalid_reason(Kernel::Matmul, big, nvidia), "");
+    EXPECT_NE(vk::invalid_reason(Kernel::Matmul, big, small).find("shared memory"),
+              std::string::npos);
+}
+
+// The shape the ".cm" variants run on, from the shapes a device lists.
+TEST(VulkanTuning, CooperativeMatrixColumnsFromTheDevicesShapes) {
+    using S = vk::CoopmatShape;
+    constexpr auto f16 = VK_COMPONENT_TYPE_FLOAT16_NV, f32 = VK_COMPONENT_TYPE_FLOAT32_NV;
+    const S wide{16, 16, 16, f16, f16, f32, f32, VK_SCOPE_SUBGROUP_NV};
+    const S narrow{16, 8, 16, f16, f16, f32, f32, VK_SCOPE_SUBGROUP_NV};
+    S half_acc = wide;
+    half_acc.c = half_acc.d = f16;
+    S workgroup = wide;
+    workgroup.scope = VK_SCOPE_WORKGROUP_NV;
+    S deep = wide;
+    deep.k = 32;
+    EXPECT_EQ(vk::coopmat_columns({}), 0u);
+    EXPECT_EQ(vk::coopmat_columns({narrow}), 8u);
+    EXPECT_EQ(vk::coopmat_columns({narrow, wide}), 16u);
+    EXPECT_EQ(vk::coopmat_columns({wide, narrow}), 16u);
+    EXPECT_EQ(vk::coopmat_columns({half_acc, workgroup, deep}), 0u);
 }
 
 TEST(VulkanTuning, NvidiaIsNotGivenThe128x128TileByDefault) {
@@ -408,7 +481,7 @@ TEST(VulkanTuning, ACallTakesTheForcedThenTheTunedThenTheNearestTunedThenTheDefa
     EXPECT_EQ(table.choose(Kernel::Matmul, 300, 512, 512, 2), tuned);
     // A variant this device cannot run is refused by name.
     const std::string m = error_of([&] {
-        table.force(Kernel::Matmul, vk::Variant{{1024, 128, 128, 16, 2, 2}});
+        table.force(Kernel::Matmul, vk::Variant{{1024, 128, 128, 16, 2, 2, 0}});
     });
     EXPECT_NE(m.find("bm128.bn128.bk16.tm2.tn2"), std::string::npos) << m;
 }
@@ -453,7 +526,7 @@ TEST_F(VulkanTuningOnDevice, TunedShapesAreUsedByTheNextStartAndComputeWhatTheDe
         EXPECT_GT(s.best_ms, 0.0) << s.call.key;
         EXPECT_GT(s.default_ms, 0.0) << s.call.key;
         EXPECT_LE(s.best_ms, s.default_ms) << s.call.key;
-        EXPECT_EQ(s.tried.size(), vk().variants(s.call.kernel).size()) << s.call.key;
+        EXPECT_EQ(s.tried.size(), vk().variants(s.call).size()) << s.call.key;
         for (const auto& t : s.tried) EXPECT_FALSE(t.rejected) << s.call.key << " " << t.variant;
     }
     for (const char* k :

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdlib>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -499,6 +500,58 @@ TEST_F(VulkanVariants, GroupedMatmul) {
             check_grouped_stored(t, t == DType::Q8_0 ? kQ8_0BlockValues : 1, 1, {40, 0, 30}, 33,
                                  64);
     });
+}
+
+// The ".cm" variants on a device with NV cooperative matrices (shaders/matmul_tile_coopmat.glsl):
+// linear() and grouped_matmul reading fp16 weights run the cooperative modules and keep fp32's
+// tolerance (a split into two fp16 halves), on partial tiles, k no multiple of 16, split along
+// k, with bias; the same variant's other calls (fp32 weights) run its tile in fp32. (The suites
+// above run them too, in every weight format.) Lavapipe has no cooperative matrices: only a
+// GPU runs this.
+TEST_F(VulkanVariants, CooperativeMatrixFormForFp16Weights) {
+    SCOPED_TRACE(trace());
+    if (vk().context().info().coopmat_columns == 0)
+        GTEST_SKIP() << "this Vulkan device has no usable VK_NV_cooperative_matrix (NVIDIA GPUs "
+                        "have it; lavapipe does not)";
+    const auto coop = [](const vk::Variant& v) { return v.spec[6] == vk::kTiledCoopmat; };
+    // Which modules ran `body` (where the device can time commands: the profile names them).
+    const auto modules = [&](const std::function<void()>& body) {
+        std::set<std::string> names;
+        if (!vk().can_profile()) {
+            body();
+            return names;
+        }
+        vk().begin_profile();
+        body();
+        for (const Backend::ProfiledCommands& p : vk().end_profile()) names.insert(p.name);
+        return names;
+    };
+    for_each_variant(
+        vk::Kernel::Matmul,
+        [&] {
+            const std::set<std::string> ran = modules([&] {
+                check_linear_stored(DType::F16, 1, 1, 37, 70, 64);
+                check_linear_stored(DType::F16, 0, 0, 130, 70, 45);
+                check_linear_stored(DType::F16, 0, 0, 40, 70, 2100);  // split along k
+            });
+            if (vk().can_profile()) {
+                EXPECT_TRUE(ran.count("matmul_cm_f16w"));
+                EXPECT_FALSE(ran.count("matmul_f16w"));
+            }
+            const std::set<std::string> fp32 = modules([&] { check_linear(33, 70, 45); });
+            if (vk().can_profile()) EXPECT_FALSE(fp32.count("matmul_cm_f16w"));
+        },
+        coop);
+    for_each_variant(
+        vk::Kernel::GroupedMatmul,
+        [&] {
+            const std::set<std::string> ran = modules([&] {
+                check_grouped_stored(DType::F16, 1, 1, {40, 0, 30}, 33, 64);
+                check_grouped_stored(DType::F16, 0, 0, {100, 3, 0, 57}, 70, 45);
+            });
+            if (vk().can_profile()) EXPECT_TRUE(ran.count("grouped_matmul_cm_f16w"));
+        },
+        coop);
 }
 
 // The grouped matrix-vector kernel (up to 32 slots): an expert's slots 4 at a time.
