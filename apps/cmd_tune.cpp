@@ -118,6 +118,9 @@ void add_tune_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--train-seq", t.train_seq, "Tokens per sequence of that training step")
         ->check(in_range<int64_t>(1))
         ->capture_default_str();
+    sub->add_option("--gemm", t.gemm,
+                    "Also tune the fp32 N x N x N matmul that `tmx bench --gemm N` times")
+        ->check(in_range<int64_t>(1, 65536));
     sub->add_flag_callback(
         "--no-train", [opts] { opts->train = false; },
         "Tune inference shapes only (no training step)");

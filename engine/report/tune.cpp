@@ -53,6 +53,15 @@ std::vector<TunableCall> collect_calls(const ModelConfig& config, Backend& be,
                 bench_detail::measure_training(config, weights, be, bo,
                                                {.precision = Precision::F32});
             }
+            if (o.gemm > 0) {
+                // As op_bench.cpp's square GEMM runs it: fp32, b not a weight.
+                const int64_t n = o.gemm;
+                const Tensor a = be.alloc({n, n}), b = be.alloc({n, n}), out = be.alloc({n, n});
+                be.fill(a, 1.0f);
+                be.fill(b, 1.0f);
+                Backend::ModeScope fp32(be, {.precision = Precision::F32});
+                be.matmul(a, b, out);
+            }
         } catch (...) {
             kt.log_calls(nullptr);
             throw;

@@ -24,6 +24,9 @@ struct TuneOptions {
     int64_t batch = 8;            // decoding at batch 1 and at this batch
     // > 0: also the shapes of a training step of train_batch sequences of train_seq tokens.
     int64_t train_batch = 0, train_seq = 0;
+    // > 0: also the fp32 gemm x gemm x gemm matmul that `tmx bench --gemm` times (its square
+    // product, the figure GPUs' fp32 peaks are quoted for), so that the bench runs it tuned.
+    int64_t gemm = 0;
     int repeats = 5;      // timed batches per variant (the median is kept)
     double min_ms = 5.0;  // launches per timed batch: enough to last about this long
     uint64_t seed = 0;    // the model's weights and the inputs

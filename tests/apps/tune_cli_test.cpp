@@ -3,6 +3,7 @@
 // a corrupt file is reported there and refused, and bad flags are usage errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -18,7 +19,7 @@ TEST(TuneCli, TunesAConfigSavesTheDeviceFileAndDevicesSaysSo) {
     const std::string config = test::source_dir() + "/assets/configs/test-tiny-swiglu.json";
     auto r = test::run_tmx("tune --config " + config +
                            " --prompt 24 --batch 2 --train-batch 2 --train-seq 8 --repeats 1"
-                           " --min-ms 0.2 --json --threads 2");
+                           " --min-ms 0.2 --gemm 37 --json --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("tune: [1/"), std::string::npos) << r.err;  // progress
     const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -26,6 +27,10 @@ TEST(TuneCli, TunesAConfigSavesTheDeviceFileAndDevicesSaysSo) {
     const std::string saved = j["saved_to"];
     EXPECT_EQ(saved.rfind(cache.path().string() + "/tmx/vulkan-tuning-", 0), 0u) << saved;
     EXPECT_TRUE(std::filesystem::exists(saved));
+    // --gemm: bench's square fp32 product is one of the tuned shapes.
+    EXPECT_TRUE(std::any_of(j["shapes"].begin(), j["shapes"].end(), [](const auto& s) {
+        return s["shape"] == "matmul rows<=64 n=37 k=37";
+    })) << j["shapes"].dump();
     for (const auto& s : j["shapes"]) {
         EXPECT_GT(s["best_ms"].get<double>(), 0.0) << s["shape"];
         EXPECT_GE(s["speedup"].get<double>(), 1.0) << s["shape"];
@@ -61,8 +66,9 @@ TEST(TuneCli, TunesAConfigSavesTheDeviceFileAndDevicesSaysSo) {
 }
 
 TEST(TuneCli, RefusesBadFlags) {
-    for (const char* args : {"tune --backend cpu", "tune --prompt 0", "tune --repeats 0",
-                             "tune --min-ms 0", "tune --config /nonexistent.json"}) {
+    for (const char* args :
+         {"tune --backend cpu", "tune --prompt 0", "tune --repeats 0", "tune --min-ms 0",
+          "tune --config /nonexistent.json", "tune --gemm 0"}) {
         auto r = test::run_tmx(args);
         EXPECT_NE(r.exit_code, 0) << args;
         EXPECT_FALSE(r.err.empty()) << args;
