@@ -261,10 +261,11 @@ bool VulkanBackend::grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const
                            swiglu ? out(up) : out(pre),
                            epilogue != 0 ? out(out_t) : out(pre)};
     struct {
-        uint32_t E, Nout, K, has_bias, w_adjust, has_bias3, w3_adjust;
-    } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout), static_cast<uint32_t>(K),
-        b1.defined() ? 1u : 0u,   w1_read.byte_adjust,         b3.defined() ? 1u : 0u,
-        w3_read.byte_adjust};
+        uint32_t E, Nout, K, has_bias, w_adjust, has_bias3, w3_adjust, choices;
+    } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout),
+        static_cast<uint32_t>(K), b1.defined() ? 1u : 0u,
+        w1_read.byte_adjust,      b3.defined() ? 1u : 0u,
+        w3_read.byte_adjust,      0u};
     // Tuned as the product with w1 alone: the epilogue needs no more shared memory (w3's sums
     // reuse w1's), so every candidate of the family runs it.
     const TunableCall call{.op = TunableCall::Op::GroupedMatmul,
@@ -297,6 +298,50 @@ void VulkanBackend::grouped_ffn_up_impl(const Tensor& x, const Tensor& w1, const
                             out_t))
         return;
     Backend::grouped_ffn_up_impl(x, w1, b1, w3, b3, offsets, act, pre, up, out_t);
+}
+
+void VulkanBackend::grouped_ffn_down_impl(const Tensor& x, const Tensor& w2, const Tensor& b2,
+                                          const Tensor& offsets, const Tensor& slot_of,
+                                          const Tensor& gates, const Tensor& ys,
+                                          const Tensor& out_t) {
+    const int64_t S = x.dim(0), E = w2.dim(0), Nout = w2.dim(1), K = w2.dim(2);
+    const int64_t N = gates.dim(0), k = gates.dim(1);
+    // One token (a batch-1 decode step): its k slots in one dispatch with the combine
+    // (grouped_matmul_gemv.comp's OP_COMBINE), instead of a product and a moe_combine and the
+    // wait between them. A larger batch keeps the product's runs of slots per expert, which
+    // read each expert's rows once for up to 4 slots (the fused form reads them per token).
+    if (N != 1 || k < 1 || k > kGemvRowsPerGroup || S != N * k || E == 0 || Nout == 0 || K == 0) {
+        Backend::grouped_ffn_down_impl(x, w2, b2, offsets, slot_of, gates, ys, out_t);
+        return;
+    }
+    std::string shader = "grouped_matmul_gemv";
+    const WeightBinding w_read = weight(w2, shader);
+    // Bindings as grouped_matmul_gemv.comp's OP_COMBINE takes them: the residual in 4 (and in
+    // 7, a writable binding it does not write), gates in 5, slot_of in 6, ys in 8.
+    const auto bindings = {in(x),     w_read.binding, in(b2),       in(offsets), inout(out_t),
+                           in(gates), in(slot_of),    inout(out_t), out(ys)};
+    struct {
+        uint32_t E, Nout, K, has_bias, w_adjust, has_bias3, w3_adjust, choices;
+    } p{static_cast<uint32_t>(E),
+        static_cast<uint32_t>(Nout),
+        static_cast<uint32_t>(K),
+        b2.defined() ? 1u : 0u,
+        w_read.byte_adjust,
+        0u,
+        0u,
+        static_cast<uint32_t>(k)};
+    // The product's tuned shape at these slots.
+    const TunableCall call{.op = TunableCall::Op::GroupedMatmul,
+                           .rows = S,
+                           .n = Nout,
+                           .k = K,
+                           .experts = E,
+                           .weight = w2.dtype(),
+                           .reduced_weights = w_read.reduced};
+    const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, call);
+    std::vector<uint32_t> spec = gemv_module(v, "grouped_matmul_gemv", shader);
+    spec.push_back(kCombine);
+    run(shader, spec, bindings, p, ceil_div(Nout, spec[1]), static_cast<uint32_t>(N));
 }
 
 void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& w,

@@ -1,6 +1,6 @@
 // The operation codes of the activation shaders (elementwise.comp, activation_backward.comp,
 // and grouped_matmul_gemv.comp's epilogue, which runs elementwise.comp's activations through
-// shaders/activations.glsl), shared by the files that record them.
+// shaders/activations.glsl, or kCombine), shared by the files that record them.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,10 @@ enum ElementwiseOp : uint32_t {
     kRelu = 4,
     kRelu2 = 5
 };
+
+// grouped_matmul_gemv.comp's epilogue past the activations: the experts' outputs combined into
+// the residual (Backend::grouped_ffn_down).
+constexpr uint32_t kCombine = 6;
 
 // activation_backward.comp's operations.
 enum ActivationBackwardOp : uint32_t {

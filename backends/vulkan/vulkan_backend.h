@@ -124,7 +124,8 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // (attention_split.comp, attention_combine.comp, attention.cpp);
     // norm_linear as one matrix-vector product that normalizes x's rows as it reads them
     // (matmul_gemv.comp's norm prologue, norm.cpp); grouped_ffn_up as one grouped
-    // matrix-vector product with an activation epilogue (grouped_matmul_gemv.comp, matmul.cpp).
+    // matrix-vector product with an activation epilogue, and (one token) grouped_ffn_down as
+    // one with the combine into the residual (grouped_matmul_gemv.comp, matmul.cpp).
     void moe_route_impl(const Tensor& logits, const Tensor& x, const Tensor& indices,
                         const Tensor& gates, const Tensor& offsets, const Tensor& slot_rows,
                         const Tensor& slot_of, const Tensor& xs) override;
@@ -139,6 +140,9 @@ class VulkanBackend final : public Backend, public KernelTuning {
     void grouped_ffn_up_impl(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w3,
                              const Tensor& b3, const Tensor& offsets, Activation act,
                              const Tensor& pre, const Tensor& up, const Tensor& out) override;
+    void grouped_ffn_down_impl(const Tensor& x, const Tensor& w2, const Tensor& b2,
+                               const Tensor& offsets, const Tensor& slot_of, const Tensor& gates,
+                               const Tensor& ys, const Tensor& out) override;
     // The training ops, fp32 only (no BF16 tensors: convert_impl is Backend's default).
     // Deterministic: no float atomics, every sum in a fixed order.
     TMX_BACKEND_TRAINING_OP_OVERRIDES

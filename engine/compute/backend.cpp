@@ -551,6 +551,26 @@ void Backend::grouped_ffn_up_impl(const Tensor& x, const Tensor& w1, const Tenso
     }
 }
 
+void Backend::grouped_ffn_down(const Tensor& x, const Tensor& w2, const Tensor& b2,
+                               const Tensor& offsets, const Tensor& slot_of, const Tensor& gates,
+                               const Tensor& ys, const Tensor& out) {
+    const OpCheck c{"grouped_ffn_down"};
+    check_grouped_matmul(c, *this, x, w2, b2, offsets, ys);
+    c.rank(gates, "gates", 2);
+    c.rank(out, "out", 2);
+    c.shape(ys, "ys", {gates.numel(), out.dim(1)});
+    c.shape(slot_of, "slot_of", {gates.numel()}, DType::I32);
+    if (gates.dim(0) != out.dim(0)) c.fail("gates and out have different row counts");
+    grouped_ffn_down_impl(x, w2, b2, offsets, slot_of, gates, ys, out);
+}
+
+void Backend::grouped_ffn_down_impl(const Tensor& x, const Tensor& w2, const Tensor& b2,
+                                    const Tensor& offsets, const Tensor& slot_of,
+                                    const Tensor& gates, const Tensor& ys, const Tensor& out) {
+    grouped_matmul_impl(x, w2, b2, offsets, ys);
+    moe_combine_impl(ys, slot_of, gates, out);
+}
+
 // ---- backward ops
 
 void Backend::norm_backward(NormType type, const Tensor& x, const Tensor& weight,

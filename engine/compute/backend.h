@@ -327,6 +327,12 @@ class Backend {
     void grouped_ffn_up(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w3,
                         const Tensor& b3, const Tensor& offsets, Activation act, const Tensor& pre,
                         const Tensor& up, const Tensor& out);
+    // The second half: ys = grouped_matmul(x, w2, b2, offsets), then moe_combine(ys, slot_of,
+    // gates, out) (out[n, :] += sum_j gates[n, j] ys[slot_of[n k + j], :], j ascending). ys is
+    // kept for the backward.
+    void grouped_ffn_down(const Tensor& x, const Tensor& w2, const Tensor& b2,
+                          const Tensor& offsets, const Tensor& slot_of, const Tensor& gates,
+                          const Tensor& ys, const Tensor& out);
 
     // ---- backward ops
     // Gradient outputs (d_*) are *accumulated into* (+=) unless the op says otherwise, so a

@@ -73,7 +73,10 @@
     X(void, grouped_ffn_up, (const Tensor& x, const Tensor& w1, const Tensor& b1,                  \
                              const Tensor& w3, const Tensor& b3, const Tensor& offsets,            \
                              Activation act, const Tensor& pre, const Tensor& up,                  \
-                             const Tensor& out))
+                             const Tensor& out))                                                   \
+    X(void, grouped_ffn_down, (const Tensor& x, const Tensor& w2, const Tensor& b2,                \
+                               const Tensor& offsets, const Tensor& slot_of, const Tensor& gates,  \
+                               const Tensor& ys, const Tensor& out))
 
 #define TMX_BACKEND_TRAINING_OPS(X)                                                                \
     X(void, norm_backward, (NormType type, const Tensor& x, const Tensor& weight,                  \

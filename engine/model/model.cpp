@@ -536,8 +536,7 @@ void Model::layer_forward(int64_t l, const Tensor& h, LayerActivations& a, const
         if (aux_out.defined()) be.router_aux_loss(a.router_logits, a.top_idx, aux_out);
         be.grouped_ffn_up(a.xs, m.w1, w.b1, swiglu ? m.w3 : Tensor{}, swiglu ? w.b3 : Tensor{},
                           a.offsets, c.activation, a.pre, swiglu ? a.up : Tensor{}, a.act);
-        be.grouped_matmul(a.act, m.w2, w.b2, a.offsets, a.ys);
-        be.moe_combine(a.ys, a.slot_of, a.gates, h);
+        be.grouped_ffn_down(a.act, m.w2, w.b2, a.offsets, a.slot_of, a.gates, a.ys, h);
     } else {
         be.norm_linear(c.norm_type, h, w.post_norm_w, w.post_norm_b, eps, a.a2, m.w1, w.b1, a.pre);
         if (swiglu) be.linear(a.a2, m.w3, w.b3, a.up);

@@ -1,9 +1,9 @@
 // The fused forward ops (Backend::norm_linear, rope_attention_cached_store, moe_route,
-// grouped_ffn_up) on every backend besides the CPU, against the CPU, which runs each as the
-// sequence of ops its contract names. A backend that fuses one (Vulkan, at decoding's few rows)
-// must give that sequence's results within the ops' own tolerances, at the sizes that take its
-// fused path and those that do not, in every weight format it holds, and the same bits again
-// on a second run.
+// grouped_ffn_up, grouped_ffn_down) on every backend besides the CPU, against the CPU, which runs
+// each as the sequence of ops its contract names. A backend that fuses one (Vulkan, at decoding's
+// few rows) must give that sequence's results within the ops' own tolerances, at the sizes that
+// take its fused path and those that do not, in every weight format it holds, and the same bits
+// again on a second run.
 //
 // f32 weights are compared in training mode, where every backend multiplies them exactly
 // (Vulkan's inference-only fp16 copies are off); one case per op runs in inference mode, where
@@ -263,6 +263,52 @@ TEST_P(FusedOps, GroupedFfnUpIsTheProductsThenTheActivation) {
                         });
                     }
                 }
+            }
+        }
+    }
+}
+
+TEST_P(FusedOps, GroupedFfnDownIsTheProductThenTheCombine) {
+    SCOPED_TRACE(trace());
+    const int64_t Nout = 37, E = 5;
+    struct Case {
+        int64_t N, k, K;
+    };
+    // One token (Vulkan's fused path) of 1, 2 and 4 choices, K a multiple of 4 or not; then
+    // tokens that take the sequence (2, and 3 of 2 choices) and more choices than the fused
+    // path holds (5).
+    for (const Case& c : {Case{1, 2, 64}, Case{1, 1, 64}, Case{1, 4, 64}, Case{1, 2, 45},
+                          Case{2, 2, 64}, Case{3, 2, 64}, Case{1, 5, 64}}) {
+        const int64_t S = c.N * c.k, K = c.K;
+        // Each token's choices among the experts (distinct, as top-k picks them, or not: the
+        // op does not care); slots sorted by expert, then by token and choice.
+        std::vector<int32_t> expert_of(static_cast<size_t>(S));
+        for (int64_t i = 0; i < S; ++i) expert_of[i] = ints(1, 0, static_cast<int32_t>(E))[0];
+        std::vector<int32_t> counts(static_cast<size_t>(E), 0);
+        for (int32_t e : expert_of) ++counts[e];
+        const std::vector<int32_t> offsets = expert_offsets(counts);
+        std::vector<int32_t> slot_of(static_cast<size_t>(S)), next(offsets.begin(), offsets.end());
+        for (int64_t i = 0; i < S; ++i) slot_of[i] = next[expert_of[i]]++;
+        for (bool training : {true, false}) {
+            for (DType t : formats()) {
+                if (!training && t != DType::F32) continue;
+                if (t == DType::Q8_0 && K % kQ8_0BlockValues != 0) continue;
+                SCOPED_TRACE(std::string(training ? "training " : "inference ") + to_string(t) +
+                             " N " + std::to_string(c.N) + " k " + std::to_string(c.k) + " K " +
+                             std::to_string(K));
+                Backend::ModeScope mode(be(), {.training = training});
+                const auto x = normal(S * K), w2 = normal(E * Nout * K, 0.2), b2 = normal(E * Nout),
+                           gates = normal(S, 0.5), h = normal(c.N * Nout);
+                const double tol = training ? reduction_tol(K) : kFp16WeightTol;
+                const bool with_bias = c.k != 4;
+                expect_matches_cpu([&](Backend& b) {
+                    Tensor ys = poisoned(b, {S, Nout}), out = up(b, h, {c.N, Nout});
+                    b.grouped_ffn_down(up(b, x, {S, K}), weight_on(b, t, w2, {E, Nout, K}),
+                                       with_bias ? up(b, b2, {E, Nout}) : Tensor{},
+                                       up_ids(b, offsets, {E + 1}), up_ids(b, slot_of, {S}),
+                                       up(b, gates, {c.N, c.k}), ys, out);
+                    return Outputs{{"ys", down(b, ys), tol}, {"out", down(b, out), tol}};
+                });
             }
         }
     }

@@ -1,7 +1,7 @@
-// The Vulkan backend's fused moe_route and rope_attention_cached_store take their fused paths at
-// decoding's sizes and run the sequence elsewhere (backends/vulkan/moe.cpp, attention.cpp),
-// counted in dispatches: the fewer commands are the point of fusing. Their results against
-// the CPU are tests/backends/fused_ops_test.cpp's.
+// The Vulkan backend's fused moe_route, rope_attention_cached_store and grouped_ffn_down take
+// their fused paths at decoding's sizes and run the sequence elsewhere (backends/vulkan/moe.cpp,
+// attention.cpp, matmul.cpp), counted in dispatches: the fewer commands are the point of fusing.
+// Their results against the CPU are tests/backends/fused_ops_test.cpp's.
 #ifdef TMX_HAS_VULKAN
 
 #include <functional>
@@ -76,6 +76,43 @@ TEST_F(VulkanFusedOps, RopeAttentionCachedStoreIsTheSplitPathsTwoDispatches) {
                                           /*window=*/0);
         });
         EXPECT_EQ(fused, T <= split_max_t ? attention : attention + 3);
+    }
+}
+
+// One token's slots and their combine into the residual: one dispatch (grouped_matmul_gemv.comp's
+// OP_COMBINE); more tokens, the product and moe_combine. Its results against the sequence's on
+// the same backend: within the product's rounding (the same sums, another shader's last add).
+TEST_F(VulkanFusedOps, GroupedFfnDownIsOneDispatchForOneToken) {
+    SCOPED_TRACE(trace());
+    const int64_t E = 4, Nout = 40, K = 48;
+    for (const int64_t N : {int64_t{1}, int64_t{2}}) {
+        SCOPED_TRACE("N " + std::to_string(N));
+        Backend& b = vk();
+        const int64_t k = 2, S = N * k;
+        // Token n's choices: experts n % E and (n + 2) % E, slots sorted by expert.
+        std::vector<int32_t> counts(E, 0), expert_of;
+        for (int64_t n = 0; n < N; ++n)
+            for (int64_t e : {n % E, (n + 2) % E}) {
+                expert_of.push_back(static_cast<int32_t>(e));
+                ++counts[e];
+            }
+        const std::vector<int32_t> offsets = expert_offsets(counts);
+        std::vector<int32_t> slot_of, next(offsets.begin(), offsets.end());
+        for (int32_t e : expert_of) slot_of.push_back(next[e]++);
+        const auto h = normal(N * Nout);
+        const Tensor x = up(b, normal(S * K), {S, K}),
+                     w2 = up(b, normal(E * Nout * K), {E, Nout, K}),
+                     b2 = up(b, normal(E * Nout), {E, Nout}), off = up_ids(b, offsets, {E + 1}),
+                     of = up_ids(b, slot_of, {S}), gates = up(b, normal(S), {N, k});
+        Tensor fused_out = up(b, h, {N, Nout}), fused_ys = poisoned(b, {S, Nout});
+        EXPECT_EQ(dispatches_of(
+                      [&] { b.grouped_ffn_down(x, w2, b2, off, of, gates, fused_ys, fused_out); }),
+                  N == 1 ? 1u : 2u);
+        Tensor seq_out = up(b, h, {N, Nout}), seq_ys = poisoned(b, {S, Nout});
+        b.grouped_matmul(x, w2, b2, off, seq_ys);
+        b.moe_combine(seq_ys, of, gates, seq_out);
+        EXPECT_TRUE(Close(down(b, fused_ys), down(b, seq_ys), 1e-6));
+        EXPECT_TRUE(Close(down(b, fused_out), down(b, seq_out), 1e-6));
     }
 }
 

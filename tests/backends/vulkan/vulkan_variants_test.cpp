@@ -615,6 +615,52 @@ TEST_F(VulkanVariants, GroupedFfnUpGemv) {
     });
 }
 
+// grouped_ffn_down for one token (the grouped matrix-vector kernel's combine epilogue, one
+// dispatch): its k slots in other experts (or two in one), with every candidate, in every
+// weight format (half-way into a word), x off a 16-byte boundary, K a multiple of 4 or not.
+TEST_F(VulkanVariants, GroupedFfnDownGemv) {
+    SCOPED_TRACE(trace());
+    const int64_t Nout = 33, E = 4;
+    // experts: token 0's choices (slots sorted by expert: offsets from their counts).
+    const auto check = [&](DType t, int64_t w_lead, int64_t x_lead,
+                           const std::vector<int32_t>& experts, int64_t K) {
+        const int64_t k = static_cast<int64_t>(experts.size());
+        std::vector<int32_t> counts(E, 0), slot_of;
+        for (int32_t e : experts) ++counts[e];
+        const std::vector<int32_t> offsets = expert_offsets(counts);
+        std::vector<int32_t> next(offsets.begin(), offsets.end());
+        for (int32_t e : experts) slot_of.push_back(next[e]++);
+        SCOPED_TRACE("grouped_ffn_down " + std::string(to_string(t)) + " k,K " + dims({k, K}) +
+                     " w lead " + std::to_string(w_lead) + " x lead " + std::to_string(x_lead));
+        const std::array<Tensor, 2> w2 = stored(t, {E, Nout, K}, w_lead);
+        const auto x = normal(k * K), b2 = normal(E * Nout), gates = normal(k), h = normal(Nout);
+        std::array<std::vector<float>, 2> ys, out;
+        int i = 0;
+        for (Backend* be : {static_cast<Backend*>(&vk()), &cpu()}) {
+            Tensor y = output(*be, {k, Nout}), o = up(*be, h, {1, Nout});
+            const uint64_t dispatches = vk().counters().dispatches;
+            be->grouped_ffn_down(offset(*be, x, x_lead, {k, K}), w2[i], up(*be, b2, {E, Nout}),
+                                 up_ids(*be, offsets, {E + 1}), up_ids(*be, slot_of, {k}),
+                                 up(*be, gates, {1, k}), y, o);
+            if (be == &vk()) {
+                EXPECT_EQ(vk().counters().dispatches - dispatches, 1u);
+            }
+            ys[i] = down(*be, y);
+            out[i++] = down(*be, o);
+        }
+        EXPECT_TRUE(Close(ys[0], ys[1], reduction_tol(K))) << "ys";
+        EXPECT_TRUE(Close(out[0], out[1], reduction_tol(K))) << "out";
+    };
+    for_each_variant(vk::Kernel::GroupedMatmulGemv, [&] {
+        for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0}) {
+            const int64_t half_word = t == DType::Q8_0 ? kQ8_0BlockValues : 1;
+            check(t, half_word, 0, {3, 1}, 64);
+            check(t, 0, 1, {2, 2, 0, 3}, 64);
+            if (t != DType::Q8_0) check(t, 0, 0, {1}, 45);
+        }
+    });
+}
+
 // The backward's d_x kernel (its d_w kernel at its default): both gradients checked.
 TEST_F(VulkanVariants, GroupedMatmulBackwardDx) {
     SCOPED_TRACE(trace());
