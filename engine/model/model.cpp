@@ -880,8 +880,10 @@ struct DecodeState {
     Tensor params;  // the model the step was made for (a cache may serve another model next)
     Precision precision = Precision::F32;
     bool bf16_storage = false;
-    Tensor ids, start;  // [B] I32; start is also the positions (one token per sequence)
-    Tensor h;           // [B, d]
+    // [B] I32 each, slices of one [2B] tensor that one upload fills; start is also the
+    // positions (one token per sequence).
+    Tensor ids_start, ids, start;
+    Tensor h;  // [B, d]
     LayerActivations scratch;
     Tensor logits;  // [B, V]: the step's output
     Backend::StepRecording recording;
@@ -895,6 +897,10 @@ Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<
     Backend& be = backend_;
     const int64_t B = cache.batch();
     check_tokens(tokens);
+    if (static_cast<int64_t>(tokens.size()) != B || static_cast<int64_t>(start.size()) != B)
+        throw std::logic_error("decode_step: " + std::to_string(tokens.size()) + " tokens and " +
+                               std::to_string(start.size()) + " starts for a batch of " +
+                               std::to_string(B));
     auto state = std::static_pointer_cast<DecodeState>(cache.decode_state());
     // Another model's weights, or another precision's kernels, would make a recording of the
     // step wrong: start afresh.
@@ -904,8 +910,9 @@ Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<
         state->params = params_;
         state->precision = be.matmul_precision();
         state->bf16_storage = bf16_storage();
-        state->ids = be.alloc({B}, DType::I32);
-        state->start = be.alloc({B}, DType::I32);
+        state->ids_start = be.alloc({2 * B}, DType::I32);
+        state->ids = state->ids_start.slice(0, {B});
+        state->start = state->ids_start.slice(B, {B});
         state->h = be.alloc({B, c.d_model});
         state->scratch = alloc_activations(B, /*for_backward=*/false, /*cached=*/true);
         // One sequence: q, k and v as slices of one row (layer_forward makes them at once),
@@ -921,8 +928,9 @@ Tensor Model::decode_step(const std::vector<int32_t>& tokens, const std::vector<
         cache.decode_state() = state;
     }
     DecodeState& d = *state;
-    be.upload(d.ids, tokens.data());
-    be.upload(d.start, start.data());
+    std::vector<int32_t> ids_start(tokens);
+    ids_start.insert(ids_start.end(), start.begin(), start.end());
+    be.upload(d.ids_start, ids_start.data());
     be.run_recorded(d.recording, [&] {
         const CachedAttention cached{&cache, d.start};
         be.gather_rows(embed_, d.ids, d.h);
