@@ -266,7 +266,7 @@ if build "$build_dir" main; then
       step bench-baseline-decode 120 env TMX_VULKAN_TUNING=off "$baseline" bench \
            --backends vulkan --prompt 512 --decode 128 --batch 8 --repeats 3 --json
     fi
-    step vulkan-tests 300 bash -c "gpu_tests '$build_dir' vulkan-tests 'Vulkan|TuneCli'"
+    step vulkan-tests 300 bash -c "gpu_tests '$build_dir' vulkan-tests '[Vv]ulkan|TuneCli'"
     tune_and_bench tiny-mixtral-swiglu
     cp -r "$report/cache/tmx" "$report/tuning" 2> /dev/null
     unset XDG_CACHE_HOME

@@ -58,7 +58,8 @@ std::vector<uint32_t> gemv_module(const vk::Variant& v, std::string_view family,
 // in the fp32 form. Returns the module's specialization constants.
 std::vector<uint32_t> tiled_module(const vk::Variant& v, const vk::DeviceInfo& d,
                                    std::string_view family, std::string& shader) {
-    const bool coop = v.spec[6] == vk::kTiledCoopmat && shader.ends_with("_f16w");
+    const bool coop =
+        v.spec[6] == vk::kTiledCoopmat && d.coopmat_columns != 0 && shader.ends_with("_f16w");
     if (coop) shader.insert(family.size(), "_cm");
     return vk::tiled_spec(v, d, coop);
 }

@@ -224,6 +224,15 @@ std::string Variant::name(Kernel k) const {
            std::to_string(spec[5]) + (spec[6] == kTiledCoopmat ? ".cm" : "");
 }
 
+Variant runnable_form(Kernel k, const Variant& v, const DeviceInfo& d) {
+    if (form_of(k) != Form::Tiled || v.spec.size() != 7 || v.spec[6] != kTiledCoopmat ||
+        d.coopmat_columns != 0)
+        return v;
+    Variant fp32 = v;
+    fp32.spec[6] = 0;
+    return fp32;
+}
+
 std::vector<uint32_t> tiled_spec(const Variant& v, const DeviceInfo& d, bool coop) {
     std::vector<uint32_t> spec(v.spec.begin(), v.spec.begin() + 6);
     if (coop) spec.insert(spec.end(), {d.subgroup_size, d.coopmat_columns});
@@ -573,7 +582,8 @@ void TuningTable::force_from_list(std::string_view list) {
 
 void TuningTable::set_tuned(const TuningFile& f, const std::string& path) {
     tuned_.clear();
-    for (const TunedShape& s : f.shapes) tuned_[s.key] = s.best;
+    for (const TunedShape& s : f.shapes)
+        tuned_[s.key] = runnable_form(s.key.kernel, s.best, *device_);
     tuned_from_ = path;
 }
 

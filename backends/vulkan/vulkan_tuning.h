@@ -92,6 +92,10 @@ uint32_t blocked_attention_head_dim(const Variant& v, int64_t hd);
 // for the cooperative-matrix module (`coop`) the device's subgroup size and
 // DeviceInfo::coopmat_columns after them (matmul_tile_coopmat.glsl's SGS and CN).
 std::vector<uint32_t> tiled_spec(const Variant& v, const DeviceInfo& d, bool coop);
+// The variant as the device runs it: a ".cm" tile on a device without usable cooperative
+// matrices (turned off by TMX_VULKAN_COOPMAT=0, or refused by the driver) in its fp32 form, so
+// that a tuning file made with them still applies; any other variant as it is.
+Variant runnable_form(Kernel k, const Variant& v, const DeviceInfo& d);
 // Parses Variant::name(); nullopt when it is not a name of that kernel's form.
 std::optional<Variant> parse_variant(Kernel k, std::string_view name);
 // Empty when the variant can run on the device, else why not.

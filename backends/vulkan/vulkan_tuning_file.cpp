@@ -147,7 +147,9 @@ void check_tuning_applies(const TuningFile& f, const DeviceInfo& here, const std
                hex(me.pipeline_cache_uuid.data(), 16));
     if (f.shaders != shaders_hash()) refuse("tuned with the shaders of another tmx build");
     for (const TunedShape& s : f.shapes)
-        if (std::string why = invalid_reason(s.key.kernel, s.best, here); !why.empty())
+        if (std::string why =
+                invalid_reason(s.key.kernel, runnable_form(s.key.kernel, s.best, here), here);
+            !why.empty())
             refuse(s.key.to_string() + ": variant " + s.best.name(s.key.kernel) +
                    " cannot run here: " + why);
 }

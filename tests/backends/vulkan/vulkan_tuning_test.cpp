@@ -294,6 +294,32 @@ vk::TuningFile sample_file(const vk::DeviceInfo& d) {
     return f;
 }
 
+// A tuning file with a ".cm" choice applies on the same device with cooperative matrices off
+// (TMX_VULKAN_COOPMAT=0, or the driver refusing them): the choice runs its tile in fp32.
+TEST(VulkanTuning, ACooperativeMatrixChoiceRunsInFp32WhereTheyAreOff) {
+    vk::DeviceInfo on = device(1024, 48 * 1024, 0x10DE);
+    on.subgroup_size = 32;
+    on.coopmat_columns = 16;
+    vk::DeviceInfo off = on;
+    off.coopmat_columns = 0;
+    const vk::Variant coop = *vk::parse_variant(Kernel::Matmul, "bm64.bn64.bk32.tm4.tn4.cm");
+    const vk::Variant fp32 = *vk::parse_variant(Kernel::Matmul, "bm64.bn64.bk32.tm4.tn4");
+    EXPECT_EQ(vk::runnable_form(Kernel::Matmul, coop, on), coop);
+    EXPECT_EQ(vk::runnable_form(Kernel::Matmul, coop, off), fp32);
+    EXPECT_EQ(vk::runnable_form(Kernel::Matmul, fp32, off), fp32);
+    vk::TuningFile f = sample_file(on);
+    f.shapes.push_back({vk::shape_key(Kernel::Matmul, 512, 1536, 512, 2), coop, 0.05, 0.11, 24});
+    const vk::TuningFile back = vk::parse_tuning_file(vk::tuning_file_json(f), "t.json");
+    ASSERT_EQ(back.shapes.back().best, coop);
+    for (const vk::DeviceInfo& d : {on, off}) {
+        SCOPED_TRACE(d.coopmat_columns ? "cooperative matrices on" : "off");
+        EXPECT_NO_THROW(vk::check_tuning_applies(back, d, "t.json"));
+        vk::TuningTable table(d);
+        table.set_tuned(back, "t.json");
+        EXPECT_EQ(table.choose(Kernel::Matmul, 512, 1536, 512, 2), d.coopmat_columns ? coop : fp32);
+    }
+}
+
 TEST(VulkanTuning, FileRoundTripsAndIsRefusedOnAnotherDeviceDriverOrBuild) {
     const vk::DeviceInfo here = device(1024, 48 * 1024);
     const vk::TuningFile f = sample_file(here);
