@@ -3,7 +3,8 @@
 // weights only (the *_cm_f16w modules), whose values fp16 holds exactly.
 //
 // A workgroup computes a BM x BN tile of op(a) . op(b) as matmul_tile.glsl does, staging BK-deep
-// slices in shared memory, but as fp16: b's as they are, a's as two halves, hi = fp16(a) and
+// slices in shared memory (the next slice's global reads issued before the current slice's
+// products), but as fp16: b's as they are, a's as two halves, hi = fp16(a) and
 // lo = fp16((a - hi) * 2^11), each multiplied by b in fp32 (lo's product scaled back by 2^-11:
 // scaled, lo stays clear of fp16's subnormals, which a device may flush). hi + lo 2^-11 holds a
 // to about 2^-22 of its value, so the product keeps fp32's accuracy (the tests' and `tmx
@@ -41,26 +42,54 @@ shared float tile_out[NSG * 16 * CN];
 
 fcoopmatNV<32, gl_ScopeSubgroup, 16, CN> acc_cm[BPS];
 
-// Stages the slice at k0: the tile's rows [0, rows) of a and columns [0, cols) of b, zeros
-// beyond them and beyond K. Consecutive invocations take consecutive k where k is the operand's
-// contiguous dimension.
-void stage_coop_slice(uint k0, uint row0, uint rows, uint col0, uint cols, uint K, uint a_base,
+// A slice is fetched into registers (UA values of a and UB of b an invocation) while the
+// previous one is multiplied, then stored to shared memory, as matmul_tile.glsl does. Element u
+// of a slice: row (or column) and k, consecutive invocations taking consecutive k where k is
+// the operand's contiguous dimension.
+const uint UA = (BM * BK + WG - 1) / WG, UB = (BN * BK + WG - 1) / WG;
+float next_a[UA], next_b[UB];
+
+uvec2 coop_place(uint u, bool k_contiguous, uint side) {
+    return k_contiguous ? uvec2(u / BK, u % BK) : uvec2(u % side, u / side);
+}
+
+// The slice at k0: the tile's rows [0, rows) of a and columns [0, cols) of b, zeros beyond
+// them and beyond K.
+void fetch_coop_slice(uint k0, uint row0, uint rows, uint col0, uint cols, uint K, uint a_base,
                       uint a_sm, uint a_sk, uint b_origin, uint b_base, uint b_sk, uint b_sn) {
     const uint t = gl_LocalInvocationID.x;
-    for (uint u = t; u < BM * BK; u += WG) {
-        const uint m = a_sk == 1 ? u / BK : u % BM, kk = a_sk == 1 ? u % BK : u / BM;
-        const float v =
-            m < rows && k0 + kk < K ? a[a_base + (row0 + m) * a_sm + (k0 + kk) * a_sk] : 0.0;
-        const float16_t hi = float16_t(v);
-        tile_hi[m * AP + kk] = hi;
-        tile_lo[m * AP + kk] = float16_t((v - float(hi)) * LO_SCALE);
+    for (uint s = 0; s < UA; ++s) {
+        const uint u = t + s * WG;
+        const uvec2 p = coop_place(u, a_sk == 1, BM);
+        next_a[s] = u < BM * BK && p.x < rows && k0 + p.y < K
+                        ? a[a_base + (row0 + p.x) * a_sm + (k0 + p.y) * a_sk]
+                        : 0.0;
     }
-    for (uint u = t; u < BN * BK; u += WG) {
-        const uint n = b_sk == 1 ? u / BK : u % BN, kk = b_sk == 1 ? u % BK : u / BN;
-        const float v = n < cols && k0 + kk < K
-                            ? weight_at(b_origin, b_base + (k0 + kk) * b_sk + (col0 + n) * b_sn)
-                            : 0.0;
-        tile_b[n * BP + kk] = float16_t(v);
+    for (uint s = 0; s < UB; ++s) {
+        const uint u = t + s * WG;
+        const uvec2 p = coop_place(u, b_sk == 1, BN);
+        next_b[s] = u < BN * BK && p.x < cols && k0 + p.y < K
+                        ? weight_at(b_origin, b_base + (k0 + p.y) * b_sk + (col0 + p.x) * b_sn)
+                        : 0.0;
+    }
+}
+
+// The fetched slice to shared memory: a as its two halves, b as fp16.
+void stage_coop_slice(bool a_k_contiguous, bool b_k_contiguous) {
+    const uint t = gl_LocalInvocationID.x;
+    for (uint s = 0; s < UA; ++s) {
+        const uint u = t + s * WG;
+        if (u >= BM * BK) break;
+        const uvec2 p = coop_place(u, a_k_contiguous, BM);
+        const float16_t hi = float16_t(next_a[s]);
+        tile_hi[p.x * AP + p.y] = hi;
+        tile_lo[p.x * AP + p.y] = float16_t((next_a[s] - float(hi)) * LO_SCALE);
+    }
+    for (uint s = 0; s < UB; ++s) {
+        const uint u = t + s * WG;
+        if (u >= BN * BK) break;
+        const uvec2 p = coop_place(u, b_k_contiguous, BN);
+        tile_b[p.x * BP + p.y] = float16_t(next_b[s]);
     }
 }
 
@@ -74,10 +103,14 @@ void tile_gemm(uint row0, uint rows, uint col0, uint cols, uint K, uint a_base, 
     const fcoopmatNV<32, gl_ScopeSubgroup, 16, CN> zero =
         fcoopmatNV<32, gl_ScopeSubgroup, 16, CN>(0.0);
     for (uint b = 0; b < BPS; ++b) acc_cm[b] = zero;
+    fetch_coop_slice(0, row0, rows, col0, cols, K, a_base, a_sm, a_sk, b_origin, b_base, b_sk,
+                     b_sn);
     for (uint k0 = 0; k0 < K; k0 += BK) {
-        stage_coop_slice(k0, row0, rows, col0, cols, K, a_base, a_sm, a_sk, b_origin, b_base, b_sk,
-                         b_sn);
+        stage_coop_slice(a_sk == 1, b_sk == 1);
         barrier();
+        if (k0 + BK < K)
+            fetch_coop_slice(k0 + BK, row0, rows, col0, cols, K, a_base, a_sm, a_sk, b_origin,
+                             b_base, b_sk, b_sn);
         for (uint kk = 0; kk < BK; kk += 16) {
             uint loaded_row = ~0u;
             for (uint b = 0; b < BPS; ++b) {
