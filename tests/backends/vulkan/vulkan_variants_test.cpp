@@ -539,7 +539,9 @@ TEST_F(VulkanVariants, CooperativeMatrixFormForFp16Weights) {
                 EXPECT_FALSE(ran.count("matmul_f16w"));
             }
             const std::set<std::string> fp32 = modules([&] { check_linear(33, 70, 45); });
-            if (vk().can_profile()) EXPECT_FALSE(fp32.count("matmul_cm_f16w"));
+            if (vk().can_profile()) {
+                EXPECT_FALSE(fp32.count("matmul_cm_f16w"));
+            }
         },
         coop);
     for_each_variant(
@@ -549,7 +551,9 @@ TEST_F(VulkanVariants, CooperativeMatrixFormForFp16Weights) {
                 check_grouped_stored(DType::F16, 1, 1, {40, 0, 30}, 33, 64);
                 check_grouped_stored(DType::F16, 0, 0, {100, 3, 0, 57}, 70, 45);
             });
-            if (vk().can_profile()) EXPECT_TRUE(ran.count("grouped_matmul_cm_f16w"));
+            if (vk().can_profile()) {
+                EXPECT_TRUE(ran.count("grouped_matmul_cm_f16w"));
+            }
         },
         coop);
 }
