@@ -236,11 +236,37 @@ void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const 
         ceil_div(Nout, t.spec[2]), ceil_div(S, t.spec[1]) + static_cast<uint32_t>(E));
 }
 
+VulkanBackend::GroupedGemvPush VulkanBackend::grouped_gemv_push(const Tensor& x, const Tensor& w,
+                                                                const Tensor& b,
+                                                                const WeightBinding& w_read) {
+    return {.E = static_cast<uint32_t>(w.dim(0)),
+            .Nout = static_cast<uint32_t>(w.dim(1)),
+            .K = static_cast<uint32_t>(x.dim(1)),
+            .has_bias = b.defined() ? 1u : 0u,
+            .w_adjust = w_read.byte_adjust};
+}
+
+std::vector<uint32_t> VulkanBackend::grouped_gemv_spec(const Tensor& x, const Tensor& w,
+                                                       const WeightBinding& w_read,
+                                                       uint32_t epilogue, std::string& shader) {
+    const TunableCall call{.op = TunableCall::Op::GroupedMatmul,
+                           .rows = x.dim(0),
+                           .n = w.dim(1),
+                           .k = w.dim(2),
+                           .experts = w.dim(0),
+                           .weight = w.dtype(),
+                           .reduced_weights = w_read.reduced};
+    std::vector<uint32_t> spec =
+        gemv_module(choose(vk::Kernel::GroupedMatmulGemv, call), "grouped_matmul_gemv", shader);
+    spec.push_back(epilogue);
+    return spec;
+}
+
 bool VulkanBackend::grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const Tensor& b1,
                                         const Tensor& offsets, const Tensor& pre, uint32_t epilogue,
                                         const Tensor& w3, const Tensor& b3, const Tensor& up,
                                         const Tensor& out_t) {
-    const int64_t S = x.dim(0), E = w1.dim(0), Nout = w1.dim(1), K = w1.dim(2);
+    const int64_t S = x.dim(0), E = w1.dim(0), Nout = w1.dim(1);
     const bool swiglu = epilogue == kSwiglu;
     // One module reads both weights: one format (dtype and fp16 copies alike) for both.
     if (swiglu && w3.dtype() != w1.dtype()) return false;
@@ -261,24 +287,12 @@ bool VulkanBackend::grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const
                            in(b3),
                            swiglu ? out(up) : out(pre),
                            epilogue != 0 ? out(out_t) : out(pre)};
-    struct {
-        uint32_t E, Nout, K, has_bias, w_adjust, has_bias3, w3_adjust, choices;
-    } p{static_cast<uint32_t>(E), static_cast<uint32_t>(Nout),
-        static_cast<uint32_t>(K), b1.defined() ? 1u : 0u,
-        w1_read.byte_adjust,      b3.defined() ? 1u : 0u,
-        w3_read.byte_adjust,      0u};
+    GroupedGemvPush p = grouped_gemv_push(x, w1, b1, w1_read);
+    p.has_bias3 = b3.defined() ? 1u : 0u;
+    p.w3_adjust = w3_read.byte_adjust;
     // Tuned as the product with w1 alone: the epilogue needs no more shared memory (w3's sums
     // reuse w1's), so every candidate of the family runs it.
-    const TunableCall call{.op = TunableCall::Op::GroupedMatmul,
-                           .rows = S,
-                           .n = Nout,
-                           .k = K,
-                           .experts = E,
-                           .weight = w1.dtype(),
-                           .reduced_weights = w1_read.reduced};
-    const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, call);
-    std::vector<uint32_t> spec = gemv_module(v, "grouped_matmul_gemv", shader);
-    spec.push_back(epilogue);
+    const std::vector<uint32_t> spec = grouped_gemv_spec(x, w1, w1_read, epilogue, shader);
     // A row of workgroups per run of up to 4 slots of one expert: at most S runs, and at most
     // ceil(S / 4) plus one per expert (the shader's extra rows leave at once).
     const int64_t runs = std::min(S, (S + kGemvRowsPerGroup - 1) / kGemvRowsPerGroup + E);
@@ -321,27 +335,10 @@ void VulkanBackend::grouped_ffn_down_impl(const Tensor& x, const Tensor& w2, con
     // 7, a writable binding it does not write), gates in 5, slot_of in 6, ys in 8.
     const auto bindings = {in(x),     w_read.binding, in(b2),       in(offsets), inout(out_t),
                            in(gates), in(slot_of),    inout(out_t), out(ys)};
-    struct {
-        uint32_t E, Nout, K, has_bias, w_adjust, has_bias3, w3_adjust, choices;
-    } p{static_cast<uint32_t>(E),
-        static_cast<uint32_t>(Nout),
-        static_cast<uint32_t>(K),
-        b2.defined() ? 1u : 0u,
-        w_read.byte_adjust,
-        0u,
-        0u,
-        static_cast<uint32_t>(k)};
+    GroupedGemvPush p = grouped_gemv_push(x, w2, b2, w_read);
+    p.choices = static_cast<uint32_t>(k);
     // The product's tuned shape at these slots.
-    const TunableCall call{.op = TunableCall::Op::GroupedMatmul,
-                           .rows = S,
-                           .n = Nout,
-                           .k = K,
-                           .experts = E,
-                           .weight = w2.dtype(),
-                           .reduced_weights = w_read.reduced};
-    const vk::Variant v = choose(vk::Kernel::GroupedMatmulGemv, call);
-    std::vector<uint32_t> spec = gemv_module(v, "grouped_matmul_gemv", shader);
-    spec.push_back(kCombine);
+    const std::vector<uint32_t> spec = grouped_gemv_spec(x, w2, w_read, kCombine, shader);
     run(shader, spec, bindings, p, ceil_div(Nout, spec[1]), static_cast<uint32_t>(N));
 }
 

@@ -196,6 +196,19 @@ class VulkanBackend final : public Backend, public KernelTuning {
     // an epilogue (an activation's elementwise op code, vulkan_activations.h) also out = act(pre),
     // or for kSwiglu up = grouped_matmul(x, w3, b3, offsets) and out = silu(pre) * up. False,
     // recording nothing, where it cannot: w1 and w3 in different formats.
+    // grouped_matmul_gemv.comp's push constants after the bindings' offsets, and the pieces
+    // every dispatch of it shares: E, Nout, K, w's bias and byte adjustment for x [S, K] and
+    // w [E, Nout, K] read as w_read; and the module and specialization constants of the
+    // tuned variant at those slots, with the epilogue.
+    struct GroupedGemvPush {
+        uint32_t E = 0, Nout = 0, K = 0, has_bias = 0, w_adjust = 0, has_bias3 = 0, w3_adjust = 0;
+        uint32_t choices = 0;  // the combine's k
+    };
+    static GroupedGemvPush grouped_gemv_push(const Tensor& x, const Tensor& w, const Tensor& b,
+                                             const WeightBinding& w_read);
+    std::vector<uint32_t> grouped_gemv_spec(const Tensor& x, const Tensor& w,
+                                            const WeightBinding& w_read, uint32_t epilogue,
+                                            std::string& shader);
     bool grouped_matmul_gemv(const Tensor& x, const Tensor& w1, const Tensor& b1,
                              const Tensor& offsets, const Tensor& pre, uint32_t epilogue = 0,
                              const Tensor& w3 = {}, const Tensor& b3 = {}, const Tensor& up = {},

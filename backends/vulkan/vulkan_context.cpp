@@ -156,9 +156,7 @@ bool compute_queue_family(VkPhysicalDevice dev, uint32_t* family) {
 // DeviceInfo::coopmat_columns of a device (0 unless it has the extension, its features and a
 // shape; TMX_VULKAN_COOPMAT=0 turns it off).
 uint32_t usable_coopmat_columns(VkInstance instance, VkPhysicalDevice dev, bool has_extension) {
-    if (!has_extension) return 0;
-    if (const char* env = std::getenv("TMX_VULKAN_COOPMAT"); env && std::strcmp(env, "0") == 0)
-        return 0;
+    if (!coopmat_allowed() || !has_extension) return 0;
     VkPhysicalDeviceCooperativeMatrixFeaturesNV coop{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
@@ -336,6 +334,13 @@ uint32_t default_vulkan_device(const std::vector<DeviceInfo>& devices) {
         if (d.usable) return d.index;
     throw Error(devices.empty() ? "no Vulkan device found"
                                 : "no Vulkan device supports Vulkan 1.2 compute (see tmx devices)");
+}
+
+bool coopmat_allowed() {
+    const char* env = std::getenv("TMX_VULKAN_COOPMAT");
+    if (!env || !*env || std::strcmp(env, "1") == 0) return true;
+    if (std::strcmp(env, "0") == 0) return false;
+    throw Error(std::string("TMX_VULKAN_COOPMAT must be 0 or 1, got '") + env + "'");
 }
 
 bool use_fp16_weights(std::optional<bool> requested) {

@@ -85,6 +85,9 @@ std::vector<DeviceInfo> list_vulkan_devices();
 bool validation_layer_installed();
 // The index make_backend("vulkan") picks without an explicit choice (see the top of the file).
 uint32_t default_vulkan_device(const std::vector<DeviceInfo>& devices);
+// Whether cooperative matrices may be used (DeviceInfo::coopmat_columns): TMX_VULKAN_COOPMAT
+// unset or 1 yes, 0 no; throws tmx::Error for another value.
+bool coopmat_allowed();
 // Whether the backend reads f32 matmul weights through fp16 copies (see the top of the file).
 // Throws tmx::Error for a TMX_VULKAN_FP16 other than 0 or 1.
 bool use_fp16_weights(std::optional<bool> requested = {});

@@ -67,6 +67,25 @@ TEST(VulkanDevices, TmxDevicesListsThem) {
     EXPECT_EQ(j["devices"][0]["name"], devices[0].name);
     EXPECT_EQ(j["devices"][0]["subgroup_size"], devices[0].subgroup_size);
     EXPECT_EQ(j["default"], vk::default_vulkan_device(devices));
+    EXPECT_EQ(j["devices"][0]["coopmat_columns"], devices[0].coopmat_columns);
+}
+
+TEST(VulkanCoopmatChoice, OnUnlessTheEnvironmentSaysZero) {
+    const char* saved = std::getenv("TMX_VULKAN_COOPMAT");
+    const std::string saved_value = saved ? saved : "";
+    unsetenv("TMX_VULKAN_COOPMAT");
+    EXPECT_TRUE(vk::coopmat_allowed());
+    setenv("TMX_VULKAN_COOPMAT", "0", 1);
+    EXPECT_FALSE(vk::coopmat_allowed());
+    setenv("TMX_VULKAN_COOPMAT", "1", 1);
+    EXPECT_TRUE(vk::coopmat_allowed());
+    setenv("TMX_VULKAN_COOPMAT", "off", 1);
+    const std::string m = error_of([] { vk::coopmat_allowed(); });
+    EXPECT_NE(m.find("TMX_VULKAN_COOPMAT must be 0 or 1, got 'off'"), std::string::npos) << m;
+    if (saved)
+        setenv("TMX_VULKAN_COOPMAT", saved_value.c_str(), 1);
+    else
+        unsetenv("TMX_VULKAN_COOPMAT");
 }
 
 }  // namespace
