@@ -21,8 +21,8 @@ namespace {
 constexpr int64_t kGemvMaxRows = 16;      // a batch's decode step
 constexpr int64_t kGemvRowsPerGroup = 4;  // matmul_gemv.comp's MMAX, grouped_matmul_gemv's MS
 constexpr int64_t kGroupedGemvMaxSlots = 32;
-// grouped_matmul_backward_bias.comp: columns (of one expert) per workgroup.
-constexpr uint32_t kBiasBackwardWg = 64;
+// column_sums.comp: rows per chunk, at least (each chunk's sum is one invocation's series).
+constexpr int64_t kColumnChunkRows = 256;
 
 uint32_t ceil_div(int64_t a, int64_t b) {
     return static_cast<uint32_t>((a + b - 1) / b);
@@ -199,14 +199,38 @@ void VulkanBackend::dense_matmul(const Tensor& a, const Tensor& b, const Tensor&
     run("matmul_split_sum", {tuning_.elementwise_wg}, {in(partials), in(bias), o}, ps, sx, sy);
 }
 
-void VulkanBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {
-    const int64_t M = d_out.dim(0), N = d_out.dim(1);
-    if (N == 0) return;
+void VulkanBackend::column_sums(const Tensor& x, const Tensor& offsets, int64_t ranges,
+                                const Tensor& out) {
+    const int64_t rows = x.dim(0), N = x.dim(1);
+    if (rows == 0 || N == 0 || ranges == 0) return;
+    // Chunks of at least kColumnChunkRows rows, and at most 65,535 of them in all (a
+    // dispatch's y): the ranges' chunks number at most rows / chunk_rows + ranges.
+    constexpr int64_t kMaxGroups = 65535;
+    if (ranges >= kMaxGroups)
+        throw Error("column sums over " + std::to_string(ranges) + " ranges: at most " +
+                    std::to_string(kMaxGroups - 1));
+    const int64_t chunk_rows =
+        std::max(kColumnChunkRows, (rows + kMaxGroups - ranges - 1) / (kMaxGroups - ranges));
+    const bool grouped = offsets.defined();
+    const int64_t chunks = ceil_div(rows, chunk_rows) + (grouped ? ranges : 0);
+    // Every range within one chunk: pass 0 adds to out itself.
+    const bool direct = rows <= chunk_rows;
+    const Tensor partials = direct ? Tensor{} : alloc({chunks * N});
     struct {
-        uint32_t M, N;
-    } p{static_cast<uint32_t>(M), static_cast<uint32_t>(N)};
-    auto [gx, gy] = grid(static_cast<uint64_t>(N), tuning_.column_wg);
-    run("column_sums", {tuning_.column_wg}, {in(d_out), inout(d_bias)}, p, gx, gy);
+        uint32_t N, rows, ranges, grouped, chunk_rows, direct;
+    } p{static_cast<uint32_t>(N), static_cast<uint32_t>(rows),       static_cast<uint32_t>(ranges),
+        grouped ? 1u : 0u,        static_cast<uint32_t>(chunk_rows), direct ? 1u : 0u};
+    const auto bindings = {in(x), in(offsets), inout(partials), inout(out)};
+    const uint32_t column_blocks = ceil_div(N, tuning_.column_wg);
+    run("column_sums", {tuning_.column_wg, 0}, bindings, p, column_blocks,
+        static_cast<uint32_t>(chunks));
+    if (!direct)
+        run("column_sums", {tuning_.column_wg, 1}, bindings, p, column_blocks,
+            static_cast<uint32_t>(ranges));
+}
+
+void VulkanBackend::bias_backward_impl(const Tensor& d_out, const Tensor& d_bias) {
+    column_sums(d_out, Tensor{}, 1, d_bias);
 }
 
 void VulkanBackend::grouped_matmul_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -372,15 +396,8 @@ void VulkanBackend::grouped_matmul_backward_impl(const Tensor& x, const Tensor& 
             {in(d_out), in(x), in(offsets), inout(d_w)}, p, ceil_div(K, tw.spec[2]),
             ceil_div(Nout, tw.spec[1]), experts);
     }
-    if (d_bias.defined()) {
-        // d_bias[e, n] += column sums of d_out over e's slots, one invocation per (e, n).
-        struct {
-            uint32_t Nout;
-        } p{static_cast<uint32_t>(Nout)};
-        run("grouped_matmul_backward_bias", {kBiasBackwardWg},
-            {in(d_out), in(offsets), inout(d_bias)}, p, ceil_div(Nout, kBiasBackwardWg),
-            static_cast<uint32_t>(E));
-    }
+    // d_bias[e, n] += column sums of d_out over e's slots.
+    if (d_bias.defined()) column_sums(d_out, offsets, E, d_bias);
 }
 
 }  // namespace tmx

@@ -77,7 +77,8 @@ class VulkanBackend final : public Backend, public KernelTuning {
         uint32_t elementwise_wg = 256;
         uint32_t row_wg = 128;  // norm, cross_entropy: one workgroup per row
         // Column sums (bias_backward, norm_backward's weights) and row scatters
-        // (gather_rows_backward): one invocation per column, walking the rows in order.
+        // (gather_rows_backward): one invocation per column, walking (a chunk of) the rows in
+        // order.
         uint32_t column_wg = 64;
         // The matmul kernels' shapes are chosen per call by the tuning table (vulkan_tuning.h).
         uint32_t attention_wg = 64, attention_chunk = 256;  // attention.comp, the fallback
@@ -176,6 +177,10 @@ class VulkanBackend final : public Backend, public KernelTuning {
         float eps;
         const Tensor& normed;
     };
+    // out[r, n] += column sums of x over range r's rows (shaders/column_sums.comp): one range,
+    // all of x's rows, where offsets is undefined (bias_backward), else `ranges` ranges read
+    // from offsets on the device (grouped_matmul's d_bias).
+    void column_sums(const Tensor& x, const Tensor& offsets, int64_t ranges, const Tensor& out);
     // Whether dense_matmul runs a product of M rows as matrix-vector products.
     static bool dense_gemv(int64_t M);
     // matmul() and linear(): with b_is_weight, b is read through weight(). A norm prologue

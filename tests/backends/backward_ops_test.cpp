@@ -318,6 +318,7 @@ TEST_P(BackwardOps, GroupedMatmulBackward) {
         {129, 77, {64, 0, 1, 65}},             // S = 130: 64 slots, 1 slot, 65 slots
         {1, 9, {0, 0, 0, 130}},                // K = 1, everything in the last expert
         {255, 193, {300, 0, 511, 190, 1, 0}},  // S = 1002, the last expert empty
+        {16, 40, {256, 1, 257, 0, 512}},       // ranges at and one past whole chunks of rows
     };
     for (const Case& c : cases)
         for (bool with_bias : {false, true}) {
