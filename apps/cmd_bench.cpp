@@ -71,8 +71,9 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
     std::printf("model: %s, %s weights\n", model.c_str(), to_string(o.weight_format));
     for (const BackendBench& r : results) {
         std::printf("\n%s\n", r.description.c_str());
-        std::printf("  %-24s %-34s %10s %10s %9s %10s\n", "op", "shape", "ms", "GFLOP/s", "GB/s",
-                    "err vs cpu");
+        // ms: one launch's, from batches of `launches` back-to-back launches.
+        std::printf("  %-24s %-34s %10s %8s %10s %9s %10s\n", "op", "shape", "ms", "launches",
+                    "GFLOP/s", "GB/s", "err vs cpu");
         for (const OpBench& op : r.ops) {
             if (!op.skipped.empty()) {
                 std::printf("  %-24s %-34s skipped: %s\n", op.op.c_str(), op.shape.c_str(),
@@ -81,8 +82,9 @@ void print_table(const std::vector<BackendBench>& results, const std::string& mo
             }
             char gflops[32] = "-";
             if (op.gflops > 0) std::snprintf(gflops, sizeof gflops, "%.1f", op.gflops);
-            std::printf("  %-24s %-34s %10.3f %10s %9.1f %10.1e\n", op.op.c_str(), op.shape.c_str(),
-                        op.ms, gflops, op.gbytes_per_s, op.max_error);
+            std::printf("  %-24s %-34s %10.3f %8d %10s %9.1f %10.1e\n", op.op.c_str(),
+                        op.shape.c_str(), op.ms, op.launches, gflops, op.gbytes_per_s,
+                        op.max_error);
         }
         const ModelBench& m = r.model;
         std::printf(
@@ -159,6 +161,7 @@ nlohmann::json to_json(const std::vector<BackendBench>& results, const std::stri
             ops.push_back({{"op", op.op},
                            {"shape", op.shape},
                            {"ms", op.ms},
+                           {"launches", op.launches},
                            {"gflops", op.gflops},
                            {"gbytes_per_s", op.gbytes_per_s},
                            {"max_error_vs_cpu", op.max_error}});

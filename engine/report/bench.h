@@ -1,7 +1,8 @@
 // Backend comparison runs (tmx bench): the model's ops timed at its real shapes, then prefill
 // and decode throughput, on each backend; every result is checked against the CPU backend's
 // on the same inputs in the same run. Timings are the median of `repeats` runs after warm-up,
-// each ending with synchronize().
+// each ending with synchronize(); an op's run is a batch of back-to-back launches
+// (bench_util.h's median_launch_seconds).
 #pragma once
 
 #include <cstdint>
@@ -62,7 +63,8 @@ struct BenchOptions {
 
 struct OpBench {
     std::string op, shape;
-    double ms = 0;            // median time
+    double ms = 0;            // median time of one launch
+    int launches = 1;         // back-to-back launches per timed batch (median_launch_seconds)
     double gflops = 0;        // 0 when the op is not about arithmetic
     double gbytes_per_s = 0;  // main memory traffic the op cannot avoid, per second
     double max_error = 0;     // max |out - cpu| / max(1, max |cpu|)

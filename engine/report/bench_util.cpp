@@ -37,6 +37,29 @@ double median_seconds(Backend& be, const std::function<void()>& work, int warmup
     return median(times);
 }
 
+LaunchTime median_launch_seconds(Backend& be, const std::function<void()>& work, double min_ms,
+                                 int repeats, int max_launches) {
+    auto batch_ms = [&](int n) {
+        be.synchronize();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < n; ++i) work();
+        be.synchronize();
+        return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    };
+    batch_ms(1);  // warm-up: pipelines created, weight copies made
+    LaunchTime t;
+    double ms = batch_ms(t.launches);
+    while (ms < min_ms && t.launches < max_launches) {
+        const double grown = t.launches * min_ms / std::max(ms, 1e-3);
+        t.launches = std::min(max_launches, std::max(t.launches * 2, static_cast<int>(grown)));
+        ms = batch_ms(t.launches);
+    }
+    std::vector<double> per_launch{ms / t.launches};
+    for (int r = 1; r < repeats; ++r) per_launch.push_back(batch_ms(t.launches) / t.launches);
+    t.seconds = median(per_launch) * 1e-3;
+    return t;
+}
+
 void warm_up(Backend& be, double seconds) {
     if (!(seconds > 0)) return;
     constexpr int64_t n = 1024;

@@ -37,6 +37,17 @@ class InputMaker {
 double median_seconds(Backend& be, const std::function<void()>& work, int warmup, int repeats,
                       const std::function<void()>& before_each = {});
 
+// Median seconds of one launch of `work`, timed in batches of back-to-back launches that each
+// end with one synchronize: the batch grows (at most max_launches) until it lasts about min_ms,
+// so that a short op's time is its own rather than mostly the submit and the wait around it.
+// After one warm-up launch; `repeats` batches at the grown size give the median.
+struct LaunchTime {
+    double seconds = 0;
+    int launches = 1;  // per timed batch
+};
+LaunchTime median_launch_seconds(Backend& be, const std::function<void()>& work, double min_ms,
+                                 int repeats, int max_launches = 1024);
+
 // Keeps `be` busy with fp32 matrix products for about `seconds` (in growing batches, each
 // ended by a synchronize), so that a GPU's clocks are up when timing starts.
 void warm_up(Backend& be, double seconds);

@@ -166,6 +166,9 @@ std::vector<OpCase> op_cases(const ModelConfig& c, int64_t P, uint64_t seed, int
     return ops;
 }
 
+// An op's timed batch lasts about this long (ops shorter than it launch back to back).
+constexpr double kOpBatchMs = 2.0;
+
 std::vector<float> run_op(const OpCase& op, Backend& be) {
     OpCase::Prepared prepared = op.prepare(be);
     prepared.launch();
@@ -178,8 +181,14 @@ OpBench measure_op(const OpCase& op, Backend& be, const std::vector<float>& refe
     try {
         ob.max_error = max_error(run_op(op, be), reference);
         OpCase::Prepared p = op.prepare(be);
-        const double s = median_seconds(be, p.launch, o.warmup, o.repeats);
+        for (int i = 0; i < o.warmup; ++i) {
+            p.launch();
+            be.synchronize();
+        }
+        const LaunchTime t = median_launch_seconds(be, p.launch, kOpBatchMs, o.repeats);
+        const double s = t.seconds;
         ob.ms = s * 1e3;
+        ob.launches = t.launches;
         ob.gflops = op.flops / s * 1e-9;
         ob.gbytes_per_s = op.bytes_in(precision) / s * 1e-9;
     } catch (const Error& e) {  // this op, at this shape, on this backend: say why

@@ -2,7 +2,6 @@
 #include "engine/report/tune.h"
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 
 #include "engine/core/errors.h"
@@ -177,29 +176,6 @@ std::vector<std::vector<float>> outputs_of(Backend& be, const Launch& l) {
     return out;
 }
 
-// Median time of one launch, in ms: batches of launches long enough to time (about min_ms).
-double time_launch(Backend& be, const Launch& l, const TuneOptions& o) {
-    using clock = std::chrono::steady_clock;
-    auto batch_ms = [&](int n) {
-        const auto t0 = clock::now();
-        for (int i = 0; i < n; ++i) l.run();
-        be.synchronize();
-        return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-    };
-    batch_ms(1);  // warm-up: pipelines created, copies made
-    int n = 1;
-    double ms = batch_ms(n);
-    while (ms < o.min_ms && n < 1024) {
-        n = std::min(1024, std::max(n * 2, static_cast<int>(n * o.min_ms / std::max(ms, 1e-3))));
-        ms = batch_ms(n);
-    }
-    std::vector<double> per_launch{ms / n};
-    for (int r = 1; r < o.repeats; ++r) per_launch.push_back(batch_ms(n) / n);
-    std::nth_element(per_launch.begin(), per_launch.begin() + per_launch.size() / 2,
-                     per_launch.end());
-    return per_launch[per_launch.size() / 2];
-}
-
 }  // namespace
 
 TuneReport tune_kernels(const ModelConfig& config, Backend& be, Backend& cpu,
@@ -240,7 +216,10 @@ TuneReport tune_kernels(const ModelConfig& config, Backend& be, Backend& cpu,
             for (size_t k = 0; k < got.size(); ++k)
                 t.error = std::max(t.error, max_error(got[k], want[k]));
             t.rejected = !(t.error <= shape.tolerance);
-            if (!t.rejected) t.ms = time_launch(be, launch, o);
+            if (!t.rejected)
+                t.ms = bench_detail::median_launch_seconds(be, launch.run, o.min_ms, o.repeats)
+                           .seconds *
+                       1e3;
             shape.tried.push_back(t);
         }
         kt->force_variant(call.kernel, "");

@@ -39,6 +39,8 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
         ASSERT_GE(b["ops"].size(), 9u);
         for (const auto& op : b["ops"]) {
             EXPECT_GT(op["ms"].get<double>(), 0.0) << op["op"];
+            EXPECT_GE(op["launches"].get<int>(), 1) << op["op"];
+            EXPECT_LE(op["launches"].get<int>(), 1024) << op["op"];
             EXPECT_LT(op["max_error_vs_cpu"].get<double>(), tol) << op["op"];
         }
         // --gemm: the square matmul, last, fp32 on every backend.
@@ -46,6 +48,11 @@ TEST(BenchCli, MeasuresEveryBackendPresentAndChecksItAgainstTheCpu) {
         EXPECT_EQ(gemm["op"], "gemm (fp32)");
         EXPECT_EQ(gemm["shape"], "37x37x37");
         EXPECT_LT(gemm["max_error_vs_cpu"].get<double>(), 1e-4);
+        // A 37^3 product takes microseconds on the CPU: it is timed in batches of launches
+        // lasting about 2 ms, not one launch and a synchronize.
+        if (name == "cpu") {
+            EXPECT_GT(gemm["launches"].get<int>(), 1);
+        }
         for (const char* key :
              {"prefill_tokens_per_s", "decode_tokens_per_s", "batch_decode_tokens_per_s"})
             EXPECT_GT(b[key].get<double>(), 0.0) << key;
