@@ -273,7 +273,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common) {
     sub->add_option("--gemm", b.gemm,
                     "Also time an fp32 N x N x N matmul (e.g. 8192, against a GPU's fp32 peak)")
         ->check(in_range<int64_t>(1));
-    sub->add_option("--repeats", b.repeats, "Timed repetitions (the median is reported)")
+    sub->add_option("--repeats", b.repeats,
+                    "Timed repetitions (the median is reported; an op's repetition is a batch of "
+                    "back-to-back launches lasting about 2 ms)")
         ->check(in_range<int>(1))
         ->capture_default_str();
     sub->add_option("--warmup", b.warmup, "Untimed runs first")
